@@ -1,0 +1,618 @@
+// Config loading and strict validation. The key table below is the single place where a key
+// is declared: its type, range, meaning, and the struct field it fills.
+#include "core/config/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <type_traits>
+
+namespace nsatron {
+
+ConfigError::ConfigError(std::vector<std::string> msgs)
+    : UserError([&] {
+        std::string all;
+        for (const auto& m : msgs) all += (all.empty() ? "" : "\n") + m;
+        return all;
+      }()),
+      messages(std::move(msgs)) {}
+
+namespace {
+
+enum class Kind { Int, Float, Bool, String, StringList };
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string kind_name(Kind k) {
+  switch (k) {
+    case Kind::Int: return "integer";
+    case Kind::Float: return "float";
+    case Kind::Bool: return "boolean";
+    case Kind::String: return "string";
+    case Kind::StringList: return "string or array of strings";
+  }
+  return "?";
+}
+
+struct Key {
+  std::string section, name;
+  Kind kind = Kind::Int;
+  std::string doc;
+  std::function<void*(RunConfig&)> field;
+  double lo = -kInf, hi = kInf;
+  bool lo_open = false, hi_open = false;
+  std::vector<std::string> choices;
+
+  std::string path() const { return section + "." + name; }
+  Key at_least(double v) { lo = v; return *this; }
+  Key above(double v) { lo = v; lo_open = true; return *this; }
+  Key below(double v) { hi = v; hi_open = true; return *this; }
+  Key one_of(std::vector<std::string> c) { choices = std::move(c); return *this; }
+  bool has_range() const { return lo != -kInf || hi != kInf; }
+  std::string range_text() const {
+    if (!choices.empty()) {
+      std::string s;
+      for (const auto& c : choices) s += (s.empty() ? "" : ", ") + ("\"" + c + "\"");
+      return s;
+    }
+    if (!has_range()) return "";
+    auto num = [&](double v) {
+      std::ostringstream os;
+      os << v;
+      return os.str();
+    };
+    std::string s;
+    if (lo != -kInf) s += (lo_open ? "> " : ">= ") + num(lo);
+    if (hi != kInf) s += (s.empty() ? "" : ", ") + std::string(hi_open ? "< " : "<= ") + num(hi);
+    return s;
+  }
+};
+
+template <class S, class F>
+Key key(const char* section, const char* name, S RunConfig::*s, F S::*f, const char* doc) {
+  Key k;
+  k.section = section;
+  k.name = name;
+  k.doc = doc;
+  if constexpr (std::is_same_v<F, std::int64_t>) k.kind = Kind::Int;
+  else if constexpr (std::is_same_v<F, double>) k.kind = Kind::Float;
+  else if constexpr (std::is_same_v<F, bool>) k.kind = Kind::Bool;
+  else if constexpr (std::is_same_v<F, std::string>) k.kind = Kind::String;
+  else k.kind = Kind::StringList;
+  k.field = [s, f](RunConfig& c) -> void* { return &((c.*s).*f); };
+  return k;
+}
+
+const std::vector<std::string>& section_order() {
+  static const std::vector<std::string> order = {"model",    "nsa",  "train",      "optim", "parallel",
+                                                 "recompute", "data", "checkpoint", "log"};
+  return order;
+}
+
+const std::vector<Key>& keys() {
+  using R = RunConfig;
+  static const std::vector<Key> table = {
+      key("model", "vocab_size", &R::model, &ModelConfig::vocab_size,
+          "Vocabulary size. The `bytes` tokenizer of `nsatron data prepare` has 256.").at_least(1),
+      key("model", "d_model", &R::model, &ModelConfig::d_model, "Width of the residual stream.").at_least(1),
+      key("model", "n_layers", &R::model, &ModelConfig::n_layers, "Number of transformer layers.").at_least(1),
+      key("model", "n_heads", &R::model, &ModelConfig::n_heads, "Query heads per layer (H).").at_least(1),
+      key("model", "n_kv_heads", &R::model, &ModelConfig::n_kv_heads,
+          "Key/value heads (G, the NSA groups); must divide n_heads.").at_least(1),
+      key("model", "head_dim", &R::model, &ModelConfig::head_dim,
+          "Width of one head (D), even (RoPE). 0 derives d_model / n_heads.").at_least(0),
+      key("model", "ffn_hidden", &R::model, &ModelConfig::ffn_hidden,
+          "Hidden width of the SwiGLU MLP. 0 derives 8/3 d_model rounded up to a multiple of 64.")
+          .at_least(0),
+      key("model", "rope_theta", &R::model, &ModelConfig::rope_theta, "RoPE base theta.").above(0),
+      key("model", "norm_eps", &R::model, &ModelConfig::norm_eps, "Epsilon of every RMSNorm.").above(0),
+      key("model", "tie_embeddings", &R::model, &ModelConfig::tie_embeddings,
+          "Use the token embedding as the LM head."),
+      key("model", "init_std", &R::model, &ModelConfig::init_std,
+          "Std of the normal initialisation; residual output projections use init_std / sqrt(2 n_layers).")
+          .above(0),
+
+      key("nsa", "cmp_block", &R::nsa, &NsaConfig::cmp_block, "l: tokens per compressed block.").at_least(1),
+      key("nsa", "cmp_stride", &R::nsa, &NsaConfig::cmp_stride,
+          "d: stride between compressed blocks; divides cmp_block and sel_block.").at_least(1),
+      key("nsa", "sel_block", &R::nsa, &NsaConfig::sel_block,
+          "l': tokens per selection block; at least cmp_block.").at_least(1),
+      key("nsa", "sel_count", &R::nsa, &NsaConfig::sel_count,
+          "n: blocks selected per query, the three forced ones (first, current, previous) included.")
+          .at_least(3),
+      key("nsa", "window", &R::nsa, &NsaConfig::window,
+          "w: sliding-window width in tokens, the query's own token included.").at_least(1),
+
+      key("train", "seq_len", &R::train, &TrainConfig::seq_len, "Tokens per training sequence.").at_least(1),
+      key("train", "micro_batch", &R::train, &TrainConfig::micro_batch,
+          "Sequences per forward/backward pass on one data-parallel rank.").at_least(1),
+      key("train", "global_batch", &R::train, &TrainConfig::global_batch,
+          "Sequences per optimizer step over all ranks; a multiple of micro_batch * dp "
+          "(the quotient is the number of accumulated micro-batches).")
+          .at_least(1),
+      key("train", "steps", &R::train, &TrainConfig::steps, "Optimizer steps of the run.").at_least(1),
+      key("train", "seed", &R::train, &TrainConfig::seed,
+          "Seed of the initialisation and of the data sampler.").at_least(0),
+      key("train", "device", &R::train, &TrainConfig::device, "Where the model trains.").one_of({"cpu", "cuda"}),
+      key("train", "dtype", &R::train, &TrainConfig::dtype,
+          "Compute precision; bf16 (with fp32 master weights) needs device \"cuda\".")
+          .one_of({"fp32", "bf16"}),
+      key("train", "eval_every", &R::train, &TrainConfig::eval_every,
+          "Validation every this many steps; 0: never.").at_least(0),
+      key("train", "eval_batches", &R::train, &TrainConfig::eval_batches,
+          "Micro-batches of validation data per evaluation.").at_least(1),
+
+      key("optim", "lr", &R::optim, &OptimConfig::lr, "Peak learning rate (AdamW).").at_least(0),
+      key("optim", "min_lr", &R::optim, &OptimConfig::min_lr,
+          "Learning rate at the end of the decay; at most lr.").at_least(0),
+      key("optim", "warmup_steps", &R::optim, &OptimConfig::warmup_steps,
+          "Steps of linear warmup from 0 to lr.").at_least(0),
+      key("optim", "decay", &R::optim, &OptimConfig::decay,
+          "Shape of the decay from lr to min_lr after warmup.").one_of({"cosine", "linear", "constant"}),
+      key("optim", "weight_decay", &R::optim, &OptimConfig::weight_decay,
+          "Decoupled weight decay; not applied to norms or biases.").at_least(0),
+      key("optim", "beta1", &R::optim, &OptimConfig::beta1, "AdamW beta1.").at_least(0).below(1),
+      key("optim", "beta2", &R::optim, &OptimConfig::beta2, "AdamW beta2.").at_least(0).below(1),
+      key("optim", "eps", &R::optim, &OptimConfig::eps, "AdamW epsilon.").above(0),
+      key("optim", "grad_clip", &R::optim, &OptimConfig::grad_clip,
+          "Clip the global gradient L2 norm to this; 0: no clipping.").at_least(0),
+
+      key("parallel", "tp", &R::parallel, &ParallelConfig::tp,
+          "Tensor-parallel ranks; divides n_kv_heads (NSA is sharded by KV group).").at_least(1),
+      key("parallel", "pp", &R::parallel, &ParallelConfig::pp,
+          "Pipeline stages; divides n_layers. Data-parallel ranks dp = world size / (tp * pp).")
+          .at_least(1),
+
+      key("recompute", "policy", &R::recompute, &RecomputeConfig::policy,
+          "Activation recompute: \"none\" keeps what the backward needs; \"selective\" recomputes "
+          "norms, the SwiGLU activation and NSA internals; \"full\" keeps only each layer's input "
+          "and recomputes the layer in the backward.")
+          .one_of({"none", "selective", "full"}),
+      key("recompute", "layers", &R::recompute, &RecomputeConfig::layers,
+          "With policy \"full\": how many layers (the first ones) recompute; -1: all.").at_least(-1),
+
+      key("data", "train", &R::data, &DataConfig::train,
+          "Training token shards: a file glob or an array of globs."),
+      key("data", "val", &R::data, &DataConfig::val,
+          "Validation token shards: a file glob or an array of globs; empty: no validation."),
+      key("data", "format", &R::data, &DataConfig::format,
+          "Shard format: llm.c (.bin with a 256-int header), Megatron (.bin + .idx), or detected.")
+          .one_of({"auto", "llmc", "megatron"}),
+
+      key("checkpoint", "dir", &R::checkpoint, &CheckpointConfig::dir,
+          "Directory of the run's checkpoints (one step_NNNNNNNN/ per save)."),
+      key("checkpoint", "every", &R::checkpoint, &CheckpointConfig::every,
+          "Save every this many steps; 0: only at the end.").at_least(0),
+      key("checkpoint", "keep", &R::checkpoint, &CheckpointConfig::keep,
+          "Keep this many newest checkpoints; 0: keep all.").at_least(0),
+      key("checkpoint", "resume", &R::checkpoint, &CheckpointConfig::resume,
+          "\"auto\": continue from `latest` if present; \"never\": start fresh; or a checkpoint path."),
+
+      key("log", "every", &R::log, &LogConfig::every, "Print a log line every this many steps.").at_least(1),
+      key("log", "metrics", &R::log, &LogConfig::metrics,
+          "Path of a JSONL file receiving one record per step; empty: none."),
+  };
+  return table;
+}
+
+const Key* find_key(const std::string& section, const std::string& name) {
+  for (const auto& k : keys())
+    if (k.section == section && k.name == name) return &k;
+  return nullptr;
+}
+
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// " (did you mean 'x'?)" for the closest candidate, or "" when none is close.
+std::string suggestion(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  std::size_t best_d = std::max<std::size_t>(2, word.size() / 3) + 1;
+  for (const auto& c : candidates) {
+    std::size_t d = edit_distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+std::string format_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  std::string s(buf, r.ptr);
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default: out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string value_text(const Key& k, RunConfig& c) {
+  void* f = k.field(c);
+  switch (k.kind) {
+    case Kind::Int: return std::to_string(*static_cast<std::int64_t*>(f));
+    case Kind::Float: return format_float(*static_cast<double*>(f));
+    case Kind::Bool: return *static_cast<bool*>(f) ? "true" : "false";
+    case Kind::String: return quote(*static_cast<std::string*>(f));
+    case Kind::StringList: {
+      std::string s = "[";
+      const auto& v = *static_cast<std::vector<std::string>*>(f);
+      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + quote(v[i]);
+      return s + "]";
+    }
+  }
+  return "";
+}
+
+std::string node_type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date/time";
+  }
+}
+
+std::string node_text(const toml::node& n) {
+  std::ostringstream os;
+  n.visit([&](auto&& v) { os << v; });
+  return os.str();
+}
+
+std::string position(const std::string& source, const toml::source_region& r) {
+  return source + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
+}
+
+// Collects errors with their locations while a config is read.
+struct Validator {
+  std::string source;
+  std::map<std::string, std::string> where;  // "section.key" or "section" -> "FILE:LINE:COL"
+  std::vector<std::string> errors;
+
+  std::string location_of(const std::string& path) const {
+    if (auto it = where.find(path); it != where.end()) return it->second;
+    auto dot = path.find('.');
+    if (dot != std::string::npos)
+      if (auto it = where.find(path.substr(0, dot)); it != where.end()) return it->second;
+    return source + ":1:1";
+  }
+  void error_at(const std::string& loc, const std::string& path, const std::string& msg) {
+    errors.push_back(loc + ": " + path + ": " + msg);
+  }
+  void error(const std::string& path, const std::string& msg) { error_at(location_of(path), path, msg); }
+
+  // File errors in line/column order, then the --set ones in command-line order.
+  std::vector<std::string> sorted_errors() const {
+    auto line_col = [&](const std::string& e) -> std::pair<long, long> {
+      if (e.rfind(source + ":", 0) != 0) return {1L << 40, 0};
+      long line = 0, col = 0;
+      std::sscanf(e.c_str() + source.size() + 1, "%ld:%ld", &line, &col);
+      return {line, col};
+    };
+    std::vector<std::string> out = errors;
+    std::stable_sort(out.begin(), out.end(),
+                     [&](const std::string& a, const std::string& b) { return line_col(a) < line_col(b); });
+    return out;
+  }
+
+  // Type-checks `n` against `k` and stores it in `c`; range checks follow in check_ranges.
+  void assign(const Key& k, const toml::node& n, const std::string& loc, RunConfig& c) {
+    void* f = k.field(c);
+    auto wrong = [&] {
+      error_at(loc, k.path(), "expected " + std::string(k.kind == Kind::Int ? "an " : "a ") +
+                                  kind_name(k.kind) + ", got " + node_type_name(n) + " (" +
+                                  node_text(n) + ")");
+    };
+    switch (k.kind) {
+      case Kind::Int:
+        if (!n.is_integer()) return wrong();
+        *static_cast<std::int64_t*>(f) = n.as_integer()->get();
+        break;
+      case Kind::Float:
+        // An integer literal is accepted for a float key: the value is exact either way.
+        if (n.is_floating_point())
+          *static_cast<double*>(f) = n.as_floating_point()->get();
+        else if (n.is_integer())
+          *static_cast<double*>(f) = double(n.as_integer()->get());
+        else
+          return wrong();
+        break;
+      case Kind::Bool:
+        if (!n.is_boolean()) return wrong();
+        *static_cast<bool*>(f) = n.as_boolean()->get();
+        break;
+      case Kind::String:
+        if (!n.is_string()) return wrong();
+        *static_cast<std::string*>(f) = n.as_string()->get();
+        break;
+      case Kind::StringList: {
+        auto& out = *static_cast<std::vector<std::string>*>(f);
+        if (n.is_string()) {
+          out = {n.as_string()->get()};
+        } else if (n.is_array()) {
+          std::vector<std::string> items;
+          for (const auto& e : *n.as_array()) {
+            if (!e.is_string()) return wrong();
+            items.push_back(e.as_string()->get());
+          }
+          out = std::move(items);
+        } else {
+          return wrong();
+        }
+        break;
+      }
+    }
+    where[k.path()] = loc;
+  }
+
+  void check_range(const Key& k, RunConfig& c) {
+    void* f = k.field(c);
+    if (k.kind == Kind::Int || k.kind == Kind::Float) {
+      double v = k.kind == Kind::Int ? double(*static_cast<std::int64_t*>(f)) : *static_cast<double*>(f);
+      bool ok = !std::isnan(v) && (k.lo_open ? v > k.lo : v >= k.lo) && (k.hi_open ? v < k.hi : v <= k.hi);
+      if (!ok) error(k.path(), "value " + value_text(k, c) + " is out of range (must be " + k.range_text() + ")");
+    } else if (k.kind == Kind::String && !k.choices.empty()) {
+      const auto& s = *static_cast<std::string*>(f);
+      if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end())
+        error(k.path(), "\"" + s + "\" is not one of " + k.range_text() + suggestion(s, k.choices));
+    }
+  }
+};
+
+void read_table(const toml::table& root, Validator& v, RunConfig& c) {
+  for (auto&& [sec_key, sec_node] : root) {
+    std::string sec(sec_key.str());
+    std::string sec_loc = position(v.source, sec_key.source());
+    const auto& order = section_order();
+    if (std::find(order.begin(), order.end(), sec) == order.end()) {
+      std::string where_else;
+      for (const auto& k : keys())
+        if (k.name == sec) where_else = " (did you mean '" + k.path() + "' inside [" + k.section + "]?)";
+      v.error_at(sec_loc, sec,
+                 sec_node.is_table() ? "unknown section" + (where_else.empty() ? suggestion(sec, order) : where_else)
+                                     : "unknown top-level key" + (where_else.empty() ? suggestion(sec, order) : where_else));
+      continue;
+    }
+    if (!sec_node.is_table()) {
+      v.error_at(sec_loc, sec, "must be a table ([" + sec + "]), got " + node_type_name(sec_node));
+      continue;
+    }
+    v.where[sec] = sec_loc;
+    for (auto&& [k, n] : *sec_node.as_table()) {
+      std::string name(k.str());
+      std::string loc = position(v.source, k.source());
+      const Key* key_def = find_key(sec, name);
+      if (!key_def) {
+        std::vector<std::string> same_section;
+        std::string other;
+        for (const auto& kd : keys()) {
+          if (kd.section == sec) same_section.push_back(kd.name);
+          else if (kd.name == name) other = " (did you mean '" + kd.path() + "' in [" + kd.section + "]?)";
+        }
+        std::string hint = suggestion(name, same_section);
+        v.error_at(loc, sec + "." + name, "unknown key" + (hint.empty() ? other : hint));
+        continue;
+      }
+      v.assign(*key_def, n, loc, c);
+    }
+  }
+}
+
+void apply_override(const std::string& text, Validator& v, RunConfig& c) {
+  const std::string loc = "--set " + text;
+  auto eq = text.find('=');
+  auto dot = text.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+    v.errors.push_back(loc + ": expected section.key=value");
+    return;
+  }
+  std::string sec = text.substr(0, dot), name = text.substr(dot + 1, eq - dot - 1), value = text.substr(eq + 1);
+  const Key* k = find_key(sec, name);
+  if (!k) {
+    std::vector<std::string> all;
+    for (const auto& kd : keys()) all.push_back(kd.path());
+    v.error_at(loc, sec + "." + name, "unknown key" + suggestion(sec + "." + name, all));
+    return;
+  }
+  toml::table parsed;
+  try {
+    parsed = toml::parse(std::string_view("v = " + value), std::string_view("--set"));
+  } catch (const toml::parse_error&) {
+    if (k->kind == Kind::String || k->kind == Kind::StringList) {
+      // A bare word for a string key: --set train.device=cuda
+      parsed = toml::table{{"v", value}};
+    } else {
+      v.error_at(loc, k->path(), "'" + value + "' is not a valid TOML value (expected " + kind_name(k->kind) + ")");
+      return;
+    }
+  }
+  v.assign(*k, *parsed.get("v"), loc, c);
+}
+
+// Rules between keys (NSA_SPEC.md constraints, parallel layout, batch arithmetic).
+void check_rules(Validator& v, RunConfig& c) {
+  auto& m = c.model;
+  auto& s = c.nsa;
+  auto& t = c.train;
+  auto& p = c.parallel;
+  auto at = [&](std::initializer_list<const char*> paths) {
+    for (const char* path : paths)
+      if (v.where.count(path)) return std::string(path);
+    return std::string(*paths.begin());
+  };
+  auto n = [](std::int64_t x) { return std::to_string(x); };
+
+  if (m.n_heads % m.n_kv_heads != 0)
+    v.error(at({"model.n_kv_heads", "model.n_heads"}),
+            "n_heads = " + n(m.n_heads) + " is not divisible by n_kv_heads = " + n(m.n_kv_heads));
+  if (m.head_dim == 0) {
+    if (m.d_model % m.n_heads != 0)
+      v.error(at({"model.head_dim", "model.d_model", "model.n_heads"}),
+              "head_dim = 0 derives d_model / n_heads, but d_model = " + n(m.d_model) +
+                  " is not divisible by n_heads = " + n(m.n_heads) + "; set model.head_dim");
+    else
+      m.head_dim = m.d_model / m.n_heads;
+  }
+  if (m.head_dim % 2 != 0)
+    v.error(at({"model.head_dim", "model.d_model", "model.n_heads"}),
+            "head_dim = " + n(m.head_dim) + " must be even (RoPE rotates pairs of channels)");
+  if (m.ffn_hidden == 0) m.ffn_hidden = (8 * m.d_model / 3 + 63) / 64 * 64;
+
+  if (s.cmp_block % s.cmp_stride != 0)
+    v.error(at({"nsa.cmp_stride", "nsa.cmp_block"}),
+            "cmp_stride = " + n(s.cmp_stride) + " must divide cmp_block = " + n(s.cmp_block));
+  if (s.sel_block % s.cmp_stride != 0)
+    v.error(at({"nsa.cmp_stride", "nsa.sel_block"}),
+            "cmp_stride = " + n(s.cmp_stride) + " must divide sel_block = " + n(s.sel_block));
+  if (s.cmp_block > s.sel_block)
+    v.error(at({"nsa.cmp_block", "nsa.sel_block"}),
+            "cmp_block = " + n(s.cmp_block) + " must not exceed sel_block = " + n(s.sel_block));
+
+  if (t.dtype == "bf16" && t.device != "cuda")
+    v.error(at({"train.dtype", "train.device"}), "bf16 needs train.device = \"cuda\" (the CPU path is fp32)");
+  if (c.optim.min_lr > c.optim.lr)
+    v.error(at({"optim.min_lr", "optim.lr"}), "min_lr = " + format_float(c.optim.min_lr) +
+                                                  " exceeds lr = " + format_float(c.optim.lr));
+
+  if (m.n_kv_heads % p.tp != 0)
+    v.error(at({"parallel.tp", "model.n_kv_heads"}),
+            "tp = " + n(p.tp) + " must divide n_kv_heads = " + n(m.n_kv_heads) +
+                " (NSA is sharded by KV group; see docs/parallel.md)");
+  if (m.n_layers % p.pp != 0)
+    v.error(at({"parallel.pp", "model.n_layers"}),
+            "pp = " + n(p.pp) + " must divide n_layers = " + n(m.n_layers));
+  if (c.world_size % (p.tp * p.pp) != 0) {
+    v.error(at({"parallel.tp", "parallel.pp"}), "the world size " + n(c.world_size) +
+                                                    " is not a multiple of tp * pp = " + n(p.tp * p.pp));
+  } else if (t.global_batch % (t.micro_batch * c.dp()) != 0) {
+    v.error(at({"train.global_batch", "train.micro_batch"}),
+            "global_batch = " + n(t.global_batch) + " is not a multiple of micro_batch * dp = " +
+                n(t.micro_batch) + " * " + n(c.dp()));
+  }
+  if (c.recompute.layers > m.n_layers)
+    v.error("recompute.layers", "layers = " + n(c.recompute.layers) + " exceeds n_layers = " + n(m.n_layers));
+  if (c.recompute.layers == -1) c.recompute.layers = m.n_layers;
+  if (c.checkpoint.dir.empty()) v.error("checkpoint.dir", "must not be empty");
+  if (c.checkpoint.resume.empty()) v.error("checkpoint.resume", "must be \"auto\", \"never\" or a checkpoint path");
+}
+
+}  // namespace
+
+RunConfig parse_config(std::string_view text, const std::string& source_name,
+                       const std::vector<std::string>& overrides, std::int64_t world_size) {
+  RunConfig c;
+  c.source = source_name;
+  c.world_size = world_size;
+  Validator v;
+  v.source = source_name;
+  toml::table root;
+  try {
+    root = toml::parse(text, std::string_view(source_name));
+  } catch (const toml::parse_error& e) {
+    throw ConfigError({position(source_name, e.source()) + ": TOML syntax error: " + std::string(e.description())});
+  }
+  read_table(root, v, c);
+  for (const auto& o : overrides) apply_override(o, v, c);
+  for (const auto& k : keys()) v.check_range(k, c);
+  // Rules between keys mean something only once every key has a valid value.
+  if (v.errors.empty()) check_rules(v, c);
+  if (!v.errors.empty()) throw ConfigError(v.sorted_errors());
+  return c;
+}
+
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides, std::int64_t world_size) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError({path + ": cannot open the config file"});
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides, world_size);
+}
+
+std::string to_toml(const RunConfig& config) {
+  RunConfig c = config;
+  std::string out;
+  for (const auto& sec : section_order()) {
+    out += (out.empty() ? "" : "\n") + ("[" + sec + "]\n");
+    for (const auto& k : keys())
+      if (k.section == sec) out += k.name + " = " + value_text(k, c) + "\n";
+  }
+  return out;
+}
+
+std::string config_reference_markdown() {
+  RunConfig defaults;
+  std::string md =
+      "# Configuration reference\n\n"
+      "<!-- Generated by `nsatron config docs > docs/config.md` from the key table in\n"
+      "     core/config/config.cpp; a test fails when this file is stale. -->\n\n"
+      "One TOML file describes a run. Every key is optional and has the default below;\n"
+      "`nsatron config check FILE` prints the resolved config with every default and derived\n"
+      "value filled in. Validation is strict and happens before anything starts:\n\n"
+      "- an unknown section or key is an error, with a \"did you mean\" suggestion;\n"
+      "- a value of the wrong type is an error, with no silent conversion (`lr = \"3e-4\"` and\n"
+      "  `n_layers = 12.5` are refused). The one exception: an integer literal is accepted for a\n"
+      "  float key (`rope_theta = 10000`), since the value is exact either way;\n"
+      "- a value out of range, or not one of the listed choices, is an error;\n"
+      "- the rules between keys below are checked after that.\n\n"
+      "Each problem is reported on stderr as `FILE:LINE:COL: section.key: what is wrong` (all of\n"
+      "them, not only the first) and the program exits with code 2. A rule broken by values\n"
+      "left at their defaults points at the section header, or at `FILE:1:1`.\n\n"
+      "Command-line overrides `--set section.key=value` (repeatable) are parsed as TOML values\n"
+      "and validated the same way; their errors name the override instead of a line\n"
+      "(`--set model.n_layers=12.5: model.n_layers: expected an integer, got a float (12.5)`).\n"
+      "A bare word is accepted for a string key: `--set train.device=cuda`.\n\n"
+      "## Rules between keys\n\n"
+      "- `model.n_heads` is a multiple of `model.n_kv_heads`.\n"
+      "- `model.head_dim` is even; when 0, `model.d_model` is a multiple of `model.n_heads`.\n"
+      "- NSA (see NSA_SPEC): `nsa.cmp_stride` divides `nsa.cmp_block` and `nsa.sel_block`;\n"
+      "  `nsa.cmp_block <= nsa.sel_block`; `nsa.sel_count >= 3`; `nsa.window >= 1`.\n"
+      "- `parallel.tp` divides `model.n_kv_heads`; `parallel.pp` divides `model.n_layers`.\n"
+      "- The world size (number of ranks) is a multiple of `tp * pp`; `dp = world / (tp * pp)`,\n"
+      "  and `train.global_batch` is a multiple of `train.micro_batch * dp`.\n"
+      "  `nsatron config check` assumes one rank unless given `--world-size N`.\n"
+      "- `optim.min_lr <= optim.lr`.\n"
+      "- `train.dtype = \"bf16\"` needs `train.device = \"cuda\"`.\n"
+      "- `recompute.layers <= model.n_layers`.\n";
+  for (const auto& sec : section_order()) {
+    md += "\n## [" + sec + "]\n\n| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
+    for (const auto& k : keys()) {
+      if (k.section != sec) continue;
+      std::string def = value_text(k, defaults);
+      md += "| `" + k.name + "` | " + kind_name(k.kind) + " | `" + def + "` | " + k.range_text() + " | " + k.doc + " |\n";
+    }
+  }
+  return md;
+}
+
+}  // namespace nsatron

@@ -1,0 +1,131 @@
+// The run configuration: one TOML file, validated strictly before anything starts.
+//
+// Every key, its type, default, range and meaning is declared once, in the key table of
+// config.cpp; docs/config.md is generated from that table (`nsatron config docs`) and a test
+// keeps the two in step. Defaults are the member initialisers below. A value of 0 in
+// model.head_dim, model.ffn_hidden and -1 in recompute.layers means "derive it"; the resolved
+// config holds the derived value.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/util/error.h"
+
+namespace nsatron {
+
+struct ModelConfig {
+  std::int64_t vocab_size = 256;
+  std::int64_t d_model = 768;
+  std::int64_t n_layers = 12;
+  std::int64_t n_heads = 12;
+  std::int64_t n_kv_heads = 2;
+  std::int64_t head_dim = 0;    // 0: d_model / n_heads
+  std::int64_t ffn_hidden = 0;  // 0: 8/3 d_model rounded up to a multiple of 64
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = true;
+  double init_std = 0.02;
+};
+
+struct NsaConfig {
+  std::int64_t cmp_block = 32;
+  std::int64_t cmp_stride = 16;
+  std::int64_t sel_block = 64;
+  std::int64_t sel_count = 16;
+  std::int64_t window = 512;
+};
+
+struct TrainConfig {
+  std::int64_t seq_len = 2048;
+  std::int64_t micro_batch = 1;
+  std::int64_t global_batch = 1;
+  std::int64_t steps = 1000;
+  std::int64_t seed = 1234;
+  std::string device = "cpu";
+  std::string dtype = "fp32";
+  std::int64_t eval_every = 0;  // 0: never
+  std::int64_t eval_batches = 8;
+};
+
+struct OptimConfig {
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  std::int64_t warmup_steps = 100;
+  std::string decay = "cosine";
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0: off
+};
+
+struct ParallelConfig {
+  std::int64_t tp = 1;
+  std::int64_t pp = 1;
+};
+
+struct RecomputeConfig {
+  std::string policy = "none";
+  std::int64_t layers = -1;  // -1: all layers
+};
+
+struct DataConfig {
+  std::vector<std::string> train;
+  std::vector<std::string> val;
+  std::string format = "auto";
+};
+
+struct CheckpointConfig {
+  std::string dir = "checkpoints";
+  std::int64_t every = 0;  // 0: only at the end
+  std::int64_t keep = 0;   // 0: keep all
+  std::string resume = "auto";
+};
+
+struct LogConfig {
+  std::int64_t every = 10;
+  std::string metrics;  // empty: no metrics file
+};
+
+struct RunConfig {
+  ModelConfig model;
+  NsaConfig nsa;
+  TrainConfig train;
+  OptimConfig optim;
+  ParallelConfig parallel;
+  RecomputeConfig recompute;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+
+  std::string source;      // the file it came from
+  std::int64_t world_size = 1;
+
+  std::int64_t dp() const { return world_size / (parallel.tp * parallel.pp); }
+  std::int64_t grad_accum_steps() const { return train.global_batch / (train.micro_batch * dp()); }
+};
+
+// A config that failed validation: one "FILE:LINE:COL: section.key: what is wrong" per
+// problem found (all of them, not only the first).
+struct ConfigError : UserError {
+  explicit ConfigError(std::vector<std::string> msgs);
+  std::vector<std::string> messages;
+};
+
+// Parses, applies `--set section.key=value` overrides, validates for `world_size` ranks, and
+// fills in derived values. Throws ConfigError.
+RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                      std::int64_t world_size = 1);
+RunConfig parse_config(std::string_view text, const std::string& source_name,
+                       const std::vector<std::string>& overrides = {}, std::int64_t world_size = 1);
+
+// The resolved config as TOML: every section and key, defaults and derived values filled in.
+// parse_config(to_toml(c)) gives c back.
+std::string to_toml(const RunConfig& c);
+
+// docs/config.md, generated from the key table.
+std::string config_reference_markdown();
+
+}  // namespace nsatron

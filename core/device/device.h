@@ -1,0 +1,24 @@
+// Device memory and discovery. The CPU side is always there; the CUDA side is compiled only
+// when the build has CUDA (NSATRON_WITH_CUDA) and otherwise reports "no CUDA".
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace nsatron {
+
+// True when this build has CUDA and at least one device answers.
+bool cuda_available();
+// "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)" or why there is none.
+std::string cuda_device_summary();
+
+void* cpu_alloc(std::size_t bytes);  // 64-byte aligned, throws std::bad_alloc
+void cpu_free(void* p);
+void* cuda_alloc(std::size_t bytes);  // throws when the build or machine has no CUDA
+void cuda_free(void* p);
+
+enum class CopyKind { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice };
+void memcpy_any(void* dst, const void* src, std::size_t bytes, CopyKind kind);
+void memset_device(void* dst, int value, std::size_t bytes);
+void cuda_synchronize();
+
+}  // namespace nsatron

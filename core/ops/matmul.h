@@ -1,0 +1,45 @@
+// Matrix products, the op family that shows the pattern every op follows:
+//   this header   - the math and the Tensor-level entry point (shape checks, dispatch)
+//   cpu/matmul.cpp - the CPU implementation (OpenBLAS; bf16 through an fp32-accumulating loop)
+//   cuda/matmul.cu - the CUDA implementation (cuBLAS, fp32 accumulation for bf16 and fp32)
+//
+// Math (row-major): C[M,N] = alpha * op(A) @ op(B) + beta * C,
+//   op(A) = A [M,K] or A^T with A stored [K,M]; op(B) = B [K,N] or B^T with B stored [N,K].
+// beta = 1 accumulates into C, which is how parameter gradients are summed over
+// micro-batches (parameter gradients accumulate, activation gradients assign).
+//
+// Backward of C = A @ B (no transposes): dA = dC @ B^T, dB = A^T @ dC.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor/tensor.h"
+
+namespace nsatron {
+
+struct MatmulOptions {
+  bool trans_a = false;
+  bool trans_b = false;
+  double alpha = 1.0;
+  double beta = 0.0;
+};
+
+// A, B, C: 2-D tensors of one dtype on one device. Throws std::invalid_argument naming the
+// shapes when they do not fit.
+void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& opt = {});
+
+namespace cpu {
+// Row-major GEMM on raw pointers with leading dimensions (elements per row as stored).
+template <class T>
+void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, double alpha,
+          const T* A, std::int64_t lda, const T* B, std::int64_t ldb, double beta, T* C,
+          std::int64_t ldc);
+}  // namespace cpu
+
+namespace cuda {
+// Same contract as cpu::gemm, on device pointers of `dtype`, on the current stream.
+void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+          double alpha, const void* A, std::int64_t lda, const void* B, std::int64_t ldb,
+          double beta, void* C, std::int64_t ldc);
+}  // namespace cuda
+
+}  // namespace nsatron
