@@ -1,0 +1,200 @@
+// Strict config validation: every kind of bad config is refused with FILE:LINE:COL and the key.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/config/config.h"
+
+using namespace nsatron;
+
+namespace {
+
+// Runs parse_config and returns every error message ("" joined by \n if none: then it passed).
+std::string errors_of(const std::string& text, const std::vector<std::string>& overrides = {},
+                      std::int64_t world = 1) {
+  try {
+    parse_config(text, "run.toml", overrides, world);
+  } catch (const ConfigError& e) {
+    std::string all;
+    for (const auto& m : e.messages) all += m + "\n";
+    return all;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Config, DefaultsAreValidAndDerived) {
+  RunConfig c = parse_config("", "empty.toml");
+  EXPECT_EQ(c.model.head_dim, 64);        // 768 / 12
+  EXPECT_EQ(c.model.ffn_hidden, 2048);    // 8/3 * 768 = 2048
+  EXPECT_EQ(c.recompute.layers, 12);      // -1 -> all
+  EXPECT_EQ(c.dp(), 1);
+}
+
+TEST(Config, ReadsEveryKindOfValue) {
+  RunConfig c = parse_config(
+      "[model]\nn_layers = 4\nrope_theta = 500000\ntie_embeddings = false\n"
+      "[data]\ntrain = [\"a/*.bin\", \"b/*.bin\"]\nval = \"v.bin\"\n[optim]\nlr = 1e-3\n",
+      "run.toml");
+  EXPECT_EQ(c.model.n_layers, 4);
+  EXPECT_DOUBLE_EQ(c.model.rope_theta, 500000.0);  // integer literal for a float key is exact
+  EXPECT_FALSE(c.model.tie_embeddings);
+  ASSERT_EQ(c.data.train.size(), 2u);
+  EXPECT_EQ(c.data.train[1], "b/*.bin");
+  ASSERT_EQ(c.data.val.size(), 1u);
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1e-3);
+}
+
+TEST(Config, UnknownKeyNamesLineAndSuggests) {
+  std::string e = errors_of("[model]\nd_model = 64\nn_layer = 4\n");
+  EXPECT_NE(e.find("run.toml:3:1: model.n_layer: unknown key (did you mean 'n_layers'?)"), std::string::npos) << e;
+}
+
+TEST(Config, KeyInTheWrongSectionIsPointedToItsSection) {
+  std::string e = errors_of("[train]\nlr = 0.1\n");
+  EXPECT_NE(e.find("run.toml:2:1: train.lr: unknown key (did you mean 'optim.lr' in [optim]?)"), std::string::npos) << e;
+}
+
+TEST(Config, UnknownSection) {
+  std::string e = errors_of("[modle]\nd_model = 64\n");
+  EXPECT_NE(e.find("run.toml:1:2: modle: unknown section (did you mean 'model'?)"), std::string::npos) << e;
+}
+
+TEST(Config, WrongTypesAreNotConverted) {
+  std::string e = errors_of("[optim]\nlr = \"3e-4\"\n[model]\nn_layers = 12.5\ntie_embeddings = 1\n");
+  EXPECT_NE(e.find("run.toml:2:1: optim.lr: expected a float, got a string"), std::string::npos) << e;
+  EXPECT_NE(e.find("run.toml:4:1: model.n_layers: expected an integer, got a float (12.5)"), std::string::npos) << e;
+  EXPECT_NE(e.find("run.toml:5:1: model.tie_embeddings: expected a boolean, got an integer"), std::string::npos) << e;
+}
+
+TEST(Config, ArrayOfNonStringsIsRefused) {
+  std::string e = errors_of("[data]\ntrain = [1, 2]\n");
+  EXPECT_NE(e.find("run.toml:2:1: data.train: expected a string or array of strings"), std::string::npos) << e;
+}
+
+TEST(Config, OutOfRangeValues) {
+  std::string e = errors_of("[nsa]\nsel_count = 2\n[optim]\nbeta1 = 1.0\n[train]\ndevice = \"gpu\"\nseq_len = 0\n");
+  EXPECT_NE(e.find("run.toml:2:1: nsa.sel_count: value 2 is out of range (must be >= 3)"), std::string::npos) << e;
+  EXPECT_NE(e.find("run.toml:4:1: optim.beta1: value 1.0 is out of range (must be >= 0, < 1)"), std::string::npos) << e;
+  EXPECT_NE(e.find("run.toml:6:1: train.device: \"gpu\" is not one of \"cpu\", \"cuda\""), std::string::npos) << e;
+  EXPECT_NE(e.find("run.toml:7:1: train.seq_len: value 0 is out of range (must be >= 1)"), std::string::npos) << e;
+}
+
+TEST(Config, NsaSpecConstraints) {
+  EXPECT_NE(errors_of("[nsa]\ncmp_block = 32\ncmp_stride = 12\n").find("run.toml:3:1: nsa.cmp_stride: cmp_stride = 12 must divide cmp_block = 32"),
+            std::string::npos);
+  EXPECT_NE(errors_of("[nsa]\ncmp_block = 16\ncmp_stride = 16\nsel_block = 24\n").find("nsa.cmp_stride: cmp_stride = 16 must divide sel_block = 24"),
+            std::string::npos);
+  EXPECT_NE(errors_of("[nsa]\ncmp_block = 128\ncmp_stride = 16\nsel_block = 64\n").find("run.toml:2:1: nsa.cmp_block: cmp_block = 128 must not exceed sel_block = 64"),
+            std::string::npos);
+  EXPECT_NE(errors_of("[model]\nd_model = 96\nn_heads = 4\nhead_dim = 23\n").find("run.toml:4:1: model.head_dim: head_dim = 23 must be even"),
+            std::string::npos);
+}
+
+TEST(Config, HeadsAndParallelRules) {
+  EXPECT_NE(errors_of("[model]\nn_heads = 12\nn_kv_heads = 5\n").find("run.toml:3:1: model.n_kv_heads: n_heads = 12 is not divisible by n_kv_heads = 5"),
+            std::string::npos);
+  EXPECT_NE(errors_of("[model]\nn_kv_heads = 2\n[parallel]\ntp = 4\n", {}, 4).find("run.toml:4:1: parallel.tp: tp = 4 must divide n_kv_heads = 2"),
+            std::string::npos);
+  EXPECT_NE(errors_of("[parallel]\npp = 5\n", {}, 5).find("run.toml:2:1: parallel.pp: pp = 5 must divide n_layers = 12"),
+            std::string::npos);
+  EXPECT_NE(errors_of("[parallel]\ntp = 2\n", {}, 3).find("parallel.tp: the world size 3 is not a multiple of tp * pp = 2"),
+            std::string::npos);
+}
+
+TEST(Config, GlobalBatchMustSplitOverMicroBatchesAndDataParallelRanks) {
+  const std::string text = "[train]\nmicro_batch = 2\nglobal_batch = 6\n";
+  EXPECT_EQ(errors_of(text, {}, 1), "");  // 6 % (2 * 1) == 0
+  std::string e = errors_of(text, {}, 2);  // dp = 2: 6 % 4 != 0
+  EXPECT_NE(e.find("run.toml:3:1: train.global_batch: global_batch = 6 is not a multiple of micro_batch * dp = 2 * 2"),
+            std::string::npos) << e;
+}
+
+TEST(Config, OtherRules) {
+  EXPECT_NE(errors_of("[train]\ndtype = \"bf16\"\n").find("train.dtype: bf16 needs train.device = \"cuda\""), std::string::npos);
+  EXPECT_NE(errors_of("[optim]\nlr = 1e-4\nmin_lr = 1e-3\n").find("run.toml:3:1: optim.min_lr: min_lr = 0.001 exceeds lr = 1e-04"),
+            std::string::npos);
+  EXPECT_NE(errors_of("[recompute]\nlayers = 13\n").find("recompute.layers: layers = 13 exceeds n_layers = 12"), std::string::npos);
+}
+
+TEST(Config, RuleIsReportedAtTheKeyThatIsSet) {
+  std::string e = errors_of("[model]\nd_model = 100\n");  // 100 % 12 != 0 with head_dim derived
+  EXPECT_NE(e.find("run.toml:2:1: model.d_model: head_dim = 0 derives d_model / n_heads, but d_model = 100"),
+            std::string::npos) << e;
+}
+
+TEST(Config, RuleBrokenByDefaultsPointsAtSectionOrFileStart) {
+  // global_batch = 1 and micro_batch = 1 are defaults; 3 ranks make dp = 3.
+  std::string e = errors_of("[train]\nseed = 1\n", {}, 3);
+  EXPECT_NE(e.find("run.toml:1:2: train.global_batch: global_batch = 1 is not a multiple of micro_batch * dp = 1 * 3"),
+            std::string::npos) << e;
+  e = errors_of("[model]\nd_model = 768\n", {}, 3);
+  EXPECT_NE(e.find("run.toml:1:1: train.global_batch"), std::string::npos) << e;
+}
+
+TEST(Config, ReportsEveryErrorInLineOrder) {
+  std::string e = errors_of("[model]\nn_layer = 4\nd_model = 1.5\n[optim]\nlr = \"x\"\n");
+  auto a = e.find(":2:1:"), b = e.find(":3:1:"), c = e.find(":5:1:");
+  ASSERT_NE(a, std::string::npos);
+  ASSERT_NE(b, std::string::npos);
+  ASSERT_NE(c, std::string::npos);
+  EXPECT_LT(a, b);
+  EXPECT_LT(b, c);
+}
+
+TEST(Config, SyntaxErrorHasPosition) {
+  std::string e = errors_of("[model\nd_model = 64\n");
+  EXPECT_NE(e.find("run.toml:1:7: TOML syntax error"), std::string::npos) << e;
+  e = errors_of("[model]\nd_model = 64\nd_model = 65\n");
+  EXPECT_NE(e.find("run.toml:3:"), std::string::npos) << e;
+}
+
+TEST(Config, OverridesAreValidatedTheSameWay) {
+  RunConfig c = parse_config("[model]\nn_layers = 4\n", "run.toml", {"model.n_layers=6", "train.device=cuda", "optim.lr=1e-3"});
+  EXPECT_EQ(c.model.n_layers, 6);
+  EXPECT_EQ(c.train.device, "cuda");
+  EXPECT_DOUBLE_EQ(c.optim.lr, 1e-3);
+  EXPECT_NE(errors_of("", {"model.n_layers=12.5"}).find("--set model.n_layers=12.5: model.n_layers: expected an integer, got a float (12.5)"),
+            std::string::npos);
+  EXPECT_NE(errors_of("", {"optim.lr=\"3e-4\""}).find("--set optim.lr=\"3e-4\": optim.lr: expected a float, got a string"),
+            std::string::npos);
+  EXPECT_NE(errors_of("", {"model.n_layer=4"}).find("model.n_layer: unknown key (did you mean 'model.n_layers'?)"),
+            std::string::npos);
+  EXPECT_NE(errors_of("", {"nsa.sel_count=1"}).find("--set nsa.sel_count=1: nsa.sel_count: value 1 is out of range"),
+            std::string::npos);
+  EXPECT_NE(errors_of("", {"n_layers"}).find("expected section.key=value"), std::string::npos);
+}
+
+TEST(Config, ResolvedTomlRoundTrips) {
+  RunConfig c = parse_config("[model]\nd_model = 256\nn_heads = 8\n[optim]\nlr = 0.0007\n[data]\ntrain = [\"x\", \"y\\\"z\"]\n",
+                             "run.toml");
+  std::string text = to_toml(c);
+  RunConfig again = parse_config(text, "resolved.toml");
+  EXPECT_EQ(to_toml(again), text);
+  EXPECT_EQ(again.model.head_dim, 32);
+  EXPECT_DOUBLE_EQ(again.optim.lr, 0.0007);
+  EXPECT_EQ(again.data.train[1], "y\"z");
+}
+
+TEST(Config, ShippedConfigsAreValid) {
+  for (const char* name : {"demo_cpu.toml", "nsa_125m.toml"}) {
+    std::string path = std::string(NSATRON_SOURCE_DIR) + "/configs/" + name;
+    EXPECT_NO_THROW(load_config(path)) << path;
+  }
+  RunConfig big = load_config(std::string(NSATRON_SOURCE_DIR) + "/configs/nsa_125m.toml");
+  EXPECT_EQ(big.model.d_model, 768);
+  EXPECT_EQ(big.model.n_kv_heads, 2);
+  EXPECT_EQ(big.nsa.window, 512);
+  EXPECT_EQ(big.train.dtype, "bf16");
+}
+
+TEST(Config, DocsAreCurrent) {
+  std::ifstream in(std::string(NSATRON_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(in) << "docs/config.md missing";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(ss.str(), config_reference_markdown())
+      << "docs/config.md is stale: regenerate with `nsatron config docs > docs/config.md`";
+}
