@@ -4,6 +4,7 @@
 #include "core/config/config.h"
 #include "launch/args.h"
 #include "launch/commands.h"
+#include "launch/trainer.h"
 
 namespace nsatron {
 
@@ -22,8 +23,8 @@ int train_main(const std::vector<std::string>& argv) {
   }
   if (args.positional().size() != 1) throw UserError("train takes exactly one CONFIG file (see --help)");
   RunConfig cfg = load_config(args.positional()[0], args.all("--set"), 1);
-  std::cerr << "nsatron train: the training driver is not in this build yet\n";
-  return 1;
+  run_training(cfg, std::cout);
+  return 0;
 }
 
 }  // namespace nsatron

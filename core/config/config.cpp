@@ -147,7 +147,10 @@ const std::vector<Key>& keys() {
       key("train", "eval_every", &R::train, &TrainConfig::eval_every,
           "Validation every this many steps; 0: never.").at_least(0),
       key("train", "eval_batches", &R::train, &TrainConfig::eval_batches,
-          "Micro-batches of validation data per evaluation.").at_least(1),
+          "Global batches of validation data per evaluation.").at_least(1),
+      key("train", "max_bad_steps", &R::train, &TrainConfig::max_bad_steps,
+          "A step whose loss or gradient norm is not finite is skipped (no update) and logged; "
+          "this many in a row stop the run with an error.").at_least(1),
 
       key("optim", "lr", &R::optim, &OptimConfig::lr, "Peak learning rate (AdamW).").at_least(0),
       key("optim", "min_lr", &R::optim, &OptimConfig::min_lr,

@@ -47,6 +47,7 @@ struct TrainConfig {
   std::string dtype = "fp32";
   std::int64_t eval_every = 0;  // 0: never
   std::int64_t eval_batches = 8;
+  std::int64_t max_bad_steps = 5;
 };
 
 struct OptimConfig {

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <string>
 
+#include "core/tensor/dtype.h"
+
 namespace nsatron {
 
 // True when this build has CUDA and at least one device answers.
@@ -20,5 +22,16 @@ enum class CopyKind { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice };
 void memcpy_any(void* dst, const void* src, std::size_t bytes, CopyKind kind);
 void memset_device(void* dst, int value, std::size_t bytes);
 void cuda_synchronize();
+
+// Bytes held by live Tensor storage on a device, and the peak since the last reset. Used to
+// report activation memory (the peak minus what parameters and optimizer state hold).
+struct MemoryStats {
+  std::size_t current = 0;
+  std::size_t peak = 0;
+};
+MemoryStats memory_stats(Device device);
+void reset_peak_memory(Device device);
+void note_alloc(Device device, std::size_t bytes);
+void note_free(Device device, std::size_t bytes);
 
 }  // namespace nsatron

@@ -27,8 +27,10 @@ std::int64_t shape_numel(const Shape& s) {
 
 Storage::Storage(std::size_t bytes, Device device) : bytes_(bytes), device_(device) {
   data_ = device == Device::CPU ? cpu_alloc(bytes) : cuda_alloc(bytes);
+  note_alloc(device, bytes);
 }
 Storage::~Storage() {
+  note_free(device_, bytes_);
   if (device_ == Device::CPU)
     cpu_free(data_);
   else

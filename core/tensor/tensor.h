@@ -45,7 +45,8 @@ class Tensor {
   // A CPU tensor holding a copy of `values` (converted to dtype).
   static Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype);
 
-  bool defined() const { return storage_ != nullptr || numel() == 0; }
+  // False for a default-constructed handle (no storage, not even an empty one).
+  bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
   int ndim() const { return int(shape_.size()); }
   std::int64_t dim(int i) const;  // negative i counts from the end

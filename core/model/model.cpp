@@ -1,0 +1,435 @@
+#include "core/model/model.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "core/device/device.h"
+#include "core/ops/cross_entropy.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/embedding.h"
+#include "core/ops/linear.h"
+#include "core/ops/rmsnorm.h"
+#include "core/ops/swiglu.h"
+#include "core/util/error.h"
+#include "nsa/nsa.h"
+
+namespace nsatron {
+
+RecomputePolicy parse_recompute_policy(const std::string& s) {
+  if (s == "none") return RecomputePolicy::None;
+  if (s == "selective") return RecomputePolicy::Selective;
+  if (s == "full") return RecomputePolicy::Full;
+  throw UserError("recompute.policy: unknown policy '" + s + "'");
+}
+
+ModelDims ModelDims::from_config(const RunConfig& c) {
+  ModelDims d{};
+  d.V = c.model.vocab_size;
+  d.C = c.model.d_model;
+  d.L = c.model.n_layers;
+  d.H = c.model.n_heads;
+  d.G = c.model.n_kv_heads;
+  d.D = c.model.head_dim;
+  d.F = c.model.ffn_hidden;
+  d.cmp_block = c.nsa.cmp_block;
+  d.cmp_stride = c.nsa.cmp_stride;
+  d.sel_block = c.nsa.sel_block;
+  d.sel_count = c.nsa.sel_count;
+  d.window = c.nsa.window;
+  d.rope_theta = c.model.rope_theta;
+  d.norm_eps = c.model.norm_eps;
+  d.init_std = c.model.init_std;
+  d.tie_embeddings = c.model.tie_embeddings;
+  return d;
+}
+
+// What one layer keeps from its forward for its backward. Which members are set depends on
+// the recompute policy; complete_for_backward() recomputes the missing ones.
+struct LayerActivations {
+  Tensor x;                                   // layer input [N, C]
+  Tensor rstd1, xn;                           // attention pre-norm
+  Tensor q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gate;  // NSA core inputs
+  std::shared_ptr<void> nsa_saved;            // nsa::NsaSaved<Real>
+  Tensor o;                                   // NSA core output [N, H*D]
+  Tensor h;                                   // after the attention residual [N, C]
+  Tensor rstd2, hn;                           // MLP pre-norm
+  Tensor u;                                   // [N, 2F]
+  Tensor act;                                 // swiglu(u) [N, F]
+};
+
+namespace {
+
+template <class F> void dispatch_real(DType t, F&& f) {
+  if (t == DType::F32) return f(float{});
+  if (t == DType::F64) return f(double{});
+  throw std::invalid_argument("the CPU model computes in fp32 or fp64, not " + std::string(dtype_name(t)));
+}
+
+nsa::NsaDims core_dims(const ModelDims& m, std::int64_t B, std::int64_t T) {
+  nsa::NsaDims d;
+  d.B = B;
+  d.T = T;
+  d.H = m.H;
+  d.G = m.G;
+  d.D = m.D;
+  d.cmp_block = m.cmp_block;
+  d.cmp_stride = m.cmp_stride;
+  d.sel_block = m.sel_block;
+  d.sel_count = m.sel_count;
+  d.window = m.window;
+  d.rope_theta = m.rope_theta;
+  return d;
+}
+
+// The pieces of one group's rows of the fused projection, in order, and their widths.
+// to_parts = true copies p -> parts (forward split); false copies parts -> p (gradient gather).
+template <class Real>
+void split_or_gather(const ModelDims& m, std::int64_t N, Real* p, Real* const parts[8], bool to_parts) {
+  const std::int64_t h = m.heads_per_group(), D = m.D, G = m.G, Pg = m.group_width();
+  // widths per group: q h*D, six k/v of D, gate 3h; the part tensors hold all groups per row.
+  const std::int64_t width[8] = {h * D, D, D, D, D, D, D, 3 * h};
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < N; ++n) {
+    for (std::int64_t g = 0; g < G; ++g) {
+      Real* row = p + (n * G + g) * Pg;
+      std::int64_t col = 0;
+      for (int k = 0; k < 8; ++k) {
+        Real* part = parts[k] + (n * G + g) * width[k];
+        if (to_parts)
+          for (std::int64_t j = 0; j < width[k]; ++j) part[j] = row[col + j];
+        else
+          for (std::int64_t j = 0; j < width[k]; ++j) row[col + j] = part[j];
+        col += width[k];
+      }
+    }
+  }
+}
+
+struct CoreParams {
+  Tensor wk, wv, pk, pv;
+};
+
+}  // namespace
+
+NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype) : dims_(d), dtype_(dtype) {
+  const double std = d.init_std, resid_std = d.init_std / std::sqrt(2.0 * double(d.L));
+  const double cmp_std = 1.0 / std::sqrt(double(d.cmp_block * d.D));  // keeps the compressed K/V at the scale of k/v
+  params_.declare("model/embedding", {d.V, d.C}, true, std);
+  for (std::int64_t l = 0; l < d.L; ++l) {
+    params_.declare(layer_name(l, "attn_norm"), {d.C}, false, 0, true);
+    params_.declare(layer_name(l, "attn/wqkv"), {d.G * d.group_width(), d.C}, true, std);
+    params_.declare(layer_name(l, "attn/cmp_wk"), {d.G, d.cmp_block * d.D, d.D}, true, cmp_std);
+    params_.declare(layer_name(l, "attn/cmp_wv"), {d.G, d.cmp_block * d.D, d.D}, true, cmp_std);
+    params_.declare(layer_name(l, "attn/cmp_pk"), {d.G, d.cmp_block, d.D}, false, std);
+    params_.declare(layer_name(l, "attn/cmp_pv"), {d.G, d.cmp_block, d.D}, false, std);
+    params_.declare(layer_name(l, "attn/wo"), {d.C, d.H * d.D}, true, resid_std);
+    params_.declare(layer_name(l, "mlp_norm"), {d.C}, false, 0, true);
+    params_.declare(layer_name(l, "mlp/w_in"), {2 * d.F, d.C}, true, std);
+    params_.declare(layer_name(l, "mlp/w_out"), {d.C, d.F}, true, resid_std);
+  }
+  params_.declare("model/final_norm", {d.C}, false, 0, true);
+  if (!d.tie_embeddings) params_.declare("model/lm_head", {d.V, d.C}, true, std);
+  params_.allocate(dtype);
+}
+
+std::string NsaTransformer::layer_name(std::int64_t l, const char* part) const {
+  return "model/layers." + std::to_string(l) + "/" + part;
+}
+
+const Tensor NsaTransformer::head_weight() const {
+  return params_.weight(dims_.tie_embeddings ? "model/embedding" : "model/lm_head");
+}
+Tensor NsaTransformer::head_grad() const {
+  return params_.grad(dims_.tie_embeddings ? "model/embedding" : "model/lm_head");
+}
+
+Tensor NsaTransformer::embed(std::span<const std::int32_t> tokens, std::int64_t N) const {
+  Tensor x = Tensor::empty({N, dims_.C}, dtype_);
+  embedding_forward(tokens, params_.weight("model/embedding"), x);
+  return x;
+}
+
+NsaTransformer::Keep NsaTransformer::keep_mode(std::int64_t l) const {
+  switch (policy_) {
+    case RecomputePolicy::None: return Keep::All;
+    case RecomputePolicy::Selective: return Keep::Selective;
+    case RecomputePolicy::Full: return l < recompute_layers_ ? Keep::Input : Keep::All;
+  }
+  return Keep::All;
+}
+
+void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor& x_out, LayerActivations* acts, Keep keep,
+                                   std::int64_t B, std::int64_t T) const {
+  const ModelDims& m = dims_;
+  const std::int64_t N = B * T;
+  auto W = [&](const char* part) { return params_.weight(layer_name(l, part)); };
+  LayerActivations a;
+  a.x = x;
+  a.rstd1 = Tensor::empty({N}, dtype_);
+  a.xn = Tensor::empty({N, m.C}, dtype_);
+  rmsnorm_forward(x, W("attn_norm"), a.xn, a.rstd1, m.norm_eps);
+
+  Tensor p = Tensor::empty({N, m.G * m.group_width()}, dtype_);
+  linear_forward(a.xn, W("attn/wqkv"), nullptr, p);
+  a.q = Tensor::empty({N, m.H * m.D}, dtype_);
+  for (Tensor* t : {&a.k_cmp, &a.v_cmp, &a.k_slc, &a.v_slc, &a.k_win, &a.v_win}) *t = Tensor::empty({N, m.G * m.D}, dtype_);
+  a.gate = Tensor::empty({N, m.H * 3}, dtype_);
+  a.o = Tensor::empty({N, m.H * m.D}, dtype_);
+  const bool save_core = keep == Keep::All;
+  dispatch_real(dtype_, [&](auto tag) {
+    using Real = decltype(tag);
+    Real* parts[8] = {a.q.data<Real>(),     a.k_cmp.data<Real>(), a.v_cmp.data<Real>(), a.k_slc.data<Real>(),
+                      a.v_slc.data<Real>(), a.k_win.data<Real>(), a.v_win.data<Real>(), a.gate.data<Real>()};
+    split_or_gather<Real>(m, N, p.data<Real>(), parts, true);
+    nsa::NsaInputs<Real> in{a.q.data<Real>(),     a.k_cmp.data<Real>(),     a.v_cmp.data<Real>(),
+                            a.k_slc.data<Real>(), a.v_slc.data<Real>(),     a.k_win.data<Real>(),
+                            a.v_win.data<Real>(), a.gate.data<Real>(),      W("attn/cmp_wk").data<Real>(),
+                            W("attn/cmp_wv").data<Real>(), W("attn/cmp_pk").data<Real>(), W("attn/cmp_pv").data<Real>()};
+    std::shared_ptr<nsa::NsaSaved<Real>> saved = save_core ? std::make_shared<nsa::NsaSaved<Real>>() : nullptr;
+    nsa::nsa_forward<Real>(core_dims(m, B, T), in, a.o.data<Real>(), saved.get());
+    a.nsa_saved = saved;
+  });
+  p = Tensor();
+
+  Tensor attn_out = Tensor::empty({N, m.C}, dtype_);
+  linear_forward(a.o, W("attn/wo"), nullptr, attn_out);
+  a.h = Tensor::empty({N, m.C}, dtype_);
+  a.hn = Tensor::empty({N, m.C}, dtype_);
+  a.rstd2 = Tensor::empty({N}, dtype_);
+  add_rmsnorm_forward(x, attn_out, W("mlp_norm"), a.h, a.hn, a.rstd2, m.norm_eps);
+  attn_out = Tensor();
+
+  a.u = Tensor::empty({N, 2 * m.F}, dtype_);
+  linear_forward(a.hn, W("mlp/w_in"), nullptr, a.u);
+  a.act = Tensor::empty({N, m.F}, dtype_);
+  swiglu_forward(a.u, a.act);
+  x_out = Tensor::empty({N, m.C}, dtype_);
+  linear_forward(a.act, W("mlp/w_out"), nullptr, x_out);
+  add(a.h, x_out, x_out);
+
+  if (!acts) return;
+  switch (keep) {
+    case Keep::Nothing: return;
+    case Keep::Input: acts->x = a.x; return;
+    case Keep::Selective:
+      a.xn = a.hn = a.act = Tensor();
+      a.nsa_saved.reset();
+      *acts = std::move(a);
+      return;
+    case Keep::All: *acts = std::move(a); return;
+  }
+}
+
+void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, std::int64_t B, std::int64_t T) const {
+  const ModelDims& m = dims_;
+  const std::int64_t N = B * T;
+  if (!a.h.defined()) {  // full recompute: only the input was kept
+    Tensor out;
+    layer_forward(l, a.x, out, &a, Keep::All, B, T);
+    return;
+  }
+  auto W = [&](const char* part) { return params_.weight(layer_name(l, part)); };
+  if (!a.xn.defined()) {
+    a.xn = Tensor::empty({N, m.C}, dtype_);
+    rmsnorm_forward(a.x, W("attn_norm"), a.xn, a.rstd1, m.norm_eps);
+  }
+  if (!a.hn.defined()) {
+    a.hn = Tensor::empty({N, m.C}, dtype_);
+    rmsnorm_forward(a.h, W("mlp_norm"), a.hn, a.rstd2, m.norm_eps);
+  }
+  if (!a.act.defined()) {
+    a.act = Tensor::empty({N, m.F}, dtype_);
+    swiglu_forward(a.u, a.act);
+  }
+  if (!a.nsa_saved) {
+    dispatch_real(dtype_, [&](auto tag) {
+      using Real = decltype(tag);
+      nsa::NsaInputs<Real> in{a.q.data<Real>(),     a.k_cmp.data<Real>(),     a.v_cmp.data<Real>(),
+                              a.k_slc.data<Real>(), a.v_slc.data<Real>(),     a.k_win.data<Real>(),
+                              a.v_win.data<Real>(), a.gate.data<Real>(),      W("attn/cmp_wk").data<Real>(),
+                              W("attn/cmp_wv").data<Real>(), W("attn/cmp_pk").data<Real>(), W("attn/cmp_pv").data<Real>()};
+      auto saved = std::make_shared<nsa::NsaSaved<Real>>();
+      Tensor o = Tensor::empty({N, m.H * m.D}, dtype_);  // equals a.o bit for bit
+      nsa::nsa_forward<Real>(core_dims(m, B, T), in, o.data<Real>(), saved.get());
+      a.nsa_saved = saved;
+    });
+  }
+}
+
+void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in,
+                                    std::int64_t B, std::int64_t T) {
+  complete_for_backward(l, a, B, T);
+  const ModelDims& m = dims_;
+  const std::int64_t N = B * T;
+  auto W = [&](const char* part) { return params_.weight(layer_name(l, part)); };
+  auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
+
+  // MLP: x' = h + w_out(swiglu(w_in(rmsnorm(h))))
+  Tensor dact = Tensor::empty({N, m.F}, dtype_);
+  Tensor g_out = G("mlp/w_out"), g_in = G("mlp/w_in");
+  linear_backward(dx_out, a.act, W("mlp/w_out"), {&dact, &g_out, nullptr});
+  Tensor du = Tensor::empty({N, 2 * m.F}, dtype_);
+  swiglu_backward(dact, a.u, du);
+  dact = Tensor();
+  Tensor dhn = Tensor::empty({N, m.C}, dtype_);
+  linear_backward(du, a.hn, W("mlp/w_in"), {&dhn, &g_in, nullptr});
+  du = Tensor();
+  Tensor dh = Tensor::empty({N, m.C}, dtype_);
+  Tensor g_mlp_norm = G("mlp_norm");
+  rmsnorm_backward(dhn, a.h, W("mlp_norm"), a.rstd2, dh, g_mlp_norm, &dx_out);
+  dhn = Tensor();
+
+  // Attention: h = x + wo(nsa(split(wqkv(rmsnorm(x)))))
+  Tensor d_o = Tensor::empty({N, m.H * m.D}, dtype_);
+  Tensor g_wo = G("attn/wo");
+  linear_backward(dh, a.o, W("attn/wo"), {&d_o, &g_wo, nullptr});
+  Tensor dp = Tensor::empty({N, m.G * m.group_width()}, dtype_);
+  dispatch_real(dtype_, [&](auto tag) {
+    using Real = decltype(tag);
+    Tensor dq = Tensor::empty({N, m.H * m.D}, dtype_), dgate = Tensor::empty({N, m.H * 3}, dtype_);
+    Tensor dkv[6];
+    for (auto& t : dkv) t = Tensor::empty({N, m.G * m.D}, dtype_);
+    nsa::NsaInputs<Real> in{a.q.data<Real>(),     a.k_cmp.data<Real>(),     a.v_cmp.data<Real>(),
+                            a.k_slc.data<Real>(), a.v_slc.data<Real>(),     a.k_win.data<Real>(),
+                            a.v_win.data<Real>(), a.gate.data<Real>(),      W("attn/cmp_wk").data<Real>(),
+                            W("attn/cmp_wv").data<Real>(), W("attn/cmp_pk").data<Real>(), W("attn/cmp_pv").data<Real>()};
+    nsa::NsaGrads<Real> gr{dq.data<Real>(),     dkv[0].data<Real>(), dkv[1].data<Real>(), dkv[2].data<Real>(),
+                           dkv[3].data<Real>(), dkv[4].data<Real>(), dkv[5].data<Real>(), dgate.data<Real>(),
+                           G("attn/cmp_wk").data<Real>(), G("attn/cmp_wv").data<Real>(),
+                           G("attn/cmp_pk").data<Real>(), G("attn/cmp_pv").data<Real>()};
+    const auto& saved = *static_cast<const nsa::NsaSaved<Real>*>(a.nsa_saved.get());
+    nsa::nsa_backward<Real>(core_dims(m, B, T), in, saved, d_o.data<Real>(), gr);
+    Real* parts[8] = {dq.data<Real>(),     dkv[0].data<Real>(), dkv[1].data<Real>(), dkv[2].data<Real>(),
+                      dkv[3].data<Real>(), dkv[4].data<Real>(), dkv[5].data<Real>(), dgate.data<Real>()};
+    split_or_gather<Real>(m, N, dp.data<Real>(), parts, false);
+  });
+  d_o = Tensor();
+  a.nsa_saved.reset();
+  Tensor dxn = Tensor::empty({N, m.C}, dtype_);
+  Tensor g_wqkv = G("attn/wqkv");
+  linear_backward(dp, a.xn, W("attn/wqkv"), {&dxn, &g_wqkv, nullptr});
+  dp = Tensor();
+  dx_in = Tensor::empty({N, m.C}, dtype_);
+  Tensor g_attn_norm = G("attn_norm");
+  rmsnorm_backward(dxn, a.x, W("attn_norm"), a.rstd1, dx_in, g_attn_norm, &dh);
+}
+
+double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                                        std::int64_t B, std::int64_t T, double grad_scale) {
+  const ModelDims& m = dims_;
+  const std::int64_t N = B * T;
+  if (std::int64_t(tokens.size()) != N || std::int64_t(targets.size()) != N)
+    throw std::invalid_argument("forward_backward: tokens/targets must hold B*T ids");
+  const std::size_t base = memory_stats(Device::CPU).current;
+  reset_peak_memory(Device::CPU);
+
+  std::vector<LayerActivations> acts(std::size_t(m.L));
+  Tensor x = embed(tokens, N);
+  for (std::int64_t l = 0; l < m.L; ++l) {
+    Tensor y;
+    layer_forward(l, x, y, &acts[std::size_t(l)], keep_mode(l), B, T);
+    x = y;
+  }
+  Tensor rstdf = Tensor::empty({N}, dtype_), xf = Tensor::empty({N, m.C}, dtype_);
+  rmsnorm_forward(x, params_.weight("model/final_norm"), xf, rstdf, m.norm_eps);
+
+  // LM head and loss, chunk by chunk, with the chunk's backward right away.
+  Tensor loss = Tensor::zeros({1}, dtype_);
+  Tensor dxf = Tensor::empty({N, m.C}, dtype_);
+  Tensor E = head_weight(), dE = head_grad();
+  CrossEntropyOptions ce;
+  ce.denominator = double(N);
+  ce.accumulate_loss = true;
+  for (std::int64_t r0 = 0; r0 < N; r0 += head_chunk_) {
+    const std::int64_t r1 = std::min(N, r0 + head_chunk_);
+    Tensor xc = xf.slice0(r0, r1), dxc = dxf.slice0(r0, r1);
+    Tensor logits = Tensor::empty({r1 - r0, m.V}, dtype_);
+    linear_forward(xc, E, nullptr, logits);
+    cross_entropy_fused(logits, targets.subspan(std::size_t(r0), std::size_t(r1 - r0)), loss, grad_scale, ce);
+    linear_backward(logits, xc, E, {&dxc, &dE, nullptr});
+  }
+  xf = Tensor();
+  Tensor dx = Tensor::empty({N, m.C}, dtype_);
+  Tensor g_final = params_.grad("model/final_norm");
+  rmsnorm_backward(dxf, x, params_.weight("model/final_norm"), rstdf, dx, g_final);
+  dxf = Tensor();
+  x = Tensor();
+  for (std::int64_t l = m.L - 1; l >= 0; --l) {
+    Tensor dx_in;
+    layer_backward(l, acts[std::size_t(l)], dx, dx_in, B, T);
+    acts[std::size_t(l)] = LayerActivations();
+    dx = dx_in;
+  }
+  Tensor g_embed = params_.grad("model/embedding");
+  embedding_backward(tokens, dx, g_embed);
+  const MemoryStats after = memory_stats(Device::CPU);
+  last_activation_peak_ = after.peak > base ? after.peak - base : 0;
+  return loss.to_vector()[0];
+}
+
+double NsaTransformer::evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                                std::int64_t B, std::int64_t T) {
+  const ModelDims& m = dims_;
+  const std::int64_t N = B * T;
+  Tensor x = embed(tokens, N);
+  for (std::int64_t l = 0; l < m.L; ++l) {
+    Tensor y;
+    layer_forward(l, x, y, nullptr, Keep::Nothing, B, T);
+    x = y;
+  }
+  Tensor rstdf = Tensor::empty({N}, dtype_), xf = Tensor::empty({N, m.C}, dtype_);
+  rmsnorm_forward(x, params_.weight("model/final_norm"), xf, rstdf, m.norm_eps);
+  Tensor loss = Tensor::zeros({1}, dtype_);
+  CrossEntropyOptions ce;
+  ce.denominator = double(N);
+  ce.accumulate_loss = true;
+  for (std::int64_t r0 = 0; r0 < N; r0 += head_chunk_) {
+    const std::int64_t r1 = std::min(N, r0 + head_chunk_);
+    Tensor logits = Tensor::empty({r1 - r0, m.V}, dtype_), lse = Tensor::empty({r1 - r0}, dtype_);
+    linear_forward(xf.slice0(r0, r1), head_weight(), nullptr, logits);
+    cross_entropy_forward(logits, targets.subspan(std::size_t(r0), std::size_t(r1 - r0)), loss, lse, ce);
+  }
+  return loss.to_vector()[0];
+}
+
+Tensor NsaTransformer::last_logits(std::span<const std::int32_t> tokens, std::int64_t B, std::int64_t T) {
+  const ModelDims& m = dims_;
+  const std::int64_t N = B * T;
+  Tensor x = embed(tokens, N);
+  for (std::int64_t l = 0; l < m.L; ++l) {
+    Tensor y;
+    layer_forward(l, x, y, nullptr, Keep::Nothing, B, T);
+    x = y;
+  }
+  Tensor last = Tensor::empty({B, m.C}, dtype_);
+  for (std::int64_t b = 0; b < B; ++b) last.slice0(b, b + 1).copy_from(x.slice0(b * T + T - 1, b * T + T));
+  Tensor rstd = Tensor::empty({B}, dtype_), xf = Tensor::empty({B, m.C}, dtype_);
+  rmsnorm_forward(last, params_.weight("model/final_norm"), xf, rstd, m.norm_eps);
+  Tensor logits = Tensor::empty({B, m.V}, dtype_);
+  linear_forward(xf, head_weight(), nullptr, logits);
+  return logits;
+}
+
+double NsaTransformer::flops_per_token(std::int64_t T) const {
+  const ModelDims& m = dims_;
+  // Matrix products: 2 flops per multiply-add, forward; the LM head included.
+  const double per_layer_matrix = double(m.G * m.group_width() * m.C + m.C * m.H * m.D + 3 * m.F * m.C);
+  double forward = 2.0 * (double(m.L) * per_layer_matrix + double(m.V * m.C));
+  // Compression maps: per block and group, two [l*D] x [l*D, D] products.
+  const std::int64_t blocks = T >= m.cmp_block ? (T - m.cmp_block) / m.cmp_stride + 1 : 0;
+  forward += double(m.L) * double(blocks) * double(m.G) * 2.0 * 2.0 * double(m.cmp_block * m.D * m.D) / double(T);
+  // Attention: per query and head, 4*D flops per key attended (scores and values), over
+  // the visible compressed blocks, the tokens of the selected blocks, and the window.
+  double keys = 0;
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int64_t cmp = t >= m.cmp_block - 1 ? std::min(blocks, (t - m.cmp_block + 1) / m.cmp_stride + 1) : 0;
+    const std::int64_t bt = t / m.sel_block;
+    const std::int64_t sel = std::min<std::int64_t>(m.sel_count, bt + 1) * m.sel_block - (m.sel_block - 1 - t % m.sel_block);
+    const std::int64_t win = std::min<std::int64_t>(m.window, t + 1);
+    keys += double(cmp + std::min<std::int64_t>(sel, t + 1) + win);
+  }
+  forward += double(m.L) * 4.0 * double(m.H * m.D) * keys / double(T);
+  return 3.0 * forward;
+}
+
+}  // namespace nsatron

@@ -1,0 +1,114 @@
+// The NSA language model: a decoder-only transformer whose attention is NSA (NSA_SPEC.md),
+// every layer's forward and backward written by hand.
+//
+//   x0 = embedding[tokens]                                                   [N, C], N = B*T
+//   per layer:
+//     xn  = rmsnorm(x) * attn_norm
+//     p   = xn @ wqkv^T                      fused projection, group-major rows (below)
+//     q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gate = split(p)
+//     o   = nsa_core(q, ..., gate; cmp_wk, cmp_wv, cmp_pk, cmp_pv)          [N, H*D]
+//     h   = x + o @ wo^T
+//     hn  = rmsnorm(h) * mlp_norm
+//     u   = hn @ w_in^T                      [N, 2F]: gate half then up half
+//     x'  = h + swiglu(u) @ w_out^T
+//   xf = rmsnorm(x_L) * final_norm
+//   loss = mean over tokens of cross_entropy(xf @ E^T, targets)      E: embedding or lm_head
+//
+// wqkv rows are laid out group by group, so a tensor-parallel rank's groups are one
+// contiguous block of rows: for each KV group g, [q of its h heads (h*D rows), k_cmp (D),
+// v_cmp (D), k_slc (D), v_slc (D), k_win (D), v_win (D), gate logits of its h heads (3h)].
+//
+// The LM head runs on row chunks: logits for a chunk, the cross entropy and its gradient in
+// place, then the chunk's backward, so the largest logits buffer is [chunk, V].
+//
+// Recompute policies (recompute.policy): "none" keeps every activation the backward reads;
+// "selective" drops the norm outputs, the SwiGLU output and the NSA core's saved state and
+// recomputes them in the backward; "full" keeps only the input of each of the first
+// `recompute.layers` layers and reruns the layer's forward in its backward. All three give
+// the same bits: the recomputation repeats the same operations on the same inputs.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/model/params.h"
+
+namespace nsatron {
+
+enum class RecomputePolicy { None, Selective, Full };
+RecomputePolicy parse_recompute_policy(const std::string& s);
+
+struct ModelDims {
+  std::int64_t V, C, L, H, G, D, F;
+  std::int64_t cmp_block, cmp_stride, sel_block, sel_count, window;
+  double rope_theta, norm_eps, init_std;
+  bool tie_embeddings;
+  std::int64_t heads_per_group() const { return H / G; }
+  std::int64_t group_width() const { return heads_per_group() * (D + 3) + 6 * D; }  // rows of wqkv per group
+  static ModelDims from_config(const RunConfig& c);
+};
+
+struct LayerActivations;  // model.cpp
+
+class NsaTransformer {
+ public:
+  NsaTransformer(const ModelDims& dims, DType dtype);
+  const ModelDims& dims() const { return dims_; }
+  ParamStore& params() { return params_; }
+  const ParamStore& params() const { return params_; }
+
+  void set_recompute(RecomputePolicy policy, std::int64_t layers) {
+    policy_ = policy;
+    recompute_layers_ = layers;
+  }
+  // Row chunk of the LM head (rows of logits held at once).
+  void set_head_chunk(std::int64_t rows) { head_chunk_ = rows; }
+
+  // Forward and backward of one micro-batch of B sequences of T tokens (row-major [B, T]).
+  // Gradients ACCUMULATE into params().flat_grads(), scaled by `grad_scale` (1 / number of
+  // micro-batches for gradient accumulation). Returns the micro-batch's mean loss.
+  double forward_backward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                          std::int64_t B, std::int64_t T, double grad_scale = 1.0);
+  // Mean loss without gradients or saved activations.
+  double evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                  std::int64_t B, std::int64_t T);
+  // Logits of the last position of each sequence, [B, V] (for sampling).
+  Tensor last_logits(std::span<const std::int32_t> tokens, std::int64_t B, std::int64_t T);
+
+  // Peak bytes of activations (everything allocated above the parameters, gradients and
+  // optimizer state) during the last forward_backward.
+  std::size_t last_activation_peak_bytes() const { return last_activation_peak_; }
+
+  // Training FLOPs per token at sequence length T (forward + backward = 3x forward):
+  // 6 * (matrix parameters, the LM head included, embedding lookup excluded) plus the NSA
+  // core: 12 * H * D * K(T) per layer, K(T) the mean number of keys a query attends over the
+  // three branches, plus the compression maps. See docs/performance.md.
+  double flops_per_token(std::int64_t T) const;
+  std::int64_t num_params() const { return params_.total(); }
+
+ private:
+  std::string layer_name(std::int64_t l, const char* part) const;
+  enum class Keep { Nothing, Input, Selective, All };
+  Keep keep_mode(std::int64_t l) const;
+  void layer_forward(std::int64_t l, const Tensor& x, Tensor& x_out, LayerActivations* acts, Keep keep,
+                     std::int64_t B, std::int64_t T) const;
+  void complete_for_backward(std::int64_t l, LayerActivations& a, std::int64_t B, std::int64_t T) const;
+  void layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in, std::int64_t B,
+                      std::int64_t T);
+  Tensor embed(std::span<const std::int32_t> tokens, std::int64_t N) const;
+  const Tensor head_weight() const;
+  Tensor head_grad() const;
+
+  ModelDims dims_;
+  DType dtype_;
+  ParamStore params_;
+  RecomputePolicy policy_ = RecomputePolicy::None;
+  std::int64_t recompute_layers_ = 0;
+  std::int64_t head_chunk_ = 1024;
+  std::size_t last_activation_peak_ = 0;
+};
+
+}  // namespace nsatron

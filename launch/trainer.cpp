@@ -1,0 +1,269 @@
+#include "launch/trainer.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <vector>
+
+#include "core/device/device.h"
+#include "core/model/model.h"
+#include "core/ops/adamw.h"
+#include "core/ops/grad_norm.h"
+#include "core/optim/schedule.h"
+#include "data/pipeline.h"
+#include "launch/commands.h"
+
+namespace nsatron {
+
+namespace {
+
+std::string trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+using Clock = std::chrono::steady_clock;
+
+std::string human_bytes(double b) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) b /= 1024, ++i;
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(i ? 1 : 0) << b << " " << unit[i];
+  return os.str();
+}
+
+std::string human_count(double x) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  if (x >= 1e9) os << x / 1e9 << "G";
+  else if (x >= 1e6) os << x / 1e6 << "M";
+  else if (x >= 1e3) os << x / 1e3 << "k";
+  else os << std::setprecision(0) << x;
+  return os.str();
+}
+
+std::string human_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  long t = long(s + 0.5);
+  std::ostringstream os;
+  if (t >= 3600) os << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t % 3600) / 60 << "m";
+  else if (t >= 60) os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
+  else os << t << "s";
+  return os.str();
+}
+
+// Entropy (nats) of the token frequencies of a dataset: the loss of the best model that
+// ignores context. Counted over at most the first 64M tokens.
+double unigram_entropy(const data::TokenDataset& ds, std::int64_t vocab) {
+  const std::int64_t n = std::min<std::int64_t>(ds.num_tokens(), 64 << 20);
+  std::vector<double> counts(std::size_t(vocab), 0.0);
+  std::vector<std::int32_t> buf(1 << 20);
+  for (std::int64_t at = 0; at < n; at += std::int64_t(buf.size())) {
+    const std::int64_t k = std::min<std::int64_t>(std::int64_t(buf.size()), n - at);
+    ds.read(at, k, buf.data());
+    for (std::int64_t i = 0; i < k; ++i) counts[std::size_t(buf[std::size_t(i)])] += 1;
+  }
+  double h = 0;
+  for (double c : counts)
+    if (c > 0) h -= c / double(n) * std::log(c / double(n));
+  return h;
+}
+
+class ProgressBar {
+ public:
+  explicit ProgressBar(std::int64_t total) : total_(total), enabled_(isatty(STDERR_FILENO)) {}
+  void draw(std::int64_t done, double eta_s) {
+    if (!enabled_) return;
+    const int width = 30;
+    int filled = int(double(width) * double(done) / double(std::max<std::int64_t>(1, total_)));
+    std::fprintf(stderr, "\r[%s%s] %lld/%lld eta %s ", std::string(std::size_t(filled), '#').c_str(),
+                 std::string(std::size_t(width - filled), '.').c_str(), (long long)done, (long long)total_,
+                 human_duration(eta_s).c_str());
+    std::fflush(stderr);
+  }
+  void clear() {
+    if (enabled_) std::fprintf(stderr, "\r%60s\r", "");
+  }
+
+ private:
+  std::int64_t total_;
+  bool enabled_;
+};
+
+double evaluate(NsaTransformer& model, data::RunData& data, const RunConfig& cfg) {
+  if (!data.val) return -1;
+  data::TokenBatch batch;
+  double sum = 0;
+  std::int64_t count = 0;
+  for (std::int64_t b = 0; b < cfg.train.eval_batches; ++b) {
+    for (std::int64_t m = 0; m < data.layout.micro_batches(); ++m) {
+      data.val->fill(b, data.layout, m, batch);
+      sum += model.evaluate(batch.inputs, batch.targets, batch.rows, batch.seq_len);
+      ++count;
+    }
+  }
+  return sum / double(count);
+}
+
+}  // namespace
+
+TrainSummary run_training(const RunConfig& cfg, std::ostream& out) {
+  if (cfg.train.device != "cpu")
+    throw UserError(cfg.source + ": train.device: \"" + cfg.train.device +
+                    "\" training is not in this build yet; use \"cpu\"");
+  if (cfg.data.train.empty()) throw UserError(cfg.source + ": data.train: required to train (a glob of token shards)");
+  const auto t_start = Clock::now();
+  out << "nsatron " << kVersion << " train " << cfg.source << "\n\n# resolved config\n" << to_toml(cfg) << "\n";
+
+  // Data first: a bad shard should stop the run before any work.
+  data::RunData data = data::open_run_data(cfg, 0);
+  const ModelDims dims = ModelDims::from_config(cfg);
+  NsaTransformer model(dims, DType::F32);
+  model.set_recompute(parse_recompute_policy(cfg.recompute.policy), cfg.recompute.layers);
+  model.params().initialize(std::uint64_t(cfg.train.seed));
+  ParamStore& params = model.params();
+  Tensor m1 = Tensor::zeros({params.total()}, DType::F32), m2 = Tensor::zeros({params.total()}, DType::F32);
+  std::vector<ParamSegment> segments;
+  for (const auto& p : params.infos()) segments.push_back({p.offset, p.numel, p.decay});
+
+  const std::int64_t T = cfg.train.seq_len;
+  const double flops = model.flops_per_token(T);
+  const std::int64_t tokens_per_step = cfg.train.global_batch * T;
+  out << "# run\n"
+      << "model        " << human_count(double(model.num_params())) << " parameters (" << model.num_params()
+      << "), " << dims.L << " layers, d_model " << dims.C << ", heads " << dims.H << "/" << dims.G
+      << " (query/KV), head_dim " << dims.D << ", ffn " << dims.F << "\n"
+      << "nsa          cmp " << dims.cmp_block << "/" << dims.cmp_stride << ", sel " << dims.sel_block << " x "
+      << dims.sel_count << ", window " << dims.window << "\n"
+      << "flops/token  " << human_count(flops) << " (training, forward + backward, NSA attention included)\n"
+      << "batch        " << cfg.train.global_batch << " x " << T << " tokens per step = "
+      << data.layout.micro_batches() << " micro-batches of " << cfg.train.micro_batch << "\n"
+      << "train data   " << trimmed(data.train_set->describe()) << "\n"
+      << "val data     " << (data.val_set ? trimmed(data.val_set->describe()) : std::string("none")) << "\n"
+      << "unigram      entropy of the training tokens " << std::fixed << std::setprecision(4)
+      << unigram_entropy(*data.train_set, dims.V) << " nats (a context-free model's best loss)\n"
+      << std::defaultfloat << "# implementations\n"
+      << "device       cpu, fp32, " << omp_get_max_threads() << " OpenMP threads\n"
+      << "matmul       OpenBLAS sgemm (core/ops/cpu/matmul.cpp)\n"
+      << "nsa core     CPU reference forward/backward (nsa/cpu)\n"
+      << "other ops    CPU: rmsnorm, swiglu, embedding, cross entropy (chunked head), AdamW (core/ops/cpu)\n"
+      << "recompute    " << cfg.recompute.policy
+      << (cfg.recompute.policy == "full" ? " (first " + std::to_string(cfg.recompute.layers) + " layers)" : "")
+      << "\n"
+      << "checkpoints  not in this build yet\n\n";
+
+  std::ofstream metrics;
+  if (!cfg.log.metrics.empty()) {
+    std::filesystem::path mp(cfg.log.metrics);
+    if (mp.has_parent_path()) std::filesystem::create_directories(mp.parent_path());
+    metrics.open(cfg.log.metrics, std::ios::trunc);
+    if (!metrics) throw UserError(cfg.source + ": log.metrics: cannot write '" + cfg.log.metrics + "'");
+  }
+
+  TrainSummary summary;
+  ProgressBar bar(cfg.train.steps);
+  data::TokenBatch batch;
+  const std::int64_t A = data.layout.micro_batches();
+  std::int64_t bad_in_row = 0;
+  double window_time = 0, window_loss = 0;
+  std::int64_t window_steps = 0;
+  const auto loop_start = Clock::now();
+  for (std::int64_t step = 0; step < cfg.train.steps; ++step) {
+    const auto t0 = Clock::now();
+    const double lr = learning_rate(cfg.optim, cfg.train.steps, step);
+    params.zero_grads();
+    double loss = 0;
+    std::size_t act_peak = 0;
+    for (std::int64_t m = 0; m < A; ++m) {
+      data.sampler->next(data.layout, m, batch);
+      loss += model.forward_backward(batch.inputs, batch.targets, batch.rows, batch.seq_len, 1.0 / double(A)) /
+              double(A);
+      act_peak = std::max(act_peak, model.last_activation_peak_bytes());
+    }
+    data.sampler->advance(data.layout);
+    std::vector<Tensor> grads{params.flat_grads()};
+    Tensor norm_t = Tensor::empty({1}, DType::F32);
+    global_norm(grads, norm_t);
+    const double gnorm = norm_t.to_vector()[0];
+    const bool bad = !std::isfinite(loss) || !std::isfinite(gnorm);
+    if (bad) {
+      ++summary.skipped_steps;
+      ++bad_in_row;
+      bar.clear();
+      out << "step " << step + 1 << ": skipped (loss " << loss << ", grad norm " << gnorm
+          << " not finite); " << bad_in_row << " in a row, " << summary.skipped_steps << " in all\n";
+      if (bad_in_row >= cfg.train.max_bad_steps)
+        throw std::runtime_error(std::to_string(bad_in_row) +
+                                 " steps in a row had a non-finite loss or gradient norm (train.max_bad_steps = " +
+                                 std::to_string(cfg.train.max_bad_steps) + "); stopping at step " +
+                                 std::to_string(step + 1));
+    } else {
+      bad_in_row = 0;
+      const double clip = cfg.optim.grad_clip > 0 ? clip_coefficient(gnorm, cfg.optim.grad_clip) : 1.0;
+      AdamWHyper hp{lr, cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+      adamw_step(params.flat_weights(), params.flat_grads(), m1, m2, segments, hp, step + 1 - summary.skipped_steps,
+                 clip);
+    }
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    summary.steps_done = step + 1;
+    summary.last_loss = loss;
+    window_time += dt;
+    window_loss += loss;
+    ++window_steps;
+    const double tok_s = double(tokens_per_step) / dt;
+    const std::size_t peak = memory_stats(Device::CPU).peak;
+    if (metrics) {
+      metrics << std::setprecision(9) << "{\"step\": " << step + 1 << ", \"loss\": " << (std::isfinite(loss) ? loss : -1)
+              << ", \"lr\": " << lr << ", \"grad_norm\": " << (std::isfinite(gnorm) ? gnorm : -1)
+              << ", \"tokens_per_s\": " << tok_s << ", \"ms_per_step\": " << dt * 1e3
+              << ", \"peak_mem_bytes\": " << peak << ", \"activation_peak_bytes\": " << act_peak
+              << ", \"tokens\": " << (step + 1) * tokens_per_step << ", \"skipped\": " << (bad ? "true" : "false")
+              << "}\n" << std::flush;
+    }
+    const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start).count();
+    const double eta = elapsed / double(step + 1) * double(cfg.train.steps - step - 1);
+    const bool last = step + 1 == cfg.train.steps;
+    if ((step + 1) % cfg.log.every == 0 || last || step == 0) {
+      bar.clear();
+      char line[512];
+      std::snprintf(line, sizeof line,
+                    "step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s | %.0f ms/step | mem %s | eta %s\n",
+                    (long long)(step + 1), (long long)cfg.train.steps, window_loss / double(window_steps), lr, gnorm,
+                    human_count(double(tokens_per_step) * double(window_steps) / window_time).c_str(),
+                    window_time / double(window_steps) * 1e3, human_bytes(double(peak)).c_str(),
+                    human_duration(eta).c_str());
+      out << line << std::flush;
+      window_time = window_loss = 0;
+      window_steps = 0;
+    }
+    if (data.val && ((cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0) || last)) {
+      const double val = evaluate(model, data, cfg);
+      if (summary.first_val_loss < 0) summary.first_val_loss = val;
+      summary.last_val_loss = val;
+      bar.clear();
+      char line[128];
+      std::snprintf(line, sizeof line, "eval   %6lld | val loss %.4f\n", (long long)(step + 1), val);
+      out << line << std::flush;
+      if (metrics) metrics << std::setprecision(9) << "{\"step\": " << step + 1 << ", \"val_loss\": " << val << "}\n" << std::flush;
+    }
+    bar.draw(step + 1, eta);
+  }
+  bar.clear();
+  const double total = std::chrono::duration<double>(Clock::now() - t_start).count();
+  out << "\ndone: " << summary.steps_done << " steps in " << human_duration(total) << ", final train loss "
+      << std::fixed << std::setprecision(4) << summary.last_loss;
+  if (summary.last_val_loss >= 0) out << ", val loss " << summary.first_val_loss << " -> " << summary.last_val_loss;
+  out << ", " << summary.skipped_steps << " skipped steps\n" << std::defaultfloat;
+  return summary;
+}
+
+}  // namespace nsatron
