@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# The main job on a fresh Debian 12 machine: set up, build, and run the CPU demo.
+# The main job on a fresh Debian 12 machine: set up, build, prepare the King James Bible as
+# byte-level token shards, and train the tiny NSA model of configs/demo_cpu.toml on CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-./build/launch/nsatron config check configs/demo_cpu.toml
+NSATRON=./build/launch/nsatron
+mkdir -p runs/kjv
+if [ ! -f runs/kjv/data/train_000000.bin ]; then
+  bible Gen1:1-Rev22:21 </dev/null >runs/kjv/kjv.txt   # Debian's bible-kjv: 4.3 MB of text
+  $NSATRON data prepare --input runs/kjv/kjv.txt --output runs/kjv/data --tokenizer bytes --val-fraction 0.05
+fi
+$NSATRON train configs/demo_cpu.toml "$@"
