@@ -105,9 +105,15 @@ void split_or_gather(const ModelDims& m, std::int64_t N, Real* p, Real* const pa
   }
 }
 
-struct CoreParams {
-  Tensor wk, wv, pk, pv;
-};
+// The NSA core's inputs: the split projection kept in `a` and the layer's compression
+// parameters (W: part name -> weight tensor).
+template <class Real, class Weights>
+nsa::NsaInputs<Real> core_inputs(const LayerActivations& a, const Weights& W) {
+  return {a.q.data<Real>(),     a.k_cmp.data<Real>(),     a.v_cmp.data<Real>(),          a.k_slc.data<Real>(),
+          a.v_slc.data<Real>(), a.k_win.data<Real>(),     a.v_win.data<Real>(),          a.gate.data<Real>(),
+          W("attn/cmp_wk").template data<Real>(), W("attn/cmp_wv").template data<Real>(),
+          W("attn/cmp_pk").template data<Real>(), W("attn/cmp_pv").template data<Real>()};
+}
 
 }  // namespace
 
@@ -149,6 +155,16 @@ Tensor NsaTransformer::embed(std::span<const std::int32_t> tokens, std::int64_t 
   return x;
 }
 
+Tensor NsaTransformer::forward_layers(std::span<const std::int32_t> tokens, std::int64_t B, std::int64_t T) const {
+  Tensor x = embed(tokens, B * T);
+  for (std::int64_t l = 0; l < dims_.L; ++l) {
+    Tensor y;
+    layer_forward(l, x, y, nullptr, Keep::Nothing, B, T);
+    x = y;
+  }
+  return x;
+}
+
 NsaTransformer::Keep NsaTransformer::keep_mode(std::int64_t l) const {
   switch (policy_) {
     case RecomputePolicy::None: return Keep::All;
@@ -181,10 +197,7 @@ void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor& x_ou
     Real* parts[8] = {a.q.data<Real>(),     a.k_cmp.data<Real>(), a.v_cmp.data<Real>(), a.k_slc.data<Real>(),
                       a.v_slc.data<Real>(), a.k_win.data<Real>(), a.v_win.data<Real>(), a.gate.data<Real>()};
     split_or_gather<Real>(m, N, p.data<Real>(), parts, true);
-    nsa::NsaInputs<Real> in{a.q.data<Real>(),     a.k_cmp.data<Real>(),     a.v_cmp.data<Real>(),
-                            a.k_slc.data<Real>(), a.v_slc.data<Real>(),     a.k_win.data<Real>(),
-                            a.v_win.data<Real>(), a.gate.data<Real>(),      W("attn/cmp_wk").data<Real>(),
-                            W("attn/cmp_wv").data<Real>(), W("attn/cmp_pk").data<Real>(), W("attn/cmp_pv").data<Real>()};
+    const nsa::NsaInputs<Real> in = core_inputs<Real>(a, W);
     std::shared_ptr<nsa::NsaSaved<Real>> saved = save_core ? std::make_shared<nsa::NsaSaved<Real>>() : nullptr;
     nsa::nsa_forward<Real>(core_dims(m, B, T), in, a.o.data<Real>(), saved.get());
     a.nsa_saved = saved;
@@ -244,10 +257,7 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
   if (!a.nsa_saved) {
     dispatch_real(dtype_, [&](auto tag) {
       using Real = decltype(tag);
-      nsa::NsaInputs<Real> in{a.q.data<Real>(),     a.k_cmp.data<Real>(),     a.v_cmp.data<Real>(),
-                              a.k_slc.data<Real>(), a.v_slc.data<Real>(),     a.k_win.data<Real>(),
-                              a.v_win.data<Real>(), a.gate.data<Real>(),      W("attn/cmp_wk").data<Real>(),
-                              W("attn/cmp_wv").data<Real>(), W("attn/cmp_pk").data<Real>(), W("attn/cmp_pv").data<Real>()};
+      const nsa::NsaInputs<Real> in = core_inputs<Real>(a, W);
       auto saved = std::make_shared<nsa::NsaSaved<Real>>();
       Tensor o = Tensor::empty({N, m.H * m.D}, dtype_);  // equals a.o bit for bit
       nsa::nsa_forward<Real>(core_dims(m, B, T), in, o.data<Real>(), saved.get());
@@ -289,10 +299,7 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
     Tensor dq = Tensor::empty({N, m.H * m.D}, dtype_), dgate = Tensor::empty({N, m.H * 3}, dtype_);
     Tensor dkv[6];
     for (auto& t : dkv) t = Tensor::empty({N, m.G * m.D}, dtype_);
-    nsa::NsaInputs<Real> in{a.q.data<Real>(),     a.k_cmp.data<Real>(),     a.v_cmp.data<Real>(),
-                            a.k_slc.data<Real>(), a.v_slc.data<Real>(),     a.k_win.data<Real>(),
-                            a.v_win.data<Real>(), a.gate.data<Real>(),      W("attn/cmp_wk").data<Real>(),
-                            W("attn/cmp_wv").data<Real>(), W("attn/cmp_pk").data<Real>(), W("attn/cmp_pv").data<Real>()};
+    const nsa::NsaInputs<Real> in = core_inputs<Real>(a, W);
     nsa::NsaGrads<Real> gr{dq.data<Real>(),     dkv[0].data<Real>(), dkv[1].data<Real>(), dkv[2].data<Real>(),
                            dkv[3].data<Real>(), dkv[4].data<Real>(), dkv[5].data<Real>(), dgate.data<Real>(),
                            G("attn/cmp_wk").data<Real>(), G("attn/cmp_wv").data<Real>(),
@@ -371,12 +378,7 @@ double NsaTransformer::evaluate(std::span<const std::int32_t> tokens, std::span<
                                 std::int64_t B, std::int64_t T) {
   const ModelDims& m = dims_;
   const std::int64_t N = B * T;
-  Tensor x = embed(tokens, N);
-  for (std::int64_t l = 0; l < m.L; ++l) {
-    Tensor y;
-    layer_forward(l, x, y, nullptr, Keep::Nothing, B, T);
-    x = y;
-  }
+  Tensor x = forward_layers(tokens, B, T);
   Tensor rstdf = Tensor::empty({N}, dtype_), xf = Tensor::empty({N, m.C}, dtype_);
   rmsnorm_forward(x, params_.weight("model/final_norm"), xf, rstdf, m.norm_eps);
   Tensor loss = Tensor::zeros({1}, dtype_);
@@ -394,13 +396,7 @@ double NsaTransformer::evaluate(std::span<const std::int32_t> tokens, std::span<
 
 Tensor NsaTransformer::last_logits(std::span<const std::int32_t> tokens, std::int64_t B, std::int64_t T) {
   const ModelDims& m = dims_;
-  const std::int64_t N = B * T;
-  Tensor x = embed(tokens, N);
-  for (std::int64_t l = 0; l < m.L; ++l) {
-    Tensor y;
-    layer_forward(l, x, y, nullptr, Keep::Nothing, B, T);
-    x = y;
-  }
+  Tensor x = forward_layers(tokens, B, T);
   Tensor last = Tensor::empty({B, m.C}, dtype_);
   for (std::int64_t b = 0; b < B; ++b) last.slice0(b, b + 1).copy_from(x.slice0(b * T + T - 1, b * T + T));
   Tensor rstd = Tensor::empty({B}, dtype_), xf = Tensor::empty({B, m.C}, dtype_);

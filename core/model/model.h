@@ -99,6 +99,8 @@ class NsaTransformer {
   void layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in, std::int64_t B,
                       std::int64_t T);
   Tensor embed(std::span<const std::int32_t> tokens, std::int64_t N) const;
+  // Embedding and every layer, keeping nothing for a backward: the last layer's output.
+  Tensor forward_layers(std::span<const std::int32_t> tokens, std::int64_t B, std::int64_t T) const;
   const Tensor head_weight() const;
   Tensor head_grad() const;
 
