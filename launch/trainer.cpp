@@ -176,6 +176,14 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out) {
   std::int64_t bad_in_row = 0;
   double window_time = 0, window_loss = 0;
   std::int64_t window_steps = 0;
+  if (data.val) {  // the starting point, so the log shows the validation loss falling
+    const double val = evaluate(model, data, cfg);
+    summary.first_val_loss = val;
+    char line[128];
+    std::snprintf(line, sizeof line, "eval   %6d | val loss %.4f\n", 0, val);
+    out << line << std::flush;
+    if (metrics) metrics << std::setprecision(9) << "{\"step\": 0, \"val_loss\": " << val << "}\n" << std::flush;
+  }
   const auto loop_start = Clock::now();
   for (std::int64_t step = 0; step < cfg.train.steps; ++step) {
     const auto t0 = Clock::now();
@@ -247,7 +255,6 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out) {
     }
     if (data.val && ((cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0) || last)) {
       const double val = evaluate(model, data, cfg);
-      if (summary.first_val_loss < 0) summary.first_val_loss = val;
       summary.last_val_loss = val;
       bar.clear();
       char line[128];

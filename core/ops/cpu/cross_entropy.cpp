@@ -1,0 +1,115 @@
+// CPU softmax cross entropy: one row at a time (max, sum of exponentials in fp64, log), rows
+// in parallel; the per-row losses are kept in an [N] fp64 vector and summed in row order.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/ops/cross_entropy.h"
+
+namespace nsatron::cpu {
+
+namespace {
+// log sum_v exp(z_v), in fp64.
+template <class T> double row_lse(const T* z, std::int64_t V) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::int64_t v = 0; v < V; ++v) m = std::max(m, double(z[v]));
+  if (!std::isfinite(m)) return m;  // all -inf (or a +inf / NaN): let it show
+  double s = 0.0;
+  for (std::int64_t v = 0; v < V; ++v) s += std::exp(double(z[v]) - m);
+  return m + std::log(s);
+}
+
+template <class T>
+void row_grad(T* dz, const T* z, double lse, std::int32_t target, std::int64_t V, double scale) {
+  for (std::int64_t v = 0; v < V; ++v) {
+    const double p = std::exp(double(z[v]) - lse);
+    dz[v] = T(scale * (p - (v == target ? 1.0 : 0.0)));
+  }
+}
+
+double ordered_sum(const std::vector<double>& xs) {
+  double s = 0.0;
+  for (double x : xs) s += x;
+  return s;
+}
+}  // namespace
+
+void check_targets(const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                   std::int32_t ignore_index, const char* what) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::int32_t t = targets[n];
+    if (t != ignore_index && (t < 0 || t >= V))
+      throw std::invalid_argument(std::string(what) + ": target " + std::to_string(t) +
+                                  " at position " + std::to_string(n) +
+                                  " is neither ignore_index (" + std::to_string(ignore_index) +
+                                  ") nor in [0, " + std::to_string(V) + ")");
+  }
+}
+
+template <class T>
+double cross_entropy_forward(T* lse, const T* logits, const std::int32_t* targets, std::int64_t N,
+                             std::int64_t V, std::int32_t ignore_index) {
+  check_targets(targets, N, V, ignore_index, "cross_entropy_forward");
+  std::vector<double> row_loss(std::size_t(N), 0.0);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < N; ++n) {
+    const T* z = logits + n * V;
+    const double l = row_lse(z, V);
+    lse[n] = T(l);
+    if (targets[n] != ignore_index) row_loss[std::size_t(n)] = l - double(z[targets[n]]);
+  }
+  return ordered_sum(row_loss);
+}
+
+template <class T>
+void cross_entropy_backward(T* dlogits, const T* logits, const T* lse,
+                            const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                            std::int32_t ignore_index, double scale) {
+  check_targets(targets, N, V, ignore_index, "cross_entropy_backward");
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < N; ++n) {
+    T* dz = dlogits + n * V;
+    if (targets[n] == ignore_index) {
+      for (std::int64_t v = 0; v < V; ++v) dz[v] = T(0);
+    } else {
+      row_grad(dz, logits + n * V, double(lse[n]), targets[n], V, scale);
+    }
+  }
+}
+
+template <class T>
+double cross_entropy_fused(T* logits, const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           std::int32_t ignore_index, double scale) {
+  check_targets(targets, N, V, ignore_index, "cross_entropy_fused");
+  std::vector<double> row_loss(std::size_t(N), 0.0);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < N; ++n) {
+    T* z = logits + n * V;
+    if (targets[n] == ignore_index) {
+      for (std::int64_t v = 0; v < V; ++v) z[v] = T(0);
+      continue;
+    }
+    // Round lse as the unfused path stores it, so both give the same bits.
+    const double exact = row_lse(z, V);
+    row_loss[std::size_t(n)] = exact - double(z[targets[n]]);
+    const double l = double(T(exact));
+    row_grad(z, z, l, targets[n], V, scale);
+  }
+  return ordered_sum(row_loss);
+}
+
+#define NSATRON_INSTANTIATE(T)                                                                   \
+  template double cross_entropy_forward<T>(T*, const T*, const std::int32_t*, std::int64_t,     \
+                                           std::int64_t, std::int32_t);                         \
+  template void cross_entropy_backward<T>(T*, const T*, const T*, const std::int32_t*,          \
+                                          std::int64_t, std::int64_t, std::int32_t, double);    \
+  template double cross_entropy_fused<T>(T*, const std::int32_t*, std::int64_t, std::int64_t,  \
+                                         std::int32_t, double);
+NSATRON_INSTANTIATE(float)
+NSATRON_INSTANTIATE(double)
+#undef NSATRON_INSTANTIATE
+
+}  // namespace nsatron::cpu

@@ -1,0 +1,97 @@
+#include "core/ops/cross_entropy.h"
+
+#include "core/ops/op_util.h"
+
+namespace nsatron {
+
+using namespace ops_detail;
+
+std::int64_t count_targets(std::span<const std::int32_t> targets, std::int32_t ignore_index) {
+  std::int64_t n = 0;
+  for (std::int32_t t : targets) n += t != ignore_index;
+  return n;
+}
+
+namespace {
+// Returns V; checks the logits against the targets.
+std::int64_t check_logits(const std::string& op, const Tensor& logits,
+                          std::span<const std::int32_t> targets) {
+  const std::int64_t V = last_dim(op, logits, "logits");
+  require(V > 0, op, "the vocabulary must not be empty, got " + logits.describe());
+  require(rows_of(logits) == std::int64_t(targets.size()), op,
+          "logits " + logits.describe() + " have " + std::to_string(rows_of(logits)) +
+              " rows but there are " + std::to_string(targets.size()) + " targets");
+  return V;
+}
+void check_options(const std::string& op, const CrossEntropyOptions& opt) {
+  require(opt.denominator >= 0, op, "the denominator must be >= 0 (0: count the targets)");
+}
+double denominator(std::span<const std::int32_t> targets, const CrossEntropyOptions& opt) {
+  return opt.denominator > 0 ? opt.denominator : double(count_targets(targets, opt.ignore_index));
+}
+template <class T> void write_loss(const Tensor& loss, double value, bool accumulate) {
+  T* p = loss.data<T>();
+  *p = accumulate ? T(double(*p) + value) : T(value);
+}
+}  // namespace
+
+void cross_entropy_forward(const Tensor& logits, std::span<const std::int32_t> targets,
+                           Tensor& loss, Tensor& lse, const CrossEntropyOptions& opt) {
+  const std::string op = "cross_entropy_forward";
+  same_dtype_device(op, {&logits, &loss, &lse});
+  const std::int64_t V = check_logits(op, logits, targets);
+  check_options(op, opt);
+  require(loss.numel() == 1, op, "loss must have one element, got " + loss.describe());
+  require(lse.numel() == rows_of(logits), op,
+          "lse must hold one value per row, got " + lse.describe());
+  if (logits.device() == Device::CUDA) no_cuda(op);
+  dispatch_cpu(op, logits, [&](auto tag) {
+    using T = decltype(tag);
+    const double sum = cpu::cross_entropy_forward<T>(lse.data<T>(), logits.data<T>(),
+                                                     targets.data(), rows_of(logits), V,
+                                                     opt.ignore_index);
+    const double d = denominator(targets, opt);
+    write_loss<T>(loss, d > 0 ? sum / d : 0.0, opt.accumulate_loss);
+  });
+}
+
+void cross_entropy_backward(const Tensor& logits, std::span<const std::int32_t> targets,
+                            const Tensor& lse, double dloss, Tensor& dlogits,
+                            const CrossEntropyOptions& opt) {
+  const std::string op = "cross_entropy_backward";
+  same_dtype_device(op, {&logits, &lse, &dlogits});
+  const std::int64_t V = check_logits(op, logits, targets);
+  check_options(op, opt);
+  require(lse.numel() == rows_of(logits), op,
+          "lse must hold one value per row, got " + lse.describe());
+  require(dlogits.shape() == logits.shape(), op,
+          "dlogits must have the shape of " + logits.describe() + ", got " + dlogits.describe());
+  if (logits.device() == Device::CUDA) no_cuda(op);
+  const double d = denominator(targets, opt);
+  const double scale = d > 0 ? dloss / d : 0.0;
+  dispatch_cpu(op, logits, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::cross_entropy_backward<T>(dlogits.data<T>(), logits.data<T>(), lse.data<T>(),
+                                   targets.data(), rows_of(logits), V, opt.ignore_index, scale);
+  });
+}
+
+void cross_entropy_fused(Tensor& logits, std::span<const std::int32_t> targets, Tensor& loss,
+                         double dloss, const CrossEntropyOptions& opt) {
+  const std::string op = "cross_entropy_fused";
+  same_dtype_device(op, {&logits, &loss});
+  const std::int64_t V = check_logits(op, logits, targets);
+  check_options(op, opt);
+  require(loss.numel() == 1, op, "loss must have one element, got " + loss.describe());
+  if (logits.device() == Device::CUDA) no_cuda(op);
+  const double d = denominator(targets, opt);
+  const double scale = d > 0 ? dloss / d : 0.0;
+  dispatch_cpu(op, logits, [&](auto tag) {
+    using T = decltype(tag);
+    const double sum = cpu::cross_entropy_fused<T>(logits.data<T>(), targets.data(),
+                                                   rows_of(logits), V, opt.ignore_index, scale);
+    write_loss<T>(loss, d > 0 ? sum / d : 0.0, opt.accumulate_loss);
+  });
+}
+
+}  // namespace nsatron

@@ -1,0 +1,77 @@
+// Softmax cross entropy over a vocabulary, averaged over tokens, with an ignore index.
+//   this header            - the math, the Tensor-level entry points
+//   cross_entropy.cpp      - the entry points
+//   cpu/cross_entropy.cpp  - the CPU implementation (rows in parallel, fp64 reductions)
+//   cuda/cross_entropy.cu  - (issue 7) the CUDA kernels, same contract: they work through
+//                            the vocabulary in chunks and never hold fp32 logits for a batch
+//
+// Math: logits z [N, V] (any leading shape, V last), targets t [N] (int32):
+//   lse_n  = log sum_v exp(z_nv)                                   saved, [N]
+//   loss   = (1 / D) * sum over rows with t_n != ignore_index of (lse_n - z_{n,t_n})
+// D, the denominator, is by default the number of non-ignored rows of this call; a caller
+// that splits a batch (row chunks of the LM head, micro-batches) passes the count for the
+// whole batch instead, so that the pieces add up to the batch mean. With no counted rows
+// (D = 0) the loss and the gradient are 0 (PyTorch would give NaN).
+//
+// Backward, for upstream gradient dloss (ASSIGNED: dlogits is an activation gradient):
+//   dz_nv = dloss / D * (softmax(z_n)_v - [v == t_n])        on counted rows
+//   dz_nv = 0                                                on ignored rows
+// dlogits may be logits itself: each row is read before it is overwritten, so no second
+// [N, V] buffer is needed. cross_entropy_fused does forward and backward in one pass over
+// each row, leaving dlogits in the logits buffer: the LM head runs it on row chunks
+// (logits for a chunk, loss and dlogits, then the head's backward for that chunk), so the
+// only [rows, V] buffer is the chunk's.
+//
+// Targets: an int32 array in the memory of the tensors' device. Each is ignore_index or in
+// [0, V); any other value is an error that names its position.
+// Deterministic: rows are independent and the loss is summed over rows in order.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "core/tensor/tensor.h"
+
+namespace nsatron {
+
+struct CrossEntropyOptions {
+  std::int32_t ignore_index = -100;  // PyTorch's default
+  double denominator = 0;            // D; 0: the number of non-ignored targets of this call
+  bool accumulate_loss = false;      // loss += this call's part instead of loss =
+};
+
+// Non-ignored targets (host memory).
+std::int64_t count_targets(std::span<const std::int32_t> targets, std::int32_t ignore_index);
+
+// logits [.., V]; loss: one element; lse: one element per row. All of one dtype and device.
+void cross_entropy_forward(const Tensor& logits, std::span<const std::int32_t> targets,
+                           Tensor& loss, Tensor& lse, const CrossEntropyOptions& opt = {});
+// dlogits [.., V] (may be logits) from the saved lse.
+void cross_entropy_backward(const Tensor& logits, std::span<const std::int32_t> targets,
+                            const Tensor& lse, double dloss, Tensor& dlogits,
+                            const CrossEntropyOptions& opt = {});
+// Forward and backward in one pass: writes loss and replaces logits by dlogits.
+void cross_entropy_fused(Tensor& logits, std::span<const std::int32_t> targets, Tensor& loss,
+                         double dloss, const CrossEntropyOptions& opt = {});
+
+namespace cpu {
+// Throws std::invalid_argument for the first target neither ignore_index nor in [0, V).
+void check_targets(const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                   std::int32_t ignore_index, const char* what);
+// Writes lse [N] (every row, ignored ones too) and returns sum over counted rows of
+// (lse_n - z_{n,t_n}) in fp64. Targets are checked.
+template <class T>
+double cross_entropy_forward(T* lse, const T* logits, const std::int32_t* targets, std::int64_t N,
+                             std::int64_t V, std::int32_t ignore_index);
+// dlogits = scale * (softmax - onehot) on counted rows, 0 on ignored ones; scale = dloss / D.
+// dlogits may alias logits.
+template <class T>
+void cross_entropy_backward(T* dlogits, const T* logits, const T* lse,
+                            const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                            std::int32_t ignore_index, double scale);
+// Both at once, in place; returns the same sum as cross_entropy_forward.
+template <class T>
+double cross_entropy_fused(T* logits, const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           std::int32_t ignore_index, double scale);
+}  // namespace cpu
+
+}  // namespace nsatron

@@ -1,0 +1,30 @@
+// Elementwise helpers for the residual stream and gradient sums.
+//   this header          - the math, the Tensor-level entry points
+//   elementwise.cpp      - the entry points
+//   cpu/elementwise.cpp  - the CPU loops (OpenMP)
+//   cuda/elementwise.cu  - (issue 7) the CUDA kernels
+//
+// add:        out = a + b           (residual: h = x + f(x)); out may be a or b
+//             backward: da = db = dout (the same tensor serves both; nothing to compute)
+// add_:       acc += x              (a gradient arriving by a second path: residual branches,
+//                                    a tensor used twice)
+// Deterministic: elementwise.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor/tensor.h"
+
+namespace nsatron {
+
+// a, b, out: one shape, dtype and device.
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+// acc += x; same shape, dtype and device.
+void add_(Tensor& acc, const Tensor& x);
+
+namespace cpu {
+// out may alias a or b.
+template <class T> void add(T* out, const T* a, const T* b, std::int64_t n);
+template <class T> void add_(T* acc, const T* x, std::int64_t n);
+}  // namespace cpu
+
+}  // namespace nsatron

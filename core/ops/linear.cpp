@@ -1,0 +1,96 @@
+#include "core/ops/linear.h"
+
+#include "core/ops/matmul.h"
+#include "core/ops/op_util.h"
+
+namespace nsatron {
+
+using namespace ops_detail;
+
+namespace {
+struct LinearDims {
+  std::int64_t N, in, out;
+};
+LinearDims check_linear(const std::string& op, const Tensor& x, const Tensor& w) {
+  same_dtype_device(op, {&x, &w});
+  const std::int64_t in = last_dim(op, x, "x");
+  require(w.ndim() == 2 && w.dim(1) == in, op,
+          "W must be [out, " + std::to_string(in) + "] for x " + x.describe() + ", got " +
+              w.describe());
+  return {rows_of(x), in, w.dim(0)};
+}
+Shape with_last(const Tensor& t, std::int64_t last) {
+  Shape s = t.shape();
+  s.back() = last;
+  return s;
+}
+void check_bias(const std::string& op, const Tensor& x, const Tensor& b, std::int64_t out,
+                const char* name) {
+  same_dtype_device(op, {&x, &b});
+  require(b.ndim() == 1 && b.dim(0) == out, op,
+          std::string(name) + " must be [" + std::to_string(out) + "], got " + b.describe());
+}
+}  // namespace
+
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+  const std::string op = "linear_forward";
+  const LinearDims d = check_linear(op, x, w);
+  same_dtype_device(op, {&x, &y});
+  require(y.shape() == with_last(x, d.out), op,
+          "y must be " + shape_str(with_last(x, d.out)) + ", got " + y.describe());
+  if (bias) check_bias(op, x, *bias, d.out, "bias");
+  if (d.N == 0 || d.out == 0) return;
+  if (d.in == 0) {
+    y.zero_();
+  } else {
+    Tensor y2 = y.view({d.N, d.out});
+    matmul(x.view({d.N, d.in}), w, y2, {.trans_a = false, .trans_b = true});
+  }
+  if (bias) {
+    if (x.device() == Device::CUDA) no_cuda(op + " (bias)");
+    dispatch_cpu(op, x, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::add_bias<T>(y.data<T>(), bias->data<T>(), d.N, d.out);
+    });
+  }
+}
+
+void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const LinearGrads& g) {
+  const std::string op = "linear_backward";
+  const LinearDims d = check_linear(op, x, w);
+  same_dtype_device(op, {&x, &dy});
+  require(dy.shape() == with_last(x, d.out), op,
+          "dy must be " + shape_str(with_last(x, d.out)) + ", got " + dy.describe());
+  if (g.dx) {
+    same_dtype_device(op, {&x, g.dx});
+    require(g.dx->shape() == x.shape(), op,
+            "dx must have the shape of x " + x.describe() + ", got " + g.dx->describe());
+  }
+  if (g.dw) {
+    same_dtype_device(op, {&x, g.dw});
+    require(g.dw->shape() == w.shape(), op,
+            "dW must have the shape of W " + w.describe() + ", got " + g.dw->describe());
+  }
+  if (g.dbias) check_bias(op, x, *g.dbias, d.out, "dbias");
+  if (d.N == 0) return;
+  const Tensor dy2 = dy.view({d.N, d.out});
+  if (g.dx && d.in > 0) {
+    Tensor dx2 = g.dx->view({d.N, d.in});
+    if (d.out == 0) {
+      if (!g.accumulate_dx) dx2.zero_();
+    } else {
+      matmul(dy2, w, dx2, {.beta = g.accumulate_dx ? 1.0 : 0.0});
+    }
+  }
+  if (g.dw && d.in > 0 && d.out > 0)
+    matmul(dy2, x.view({d.N, d.in}), *g.dw, {.trans_a = true, .beta = 1.0});
+  if (g.dbias) {
+    if (x.device() == Device::CUDA) no_cuda(op + " (bias)");
+    dispatch_cpu(op, x, [&](auto tag) {
+      using T = decltype(tag);
+      cpu::bias_backward<T>(g.dbias->data<T>(), dy.data<T>(), d.N, d.out);
+    });
+  }
+}
+
+}  // namespace nsatron

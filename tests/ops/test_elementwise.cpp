@@ -1,0 +1,50 @@
+// Elementwise helpers: values, aliasing, argument checks.
+#include "core/ops/elementwise.h"
+#include "tests/ops/op_test_util.h"
+
+namespace nsatron {
+namespace {
+
+TEST(Elementwise, AddAndAccumulate) {
+  test::Rng rng(81);
+  for (DType dt : {DType::F32, DType::F64}) {
+    Tensor a = rng.randn({3, 5}, dt), b = rng.randn({3, 5}, dt), out = Tensor::empty({3, 5}, dt);
+    add(a, b, out);
+    auto av = a.to_vector(), bv = b.to_vector(), ov = out.to_vector();
+    for (std::size_t i = 0; i < ov.size(); ++i) {
+      const double want = dt == DType::F32 ? double(float(av[i]) + float(bv[i])) : av[i] + bv[i];
+      EXPECT_EQ(ov[i], want);
+    }
+    Tensor a2 = a.clone();
+    add(a2, b, a2);  // out over a
+    EXPECT_TRUE(test::same_bits(a2, out));
+    Tensor acc = a.clone();
+    add_(acc, b);
+    EXPECT_TRUE(test::same_bits(acc, out));
+  }
+}
+
+TEST(Elementwise, AddFiniteDifferences) {
+  // out = a + b: the gradient of sum(p * out) is p for both inputs.
+  test::Rng rng(82);
+  for (const Shape& s : {Shape{1}, Shape{1, 7}, Shape{3, 5}, Shape{2, 3, 9}}) {
+    Tensor a = rng.randn(s), b = rng.randn(s), out = Tensor::empty(s, DType::F64);
+    const std::vector<double> probe = rng.normals(a.numel());
+    auto loss = [&] {
+      add(a, b, out);
+      return test::dot(out, probe);
+    };
+    test::expect_fd_grad(loss, a, probe, "add " + shape_str(s) + " da");
+    test::expect_fd_grad(loss, b, probe, "add " + shape_str(s) + " db");
+  }
+}
+
+TEST(Elementwise, RejectsMismatches) {
+  Tensor a = Tensor::zeros({2, 3}, DType::F32), b = Tensor::zeros({3, 2}, DType::F32);
+  Tensor c = Tensor::zeros({2, 3}, DType::F64);
+  EXPECT_THROW(add(a, b, a), std::invalid_argument);
+  EXPECT_THROW(add_(a, c), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace nsatron
