@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/ckpt_command.h"
 #include "core/config/config.h"
 #include "core/device/device.h"
 #include "core/util/error.h"
@@ -39,6 +40,8 @@ const std::vector<Command>& commands() {
       {"train", "train a model from a TOML config", train_main},
       {"config", "check a config and print it resolved, or print the key reference", config_main},
       {"data", "prepare and inspect token shards", data::data_main},
+      {"ckpt", "inspect and verify checkpoints", checkpoint::ckpt_main},
+      {"sample", "generate text from a checkpoint", sample_main},
       {"nsa-parity", "run the NSA core on inputs from an HDF5 file, for comparison", nsa::parity_main},
       {"version", "print the version and build", version_main},
   };

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -20,6 +22,8 @@
 #include "core/optim/schedule.h"
 #include "data/pipeline.h"
 #include "launch/commands.h"
+#include "launch/signals.h"
+#include "checkpoint/checkpoint.h"
 
 namespace nsatron {
 
@@ -116,7 +120,24 @@ double evaluate(NsaTransformer& model, data::RunData& data, const RunConfig& cfg
 
 }  // namespace
 
-TrainSummary run_training(const RunConfig& cfg, std::ostream& out) {
+namespace {
+
+// "section.key" -> value text of a resolved config (the output of to_toml).
+std::map<std::string, std::string> config_entries(const std::string& toml_text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(toml_text);
+  std::string line, section;
+  while (std::getline(in, line)) {
+    if (line.size() > 2 && line.front() == '[') section = line.substr(1, line.size() - 2);
+    else if (auto eq = line.find(" = "); eq != std::string::npos) out[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return out;
+}
+
+}  // namespace
+
+TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOptions& options) {
+  namespace ckpt = checkpoint;
   if (cfg.train.device != "cpu")
     throw UserError(cfg.source + ": train.device: \"" + cfg.train.device +
                     "\" training is not in this build yet; use \"cpu\"");
@@ -134,6 +155,43 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out) {
   Tensor m1 = Tensor::zeros({params.total()}, DType::F32), m2 = Tensor::zeros({params.total()}, DType::F32);
   std::vector<ParamSegment> segments;
   for (const auto& p : params.infos()) segments.push_back({p.offset, p.numel, p.decay});
+
+  // Where to start: a checkpoint per checkpoint.resume, or the initialisation above.
+  const std::filesystem::path ckpt_dir(cfg.checkpoint.dir);
+  std::optional<std::filesystem::path> resume_from;
+  if (cfg.checkpoint.resume == "auto") {
+    ckpt::ResumeChoice choice = ckpt::find_resume(ckpt_dir);
+    for (const auto& w : choice.warnings) out << "warning: " << w << "\n";
+    resume_from = choice.checkpoint;
+  } else if (cfg.checkpoint.resume == "never") {
+    auto existing = std::filesystem::exists(ckpt_dir) ? ckpt::list_checkpoints(ckpt_dir) : std::vector<std::filesystem::path>{};
+    if (!existing.empty() && !options.overwrite)
+      throw UserError(cfg.source + ": checkpoint.resume: \"never\", but checkpoint.dir '" + cfg.checkpoint.dir +
+                      "' already holds " + std::to_string(existing.size()) + " checkpoint(s) (newest " +
+                      existing.back().filename().string() +
+                      "); continue it with resume = \"auto\", choose another checkpoint.dir, or pass --overwrite to "
+                      "start afresh and replace them");
+  } else {
+    resume_from = ckpt::resolve_checkpoint(cfg.checkpoint.resume);
+  }
+  std::int64_t start_step = 0, optimizer_step = 0;
+  if (resume_from) {
+    const ckpt::TrainState state = ckpt::load_checkpoint(*resume_from, params, m1, m2);
+    start_step = state.step;
+    optimizer_step = state.optimizer_step;
+    data.sampler->restore(data::SamplerPosition::deserialize(state.sampler_position));
+    out << "resumed from " << resume_from->string() << " (step " << start_step << ", "
+        << state.consumed_tokens << " tokens)\n";
+    const auto before = config_entries(state.config_toml), now = config_entries(to_toml(cfg));
+    for (const auto& [key, value] : now) {
+      auto it = before.find(key);
+      if (it != before.end() && it->second != value)
+        out << "config changed since the checkpoint: " << key << " = " << it->second << " -> " << value << "\n";
+    }
+    if (start_step >= cfg.train.steps)
+      out << "the checkpoint is at step " << start_step << ", train.steps = " << cfg.train.steps
+          << ": nothing left to do\n";
+  }
 
   const std::int64_t T = cfg.train.seq_len;
   const double flops = model.flops_per_token(T);
@@ -159,24 +217,43 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out) {
       << "recompute    " << cfg.recompute.policy
       << (cfg.recompute.policy == "full" ? " (first " + std::to_string(cfg.recompute.layers) + " layers)" : "")
       << "\n"
-      << "checkpoints  not in this build yet\n\n";
+      << "checkpoints  " << cfg.checkpoint.dir << ", every "
+      << (cfg.checkpoint.every > 0 ? std::to_string(cfg.checkpoint.every) + " steps and " : std::string()) << "at the end"
+      << ", keep " << (cfg.checkpoint.keep > 0 ? std::to_string(cfg.checkpoint.keep) : std::string("all")) << "\n\n";
 
   std::ofstream metrics;
   if (!cfg.log.metrics.empty()) {
     std::filesystem::path mp(cfg.log.metrics);
     if (mp.has_parent_path()) std::filesystem::create_directories(mp.parent_path());
-    metrics.open(cfg.log.metrics, std::ios::trunc);
+    metrics.open(cfg.log.metrics, start_step > 0 ? std::ios::app : std::ios::trunc);
     if (!metrics) throw UserError(cfg.source + ": log.metrics: cannot write '" + cfg.log.metrics + "'");
   }
 
+  install_stop_handlers();
   TrainSummary summary;
+  std::int64_t saved_step = start_step;
+  auto save = [&](std::int64_t step_done) {
+    const auto t0 = Clock::now();
+    ckpt::TrainState state;
+    state.step = step_done;
+    state.consumed_tokens = data.sampler->consumed_samples() * T;
+    state.optimizer_step = optimizer_step;
+    state.sampler_position = data.sampler->position().serialize();
+    state.config_toml = to_toml(cfg);
+    std::filesystem::path where = ckpt::save_checkpoint(ckpt_dir, params, m1, m2, state, int(cfg.checkpoint.keep));
+    saved_step = step_done;
+    out << "checkpoint   step " << step_done << " saved to " << where.string() << " ("
+        << std::fixed << std::setprecision(2) << std::chrono::duration<double>(Clock::now() - t0).count() << " s)\n"
+        << std::defaultfloat << std::flush;
+  };
+
   ProgressBar bar(cfg.train.steps);
   data::TokenBatch batch;
   const std::int64_t A = data.layout.micro_batches();
   std::int64_t bad_in_row = 0;
   double window_time = 0, window_loss = 0;
   std::int64_t window_steps = 0;
-  if (data.val) {  // the starting point, so the log shows the validation loss falling
+  if (data.val && start_step == 0) {  // the starting point, so the log shows the validation loss falling
     const double val = evaluate(model, data, cfg);
     summary.first_val_loss = val;
     char line[128];
@@ -185,7 +262,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out) {
     if (metrics) metrics << std::setprecision(9) << "{\"step\": 0, \"val_loss\": " << val << "}\n" << std::flush;
   }
   const auto loop_start = Clock::now();
-  for (std::int64_t step = 0; step < cfg.train.steps; ++step) {
+  for (std::int64_t step = start_step; step < cfg.train.steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = learning_rate(cfg.optim, cfg.train.steps, step);
     params.zero_grads();
@@ -213,13 +290,12 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out) {
         throw std::runtime_error(std::to_string(bad_in_row) +
                                  " steps in a row had a non-finite loss or gradient norm (train.max_bad_steps = " +
                                  std::to_string(cfg.train.max_bad_steps) + "); stopping at step " +
-                                 std::to_string(step + 1));
+                                 std::to_string(step + 1) + "; the last checkpoint is kept");
     } else {
       bad_in_row = 0;
       const double clip = cfg.optim.grad_clip > 0 ? clip_coefficient(gnorm, cfg.optim.grad_clip) : 1.0;
       AdamWHyper hp{lr, cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
-      adamw_step(params.flat_weights(), params.flat_grads(), m1, m2, segments, hp, step + 1 - summary.skipped_steps,
-                 clip);
+      adamw_step(params.flat_weights(), params.flat_grads(), m1, m2, segments, hp, ++optimizer_step, clip);
     }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     summary.steps_done = step + 1;
@@ -238,9 +314,9 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out) {
               << "}\n" << std::flush;
     }
     const double elapsed = std::chrono::duration<double>(Clock::now() - loop_start).count();
-    const double eta = elapsed / double(step + 1) * double(cfg.train.steps - step - 1);
+    const double eta = elapsed / double(step + 1 - start_step) * double(cfg.train.steps - step - 1);
     const bool last = step + 1 == cfg.train.steps;
-    if ((step + 1) % cfg.log.every == 0 || last || step == 0) {
+    if ((step + 1) % cfg.log.every == 0 || last || step == start_step) {
       bar.clear();
       char line[512];
       std::snprintf(line, sizeof line,
@@ -255,6 +331,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out) {
     }
     if (data.val && ((cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0) || last)) {
       const double val = evaluate(model, data, cfg);
+      if (summary.first_val_loss < 0) summary.first_val_loss = val;
       summary.last_val_loss = val;
       bar.clear();
       char line[128];
@@ -262,9 +339,27 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out) {
       out << line << std::flush;
       if (metrics) metrics << std::setprecision(9) << "{\"step\": " << step + 1 << ", \"val_loss\": " << val << "}\n" << std::flush;
     }
+    if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) {
+      bar.clear();
+      save(step + 1);
+    }
+    if (stop_signal() != 0 && !last) {
+      bar.clear();
+      out << "signal " << stop_signal() << " received: stopping after step " << step + 1 << "\n";
+      if (saved_step != step + 1) save(step + 1);
+      summary.stopped_by_signal = true;
+      return summary;
+    }
+    if (cfg.train.stop_at > 0 && step + 1 == cfg.train.stop_at && !last) {
+      bar.clear();
+      if (saved_step != step + 1) save(step + 1);
+      out << "stopped at step " << step + 1 << " (train.stop_at); run again to resume\n";
+      return summary;
+    }
     bar.draw(step + 1, eta);
   }
   bar.clear();
+  if (summary.steps_done > 0 && saved_step != summary.steps_done) save(summary.steps_done);
   const double total = std::chrono::duration<double>(Clock::now() - t_start).count();
   out << "\ndone: " << summary.steps_done << " steps in " << human_duration(total) << ", final train loss "
       << std::fixed << std::setprecision(4) << summary.last_loss;

@@ -20,11 +20,18 @@ struct TrainSummary {
   double last_loss = 0;
   double last_val_loss = -1;  // -1: no validation ran
   double first_val_loss = -1;
+  bool stopped_by_signal = false;  // SIGTERM/SIGUSR1: a checkpoint was saved, exit kExitStoppedBySignal
+};
+
+struct TrainOptions {
+  bool overwrite = false;  // checkpoint.resume = "never" may replace an existing run's checkpoints
 };
 
 // Runs the config to completion. Progress goes to `out` (and a progress bar to stderr when
 // it is a terminal). Throws UserError for bad input, std::runtime_error when training fails
 // (e.g. too many non-finite steps in a row).
-TrainSummary run_training(const RunConfig& cfg, std::ostream& out);
+// Resumes per checkpoint.resume, saves per checkpoint.every and at the end, and on SIGTERM /
+// SIGUSR1 finishes the step, saves, and returns with stopped_by_signal set.
+TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOptions& options = {});
 
 }  // namespace nsatron

@@ -151,6 +151,9 @@ const std::vector<Key>& keys() {
       key("train", "max_bad_steps", &R::train, &TrainConfig::max_bad_steps,
           "A step whose loss or gradient norm is not finite is skipped (no update) and logged; "
           "this many in a row stop the run with an error.").at_least(1),
+      key("train", "stop_at", &R::train, &TrainConfig::stop_at,
+          "Stop after this many steps with a checkpoint, as a preempted job would, leaving the "
+          "schedule of train.steps unchanged; the next run resumes. 0: run to train.steps.").at_least(0),
 
       key("optim", "lr", &R::optim, &OptimConfig::lr, "Peak learning rate (AdamW).").at_least(0),
       key("optim", "min_lr", &R::optim, &OptimConfig::min_lr,

@@ -48,6 +48,7 @@ struct TrainConfig {
   std::int64_t eval_every = 0;  // 0: never
   std::int64_t eval_batches = 8;
   std::int64_t max_bad_steps = 5;
+  std::int64_t stop_at = 0;  // 0: run to train.steps
 };
 
 struct OptimConfig {

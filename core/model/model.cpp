@@ -115,6 +115,19 @@ nsa::NsaInputs<Real> core_inputs(const LayerActivations& a, const Weights& W) {
           W("attn/cmp_pk").template data<Real>(), W("attn/cmp_pv").template data<Real>()};
 }
 
+// The NSA core's saved state lives in std::vectors, outside the Tensor allocator's count: note
+// its bytes in the CPU memory statistics for as long as it is held, so that
+// last_activation_peak_bytes() includes it.
+template <class Real>
+std::shared_ptr<void> hold_saved(std::unique_ptr<nsa::NsaSaved<Real>> saved) {
+  const std::size_t bytes = saved->bytes();
+  note_alloc(Device::CPU, bytes);
+  return std::shared_ptr<void>(saved.release(), [bytes](void* p) {
+    delete static_cast<nsa::NsaSaved<Real>*>(p);
+    note_free(Device::CPU, bytes);
+  });
+}
+
 }  // namespace
 
 NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype) : dims_(d), dtype_(dtype) {
@@ -198,9 +211,9 @@ void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor& x_ou
                       a.v_slc.data<Real>(), a.k_win.data<Real>(), a.v_win.data<Real>(), a.gate.data<Real>()};
     split_or_gather<Real>(m, N, p.data<Real>(), parts, true);
     const nsa::NsaInputs<Real> in = core_inputs<Real>(a, W);
-    std::shared_ptr<nsa::NsaSaved<Real>> saved = save_core ? std::make_shared<nsa::NsaSaved<Real>>() : nullptr;
+    auto saved = save_core ? std::make_unique<nsa::NsaSaved<Real>>() : nullptr;
     nsa::nsa_forward<Real>(core_dims(m, B, T), in, a.o.data<Real>(), saved.get());
-    a.nsa_saved = saved;
+    if (saved) a.nsa_saved = hold_saved(std::move(saved));
   });
   p = Tensor();
 
@@ -258,10 +271,10 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
     dispatch_real(dtype_, [&](auto tag) {
       using Real = decltype(tag);
       const nsa::NsaInputs<Real> in = core_inputs<Real>(a, W);
-      auto saved = std::make_shared<nsa::NsaSaved<Real>>();
+      auto saved = std::make_unique<nsa::NsaSaved<Real>>();
       Tensor o = Tensor::empty({N, m.H * m.D}, dtype_);  // equals a.o bit for bit
       nsa::nsa_forward<Real>(core_dims(m, B, T), in, o.data<Real>(), saved.get());
-      a.nsa_saved = saved;
+      a.nsa_saved = hold_saved(std::move(saved));
     });
   }
 }

@@ -38,13 +38,29 @@ template <class T> void write_loss(const Tensor& loss, double value, bool accumu
 void cross_entropy_forward(const Tensor& logits, std::span<const std::int32_t> targets,
                            Tensor& loss, Tensor& lse, const CrossEntropyOptions& opt) {
   const std::string op = "cross_entropy_forward";
-  same_dtype_device(op, {&logits, &loss, &lse});
+  if (logits.device() == Device::CUDA) {
+    all_on_cuda(op, {&logits, &loss, &lse});
+    cuda_compute_dtype(op, logits);
+    require_f32(op, loss, "loss");
+    require_f32(op, lse, "lse");
+  } else {
+    same_dtype_device(op, {&logits, &loss, &lse});
+  }
   const std::int64_t V = check_logits(op, logits, targets);
   check_options(op, opt);
   require(loss.numel() == 1, op, "loss must have one element, got " + loss.describe());
   require(lse.numel() == rows_of(logits), op,
           "lse must hold one value per row, got " + lse.describe());
-  if (logits.device() == Device::CUDA) no_cuda(op);
+  if (logits.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda::cross_entropy_forward(logits.dtype(), loss.data<float>(), lse.data<float>(),
+                                logits.raw(), targets.data(), rows_of(logits), V,
+                                opt.ignore_index, opt.denominator, opt.accumulate_loss);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
   dispatch_cpu(op, logits, [&](auto tag) {
     using T = decltype(tag);
     const double sum = cpu::cross_entropy_forward<T>(lse.data<T>(), logits.data<T>(),
@@ -59,14 +75,30 @@ void cross_entropy_backward(const Tensor& logits, std::span<const std::int32_t> 
                             const Tensor& lse, double dloss, Tensor& dlogits,
                             const CrossEntropyOptions& opt) {
   const std::string op = "cross_entropy_backward";
-  same_dtype_device(op, {&logits, &lse, &dlogits});
+  if (logits.device() == Device::CUDA) {
+    same_dtype_device(op, {&logits, &dlogits});
+    all_on_cuda(op, {&lse});
+    cuda_compute_dtype(op, logits);
+    require_f32(op, lse, "lse");
+  } else {
+    same_dtype_device(op, {&logits, &lse, &dlogits});
+  }
   const std::int64_t V = check_logits(op, logits, targets);
   check_options(op, opt);
   require(lse.numel() == rows_of(logits), op,
           "lse must hold one value per row, got " + lse.describe());
   require(dlogits.shape() == logits.shape(), op,
           "dlogits must have the shape of " + logits.describe() + ", got " + dlogits.describe());
-  if (logits.device() == Device::CUDA) no_cuda(op);
+  if (logits.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda::cross_entropy_backward(logits.dtype(), dlogits.raw(), logits.raw(), lse.data<float>(),
+                                 targets.data(), rows_of(logits), V, opt.ignore_index, dloss,
+                                 opt.denominator);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
   const double d = denominator(targets, opt);
   const double scale = d > 0 ? dloss / d : 0.0;
   dispatch_cpu(op, logits, [&](auto tag) {
@@ -79,11 +111,26 @@ void cross_entropy_backward(const Tensor& logits, std::span<const std::int32_t> 
 void cross_entropy_fused(Tensor& logits, std::span<const std::int32_t> targets, Tensor& loss,
                          double dloss, const CrossEntropyOptions& opt) {
   const std::string op = "cross_entropy_fused";
-  same_dtype_device(op, {&logits, &loss});
+  if (logits.device() == Device::CUDA) {
+    all_on_cuda(op, {&logits, &loss});
+    cuda_compute_dtype(op, logits);
+    require_f32(op, loss, "loss");
+  } else {
+    same_dtype_device(op, {&logits, &loss});
+  }
   const std::int64_t V = check_logits(op, logits, targets);
   check_options(op, opt);
   require(loss.numel() == 1, op, "loss must have one element, got " + loss.describe());
-  if (logits.device() == Device::CUDA) no_cuda(op);
+  if (logits.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda::cross_entropy_fused(logits.dtype(), logits.raw(), loss.data<float>(), targets.data(),
+                              rows_of(logits), V, opt.ignore_index, dloss, opt.denominator,
+                              opt.accumulate_loss);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
   const double d = denominator(targets, opt);
   const double scale = d > 0 ? dloss / d : 0.0;
   dispatch_cpu(op, logits, [&](auto tag) {

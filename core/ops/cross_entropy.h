@@ -2,8 +2,9 @@
 //   this header            - the math, the Tensor-level entry points
 //   cross_entropy.cpp      - the entry points
 //   cpu/cross_entropy.cpp  - the CPU implementation (rows in parallel, fp64 reductions)
-//   cuda/cross_entropy.cu  - (issue 7) the CUDA kernels, same contract: they work through
-//                            the vocabulary in chunks and never hold fp32 logits for a batch
+//   cuda/cross_entropy.cu  - the CUDA kernels, same contract: they work through the
+//                            vocabulary in chunks and never hold fp32 logits for a batch;
+//                            logits fp32 or bf16, lse and loss fp32
 //
 // Math: logits z [N, V] (any leading shape, V last), targets t [N] (int32):
 //   lse_n  = log sum_v exp(z_nv)                                   saved, [N]
@@ -39,7 +40,7 @@ struct CrossEntropyOptions {
   bool accumulate_loss = false;      // loss += this call's part instead of loss =
 };
 
-// Non-ignored targets (host memory).
+// Non-ignored targets (host memory; the CUDA path counts device targets itself).
 std::int64_t count_targets(std::span<const std::int32_t> targets, std::int32_t ignore_index);
 
 // logits [.., V]; loss: one element; lse: one element per row. All of one dtype and device.
@@ -73,5 +74,24 @@ template <class T>
 double cross_entropy_fused(T* logits, const std::int32_t* targets, std::int64_t N, std::int64_t V,
                            std::int32_t ignore_index, double scale);
 }  // namespace cpu
+
+namespace cuda {
+// Device pointers (targets too), default stream. logits/dlogits of dtype `dt` (fp32 or bf16;
+// arithmetic in fp32), lse and loss fp32. denominator > 0: D as given; otherwise the
+// non-ignored targets are counted on the device. A bad target cannot throw here without a
+// host synchronisation: its row's loss (hence the loss) and gradient become NaN, and it is
+// recorded for check_id_errors() (declared in embedding.h; the record is shared).
+// Scratch: N doubles (the row losses) and one for D.
+void cross_entropy_forward(DType dt, float* loss, float* lse, const void* logits,
+                           const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           std::int32_t ignore_index, double denominator, bool accumulate_loss);
+void cross_entropy_backward(DType dt, void* dlogits, const void* logits, const float* lse,
+                            const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                            std::int32_t ignore_index, double dloss, double denominator);
+void cross_entropy_fused(DType dt, void* logits, float* loss, const std::int32_t* targets,
+                         std::int64_t N, std::int64_t V, std::int32_t ignore_index, double dloss,
+                         double denominator, bool accumulate_loss);
+void check_id_errors();  // see embedding.h
+}  // namespace cuda
 
 }  // namespace nsatron

@@ -2,7 +2,7 @@
 //   this header          - the math, the Tensor-level entry points
 //   elementwise.cpp      - the entry points
 //   cpu/elementwise.cpp  - the CPU loops (OpenMP)
-//   cuda/elementwise.cu  - (issue 7) the CUDA kernels
+//   cuda/elementwise.cu  - the CUDA kernels (fp32 or bf16)
 //
 // add:        out = a + b           (residual: h = x + f(x)); out may be a or b
 //             backward: da = db = dout (the same tensor serves both; nothing to compute)
@@ -26,5 +26,11 @@ namespace cpu {
 template <class T> void add(T* out, const T* a, const T* b, std::int64_t n);
 template <class T> void add_(T* acc, const T* x, std::int64_t n);
 }  // namespace cpu
+
+namespace cuda {
+// Device pointers of dtype `dt` (fp32 or bf16; the sum in fp32, rounded once), default stream.
+void add(DType dt, void* out, const void* a, const void* b, std::int64_t n);  // out may be a or b
+void add_(DType dt, void* acc, const void* x, std::int64_t n);
+}  // namespace cuda
 
 }  // namespace nsatron

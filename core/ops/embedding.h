@@ -2,7 +2,7 @@
 //   this header        - the math, the Tensor-level entry points
 //   embedding.cpp      - the entry points
 //   cpu/embedding.cpp  - the CPU implementation
-//   cuda/embedding.cu  - (issue 7) the CUDA kernels, same contract, deterministic backward
+//   cuda/embedding.cu  - the CUDA kernels, same contract, deterministic backward
 //
 // Math: table W [V, C], tokens t [N] (int32), out [N, C] (any leading shape with N rows):
 //   out[n, :] = W[t_n, :]
@@ -19,7 +19,8 @@
 //
 // Token ids: an int32 array in the memory of the tensors' device (host memory for CPU
 // tensors). Every id must lie in [0, vocab_size); one that does not is an error that names
-// its position and value.
+// its position and value (on CUDA reported by cuda::check_id_errors(), see below).
+// On CUDA, dtable may be fp32 while table/dout are bf16 (fp32 gradient accumulation).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -54,5 +55,25 @@ void embedding_backward(T* dtable, const std::int32_t* tokens, const T* dout, st
                         std::int64_t V, std::int64_t C, std::int64_t vocab_start,
                         std::int64_t vocab_size);
 }  // namespace cpu
+
+namespace cuda {
+// Device pointers (tokens too), default stream. table/out/dout of dtype `dt` (fp32 or bf16);
+// dtable of `dtable_dt` (fp32 or dt). The backward sorts the positions by row (CUB's stable
+// radix sort, in a scratch buffer of about 16 N bytes plus CUB's) and sums each row's
+// positions in ascending order in fp64: same bits on every run, no atomics on floats.
+// A bad id cannot throw here without a host synchronisation: the forward writes NaN in its
+// row, the backward skips it, and both record it for check_id_errors().
+void embedding_forward(DType dt, void* out, const std::int32_t* tokens, const void* table,
+                       std::int64_t N, std::int64_t V, std::int64_t C, std::int64_t vocab_start,
+                       std::int64_t vocab_size);
+void embedding_backward(DType dt, DType dtable_dt, void* dtable, const std::int32_t* tokens,
+                        const void* dout, std::int64_t N, std::int64_t V, std::int64_t C,
+                        std::int64_t vocab_start, std::int64_t vocab_size);
+// Throws std::invalid_argument naming the op, position and value of the first bad token id
+// or target recorded on the current device since the last call (embedding and cross entropy
+// share the record), and clears it. Synchronises with the device: call it where a step
+// already reads a number back (the loss for the log), or in tests.
+void check_id_errors();
+}  // namespace cuda
 
 }  // namespace nsatron

@@ -47,7 +47,15 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor
     matmul(x.view({d.N, d.in}), w, y2, {.trans_a = false, .trans_b = true});
   }
   if (bias) {
-    if (x.device() == Device::CUDA) no_cuda(op + " (bias)");
+    if (x.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+      cuda_compute_dtype(op, x);
+      cuda::add_bias(x.dtype(), y.raw(), bias->raw(), d.N, d.out);
+      return;
+#else
+      no_cuda(op + " (bias)");
+#endif
+    }
     dispatch_cpu(op, x, [&](auto tag) {
       using T = decltype(tag);
       cpu::add_bias<T>(y.data<T>(), bias->data<T>(), d.N, d.out);
@@ -71,7 +79,16 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const L
     require(g.dw->shape() == w.shape(), op,
             "dW must have the shape of W " + w.describe() + ", got " + g.dw->describe());
   }
-  if (g.dbias) check_bias(op, x, *g.dbias, d.out, "dbias");
+  if (g.dbias) {
+    if (x.device() == Device::CUDA) {
+      all_on_cuda(op, {g.dbias});
+      grad_dtype(op, x, *g.dbias, "dbias");
+      require(g.dbias->ndim() == 1 && g.dbias->dim(0) == d.out, op,
+              "dbias must be [" + std::to_string(d.out) + "], got " + g.dbias->describe());
+    } else {
+      check_bias(op, x, *g.dbias, d.out, "dbias");
+    }
+  }
   if (d.N == 0) return;
   const Tensor dy2 = dy.view({d.N, d.out});
   if (g.dx && d.in > 0) {
@@ -85,7 +102,15 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const L
   if (g.dw && d.in > 0 && d.out > 0)
     matmul(dy2, x.view({d.N, d.in}), *g.dw, {.trans_a = true, .beta = 1.0});
   if (g.dbias) {
-    if (x.device() == Device::CUDA) no_cuda(op + " (bias)");
+    if (x.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+      cuda_compute_dtype(op, x);
+      cuda::bias_backward(x.dtype(), g.dbias->dtype(), g.dbias->raw(), dy.raw(), d.N, d.out);
+      return;
+#else
+      no_cuda(op + " (bias)");
+#endif
+    }
     dispatch_cpu(op, x, [&](auto tag) {
       using T = decltype(tag);
       cpu::bias_backward<T>(g.dbias->data<T>(), dy.data<T>(), d.N, d.out);

@@ -3,7 +3,7 @@
 //   linear.cpp       - the entry points: matrix products through core/ops/matmul.h (so they
 //                      run wherever matmul does), the bias through cpu/linear.cpp
 //   cpu/linear.cpp   - the CPU bias kernels and a raw-pointer linear on cpu::gemm
-//   cuda/linear.cu   - (issue 7) the bias kernels (or cuBLASLt epilogues)
+//   cuda/linear.cu   - the CUDA bias kernels (dbias may be fp32 for bf16 activations)
 //
 // Math: x [.., in] (N rows), W [out, in] (PyTorch's nn.Linear layout), b [out], y [.., out]:
 //   y = x W^T + b
@@ -43,5 +43,15 @@ template <class T>
 void linear_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, std::int64_t N,
                      std::int64_t in, std::int64_t out, bool accumulate_dx);
 }  // namespace cpu
+
+namespace cuda {
+// y[n, :] += b (y, b of dtype dt: fp32 or bf16), default stream.
+void add_bias(DType dt, void* y, const void* b, std::int64_t N, std::int64_t out);
+// db[o] += sum_n dy[n, o]: dy of dtype dt, db of db_dt (fp32 or dt). Rows in fixed chunks
+// (fp32 sums in row order), the chunks added in order in fp64; a scratch buffer of at most
+// 256 * out floats.
+void bias_backward(DType dt, DType db_dt, void* db, const void* dy, std::int64_t N,
+                   std::int64_t out);
+}  // namespace cuda
 
 }  // namespace nsatron

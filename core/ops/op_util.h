@@ -40,13 +40,36 @@ inline std::int64_t rows_of(const Tensor& t) {
   return c ? t.numel() / c : 0;
 }
 
-// A tensor on CUDA: the CUDA kernels of this family are not written yet (issue 7).
+// A tensor on CUDA in a build without CUDA (or, with CUDA, an op without a CUDA path).
 [[noreturn]] inline void no_cuda(const std::string& op) {
 #ifdef NSATRON_WITH_CUDA
   throw std::runtime_error(op + ": no CUDA implementation yet");
 #else
   throw std::invalid_argument(op + ": tensor on CUDA, but this build has no CUDA");
 #endif
+}
+
+// CUDA dtype rules (mixed precision). Activations and compute weights share one dtype, fp32
+// or bf16 ("the compute dtype"); saved row statistics (rstd, lse) and scalar results (loss,
+// norm) are fp32; parameter gradients are fp32 or the compute dtype.
+inline void all_on_cuda(const std::string& op, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->device() != Device::CUDA)
+      fail(op, "devices differ: expected every tensor on cuda, got " + t->describe());
+}
+inline void cuda_compute_dtype(const std::string& op, const Tensor& t) {
+  require(t.dtype() == DType::F32 || t.dtype() == DType::BF16, op,
+          "on CUDA the compute dtype is fp32 or bf16, got " + t.describe());
+}
+inline void require_f32(const std::string& op, const Tensor& t, const char* name) {
+  require(t.dtype() == DType::F32, op,
+          std::string(name) + " must be fp32 on CUDA, got " + t.describe());
+}
+inline void grad_dtype(const std::string& op, const Tensor& act, const Tensor& grad,
+                       const char* name) {
+  require(grad.dtype() == act.dtype() || grad.dtype() == DType::F32, op,
+          std::string(name) + " must be fp32 or " + std::string(dtype_name(act.dtype())) +
+              " on CUDA, got " + grad.describe());
 }
 
 // Calls f(float{}) or f(double{}) for a CPU tensor's dtype; bf16 is refused.

@@ -2,7 +2,8 @@
 //   this header       - the math, the Tensor-level entry points (shape checks, dispatch)
 //   rmsnorm.cpp       - the entry points
 //   cpu/rmsnorm.cpp   - the CPU implementation (fp32/fp64, fp64 accumulation, OpenMP over rows)
-//   cuda/rmsnorm.cu   - (issue 7) the CUDA kernels, same contract, bf16 in/out, fp32 rstd
+//   cuda/rmsnorm.cu   - the CUDA kernels, same contract; fp32 or bf16 in/out, fp32 rstd,
+//                       dw fp32 (or the compute dtype)
 //
 // Math, per row x[C] (rows: all leading indices, N = numel / C):
 //   rstd = 1 / sqrt(mean_c x_c^2 + eps)                        saved for the backward, [N]
@@ -17,7 +18,8 @@
 // the add. The fused variant's backward is this backward with x = h and dres = the gradient
 // of h from downstream; since h = a + b, da = db = dh, so one tensor serves both.
 //
-// Saves: rstd [N] (same dtype as x on the CPU). x (or h) itself is needed by the backward.
+// Saves: rstd [N] (same dtype as x on the CPU; fp32 on CUDA). x (or h) itself is needed by
+// the backward.
 // Deterministic: rows are independent; dw is reduced per column block over rows in
 // ascending order, so the bits do not depend on the thread count.
 #pragma once
@@ -53,5 +55,19 @@ template <class T>
 void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rstd,
                       const T* dres, std::int64_t N, std::int64_t C);
 }  // namespace cpu
+
+namespace cuda {
+// Device pointers on the current device, default stream. x, y, h, a, b, w, dy, dx, dres share
+// dtype `dt` (fp32 or bf16; arithmetic in fp32); rstd is fp32; dw is `dw_dt` (fp32 or dt).
+// Same aliasing as the CPU functions. The backward uses a scratch buffer of at most
+// 1024 * C floats (chunks of rows) for the column sums of dw.
+void rmsnorm_forward(DType dt, void* y, float* rstd, const void* x, const void* w, std::int64_t N,
+                     std::int64_t C, double eps);
+void add_rmsnorm_forward(DType dt, void* h, void* y, float* rstd, const void* a, const void* b,
+                         const void* w, std::int64_t N, std::int64_t C, double eps);
+void rmsnorm_backward(DType dt, DType dw_dt, void* dx, void* dw, const void* dy, const void* x,
+                      const void* w, const float* rstd, const void* dres, std::int64_t N,
+                      std::int64_t C);
+}  // namespace cuda
 
 }  // namespace nsatron

@@ -30,7 +30,17 @@ void swiglu_forward(const Tensor& u, Tensor& out) {
   const std::string op = "swiglu_forward(fused)";
   same_dtype_device(op, {&u, &out});
   const std::int64_t F = check_fused(op, u, out);
-  if (u.device() == Device::CUDA) no_cuda(op);
+  if (u.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda_compute_dtype(op, u);
+    const char* p = static_cast<const char*>(u.raw());
+    cuda::swiglu_forward(u.dtype(), out.raw(), p, p + F * dtype_size(u.dtype()), rows_of(u), F,
+                         2 * F, F);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
   dispatch_cpu(op, u, [&](auto tag) {
     using T = decltype(tag);
     const T* p = u.data<T>();
@@ -43,7 +53,19 @@ void swiglu_backward(const Tensor& dout, const Tensor& u, Tensor& du) {
   same_dtype_device(op, {&dout, &u, &du});
   const std::int64_t F = check_fused(op, u, dout);
   same_shape(op, u, du, "du");
-  if (u.device() == Device::CUDA) no_cuda(op);
+  if (u.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda_compute_dtype(op, u);
+    const std::size_t half = std::size_t(F) * dtype_size(u.dtype());
+    const char* p = static_cast<const char*>(u.raw());
+    char* d = static_cast<char*>(du.raw());
+    cuda::swiglu_backward(u.dtype(), d, d + half, dout.raw(), p, p + half, rows_of(u), F, 2 * F,
+                          F);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
   dispatch_cpu(op, u, [&](auto tag) {
     using T = decltype(tag);
     const T* p = u.data<T>();
@@ -58,7 +80,15 @@ void swiglu_forward(const Tensor& a, const Tensor& b, Tensor& out) {
   const std::int64_t F = last_dim(op, a, "a");
   same_shape(op, a, b, "b");
   same_shape(op, a, out, "out");
-  if (a.device() == Device::CUDA) no_cuda(op);
+  if (a.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda_compute_dtype(op, a);
+    cuda::swiglu_forward(a.dtype(), out.raw(), a.raw(), b.raw(), rows_of(a), F, F, F);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
   dispatch_cpu(op, a, [&](auto tag) {
     using T = decltype(tag);
     cpu::swiglu_forward<T>(out.data<T>(), a.data<T>(), b.data<T>(), rows_of(a), F, F, F);
@@ -74,7 +104,16 @@ void swiglu_backward(const Tensor& dout, const Tensor& a, const Tensor& b, Tenso
   same_shape(op, a, dout, "dout");
   same_shape(op, a, da, "da");
   same_shape(op, a, db, "db");
-  if (a.device() == Device::CUDA) no_cuda(op);
+  if (a.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda_compute_dtype(op, a);
+    cuda::swiglu_backward(a.dtype(), da.raw(), db.raw(), dout.raw(), a.raw(), b.raw(), rows_of(a),
+                          F, F, F);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
   dispatch_cpu(op, a, [&](auto tag) {
     using T = decltype(tag);
     cpu::swiglu_backward<T>(da.data<T>(), db.data<T>(), dout.data<T>(), a.data<T>(), b.data<T>(),

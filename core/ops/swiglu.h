@@ -2,7 +2,7 @@
 //   this header      - the math, the Tensor-level entry points
 //   swiglu.cpp       - the entry points
 //   cpu/swiglu.cpp   - the CPU implementation (elementwise, OpenMP over rows)
-//   cuda/swiglu.cu   - (issue 7) the CUDA kernel, same contract
+//   cuda/swiglu.cu   - the CUDA kernels, same contract (fp32 or bf16, fp32 arithmetic)
 //
 // Layouts (F: the hidden width):
 //   fused: u [.., 2F] holds a = u[.., 0:F] (the gate) then b = u[.., F:2F] (the up half) in each
@@ -45,5 +45,14 @@ template <class T>
 void swiglu_backward(T* da, T* db, const T* dout, const T* a, const T* b, std::int64_t N,
                      std::int64_t F, std::int64_t ld_in, std::int64_t ld_out);
 }  // namespace cpu
+
+namespace cuda {
+// Same contract as the cpu:: functions, on device pointers of dtype `dt` (fp32 or bf16;
+// arithmetic in fp32), default stream.
+void swiglu_forward(DType dt, void* out, const void* a, const void* b, std::int64_t N,
+                    std::int64_t F, std::int64_t ld_in, std::int64_t ld_out);
+void swiglu_backward(DType dt, void* da, void* db, const void* dout, const void* a, const void* b,
+                     std::int64_t N, std::int64_t F, std::int64_t ld_in, std::int64_t ld_out);
+}  // namespace cuda
 
 }  // namespace nsatron

@@ -1,0 +1,241 @@
+// CUDA softmax cross entropy (see cross_entropy.h). One block per row works through the
+// vocabulary in 16-byte pieces: pass 1 keeps a running (max, sum of exponentials) per thread
+// (an online softmax, fp32), merged across the block in a fixed tree; pass 2 (backward and
+// fused) re-reads the row and writes dz = scale (exp(z - lse) - onehot) over it, in place
+// when asked. Logits stay in their dtype (bf16 or fp32); nothing of size [N, V] is allocated.
+// The loss: each row's lse - z_t is kept in fp64 scratch [N], then one block sums the rows
+// in a fixed order and divides by D. D (the number of counted targets, unless the caller
+// gives it) is counted on the device, so nothing waits for the host.
+// The forward and the fused pass run the same code for lse and the row loss, and the
+// backward reads the same fp32 lse, so fused and unfused give the same bits.
+#include <cmath>
+
+#include "core/ops/cross_entropy.h"
+#include "core/ops/cuda/common.cuh"
+
+namespace nsatron::cuda {
+
+using namespace cuda_detail;
+
+namespace {
+
+enum Mode { kForward = 0, kBackward = 1, kFused = 2 };
+
+struct MaxSum {
+  float m, s;  // running max and sum of exp(z - m)
+};
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.f};
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+__device__ __forceinline__ void push(MaxSum& st, float z) {
+  if (z > st.m) {
+    st.s = st.s * expf(st.m - z) + 1.f;  // st.m = -inf at first: 0 * 0 + 1
+    st.m = z;
+  } else if (z != -INFINITY) {
+    st.s += expf(z - st.m);  // NaN z propagates
+  }
+}
+
+// Deterministic block merge (fixed tree), result in every thread.
+__device__ MaxSum block_merge(MaxSum v, MaxSum* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    MaxSum other{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
+    v = merge(v, other);
+  }
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  MaxSum t = lane < nwarps ? scratch[lane] : MaxSum{-INFINITY, 0.f};
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    MaxSum other{__shfl_xor_sync(0xffffffffu, t.m, o), __shfl_xor_sync(0xffffffffu, t.s, o)};
+    t = merge(t, other);
+  }
+  __syncthreads();
+  return t;
+}
+
+__device__ __forceinline__ double denominator(double host, const double* dev) {
+  return dev ? *dev : host;
+}
+
+template <class T, int V, int MODE>
+__global__ void ce_row_kernel(T* dz, const T* z, float* lse_io, double* __restrict__ row_loss,
+                              const std::int32_t* __restrict__ targets, std::int64_t Vn,
+                              std::int32_t ignore_index, double dloss, double denom_host,
+                              const double* denom_dev, IdError* err) {
+  __shared__ MaxSum red[32];
+  const std::int64_t n = blockIdx.x;
+  const std::int64_t base = n * Vn;
+  const std::int64_t step = std::int64_t(blockDim.x) * V;
+  const std::int64_t first = std::int64_t(threadIdx.x) * V;
+  const std::int32_t t = targets[n];
+  const bool ignored = t == ignore_index;
+  const bool bad = !ignored && (t < 0 || t >= Vn);
+  if (bad && threadIdx.x == 0) {
+    const int op = MODE == kForward ? kCrossEntropyForward
+                                    : (MODE == kBackward ? kCrossEntropyBackward : kCrossEntropyFused);
+    record_id_error(err, op, n, t, Vn);
+  }
+  float lse = 0.f;
+  if (MODE == kBackward) {
+    lse = lse_io[n];
+  } else if (MODE == kForward || !ignored) {
+    MaxSum st{-INFINITY, 0.f};
+    for (std::int64_t c = first; c < Vn; c += step) {
+      float zv[V];
+      load<T, V>(z + base + c, zv);
+#pragma unroll
+      for (int i = 0; i < V; ++i) push(st, zv[i]);
+    }
+    st = block_merge(st, red);
+    lse = st.m == -INFINITY ? st.m : st.m + logf(st.s);
+    if (threadIdx.x == 0) {
+      if (MODE == kForward) lse_io[n] = lse;
+      // z_t is read here, before pass 2 may overwrite it (the barrier below orders them).
+      row_loss[n] = ignored ? 0.0 : (bad ? double(NAN) : double(lse) - double(to_f(z[base + t])));
+    }
+    __syncthreads();
+  }
+  if (MODE == kForward) return;
+  const double d = denominator(denom_host, denom_dev);
+  const float scale = (ignored || !(d > 0)) ? 0.f : float(dloss / d);
+  const float fill = bad ? __int_as_float(0x7fc00000) : 0.f;
+  for (std::int64_t c = first; c < Vn; c += step) {
+    float zv[V], g[V];
+    if (ignored || bad) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) g[i] = fill;
+    } else {
+      load<T, V>(z + base + c, zv);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float p = expf(zv[i] - lse);
+        g[i] = scale * (c + i == t ? p - 1.f : p);
+      }
+    }
+    store<T, V>(dz + base + c, g);  // dz may be z: this thread read these elements above
+  }
+}
+
+// Non-ignored targets -> *out (as a double). One block; integer counts, so exact.
+__global__ void count_targets_kernel(double* out, const std::int32_t* __restrict__ targets,
+                                     std::int64_t N, std::int32_t ignore_index) {
+  __shared__ unsigned long long red[32];
+  unsigned long long c = 0;
+  for (std::int64_t n = threadIdx.x; n < N; n += blockDim.x) c += targets[n] != ignore_index;
+  c = block_sum(c, red);
+  if (threadIdx.x == 0) *out = double(c);
+}
+
+// loss (=|+=) sum_n row_loss[n] / D, the rows summed in a fixed order in fp64.
+__global__ void ce_finalize_kernel(float* loss, const double* __restrict__ row_loss,
+                                   std::int64_t N, double denom_host, const double* denom_dev,
+                                   bool accumulate) {
+  __shared__ double red[32];
+  double s = 0.0;
+  for (std::int64_t n = threadIdx.x; n < N; n += blockDim.x) s += row_loss[n];
+  s = block_sum(s, red);
+  if (threadIdx.x == 0) {
+    const double d = denominator(denom_host, denom_dev);
+    const double value = d > 0 ? s / d : 0.0;
+    *loss = accumulate ? float(double(*loss) + value) : float(value);
+  }
+}
+
+struct Scratch {
+  double* row_loss = nullptr;
+  double* denom = nullptr;  // null: the caller's denominator
+};
+Scratch scratch(std::int64_t N, bool count) {
+  const std::size_t rows = (std::size_t(N) * sizeof(double) + 255) / 256 * 256;
+  char* ws = static_cast<char*>(workspace(rows + 256));
+  return {reinterpret_cast<double*>(ws), count ? reinterpret_cast<double*>(ws + rows) : nullptr};
+}
+
+template <class T, int MODE>
+void launch_rows(T* dz, const T* z, float* lse, double* row_loss, const std::int32_t* targets,
+                 std::int64_t N, std::int64_t V, std::int32_t ignore_index, double dloss,
+                 double denom_host, const double* denom_dev, const char* what) {
+  if (N > 0x7fffffff) throw std::invalid_argument(std::string(what) + " (cuda): too many rows");
+  constexpr int VV = kVec<T>;
+  const bool vec = V % VV == 0 && aligned16(z) && aligned16(dz ? dz : z);
+  const int threads = row_threads(vec ? V / VV : V, 512);
+  IdError* err = id_error_slot();
+  if (vec)
+    ce_row_kernel<T, VV, MODE><<<unsigned(N), threads>>>(
+        dz, z, lse, row_loss, targets, V, ignore_index, dloss, denom_host, denom_dev, err);
+  else
+    ce_row_kernel<T, 1, MODE><<<unsigned(N), threads>>>(
+        dz, z, lse, row_loss, targets, V, ignore_index, dloss, denom_host, denom_dev, err);
+  check_launch(what);
+}
+
+}  // namespace
+
+void cross_entropy_forward(DType dt, float* loss, float* lse, const void* logits,
+                           const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           std::int32_t ignore_index, double denominator, bool accumulate_loss) {
+  const bool count = !(denominator > 0);
+  const Scratch s = scratch(N, count);
+  if (N > 0) {
+    dispatch(dt, "cross_entropy_forward", [&](auto tag) {
+      using T = decltype(tag);
+      launch_rows<T, kForward>(nullptr, static_cast<const T*>(logits), lse, s.row_loss, targets, N,
+                               V, ignore_index, 0.0, denominator, nullptr,
+                               "cross_entropy_forward");
+    });
+    if (count) {
+      count_targets_kernel<<<1, 1024>>>(s.denom, targets, N, ignore_index);
+      check_launch("cross_entropy_forward (count)");
+    }
+  }
+  ce_finalize_kernel<<<1, 1024>>>(loss, s.row_loss, N, denominator, N > 0 ? s.denom : nullptr,
+                                  accumulate_loss);
+  check_launch("cross_entropy_forward (loss)");
+}
+
+void cross_entropy_backward(DType dt, void* dlogits, const void* logits, const float* lse,
+                            const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                            std::int32_t ignore_index, double dloss, double denominator) {
+  if (N == 0) return;
+  const bool count = !(denominator > 0);
+  const Scratch s = scratch(N, count);
+  if (count) {
+    count_targets_kernel<<<1, 1024>>>(s.denom, targets, N, ignore_index);
+    check_launch("cross_entropy_backward (count)");
+  }
+  dispatch(dt, "cross_entropy_backward", [&](auto tag) {
+    using T = decltype(tag);
+    launch_rows<T, kBackward>(static_cast<T*>(dlogits), static_cast<const T*>(logits),
+                              const_cast<float*>(lse), nullptr, targets, N, V, ignore_index, dloss,
+                              denominator, s.denom, "cross_entropy_backward");
+  });
+}
+
+void cross_entropy_fused(DType dt, void* logits, float* loss, const std::int32_t* targets,
+                         std::int64_t N, std::int64_t V, std::int32_t ignore_index, double dloss,
+                         double denominator, bool accumulate_loss) {
+  const bool count = !(denominator > 0);
+  const Scratch s = scratch(N, count);
+  if (N > 0) {
+    if (count) {
+      count_targets_kernel<<<1, 1024>>>(s.denom, targets, N, ignore_index);
+      check_launch("cross_entropy_fused (count)");
+    }
+    dispatch(dt, "cross_entropy_fused", [&](auto tag) {
+      using T = decltype(tag);
+      launch_rows<T, kFused>(static_cast<T*>(logits), static_cast<const T*>(logits), nullptr,
+                             s.row_loss, targets, N, V, ignore_index, dloss, denominator, s.denom,
+                             "cross_entropy_fused");
+    });
+  }
+  ce_finalize_kernel<<<1, 1024>>>(loss, s.row_loss, N, denominator, N > 0 ? s.denom : nullptr,
+                                  accumulate_loss);
+  check_launch("cross_entropy_fused (loss)");
+}
+
+}  // namespace nsatron::cuda

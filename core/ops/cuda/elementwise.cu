@@ -1,0 +1,62 @@
+// CUDA elementwise helpers (see elementwise.h): grid-stride loops over 16-byte vectors, the
+// tail (and unaligned buffers) element by element. fp32 arithmetic, one rounding per output.
+#include "core/ops/cuda/common.cuh"
+#include "core/ops/elementwise.h"
+
+namespace nsatron::cuda {
+
+using namespace cuda_detail;
+
+namespace {
+
+// out = a + b over elements [0, n); out may be a or b (each element read, then written, by
+// one thread).
+template <class T, int V>
+__global__ void add_kernel(T* out, const T* a, const T* b, std::int64_t n) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x * V;
+  for (std::int64_t i = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n;
+       i += stride) {
+    float av[V], bv[V], o[V];
+    load<T, V>(a + i, av);
+    load<T, V>(b + i, bv);
+#pragma unroll
+    for (int k = 0; k < V; ++k) o[k] = av[k] + bv[k];
+    store<T, V>(out + i, o);
+  }
+}
+
+template <class T> void add_impl(T* out, const T* a, const T* b, std::int64_t n) {
+  if (n == 0) return;
+  constexpr int V = kVec<T>;
+  constexpr int threads = 256;
+  std::int64_t done = 0;
+  if (aligned16(out) && aligned16(a) && aligned16(b) && n >= V) {
+    const std::int64_t nv = n / V * V;
+    add_kernel<T, V><<<grid_for(nv / V, threads, 8192), threads>>>(out, a, b, nv);
+    check_launch("add");
+    done = nv;
+  }
+  if (done < n) {
+    add_kernel<T, 1><<<grid_for(n - done, threads, 8192), threads>>>(out + done, a + done,
+                                                                      b + done, n - done);
+    check_launch("add");
+  }
+}
+
+}  // namespace
+
+void add(DType dt, void* out, const void* a, const void* b, std::int64_t n) {
+  dispatch(dt, "add", [&](auto tag) {
+    using T = decltype(tag);
+    add_impl<T>(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n);
+  });
+}
+
+void add_(DType dt, void* acc, const void* x, std::int64_t n) {
+  dispatch(dt, "add_", [&](auto tag) {
+    using T = decltype(tag);
+    add_impl<T>(static_cast<T*>(acc), static_cast<const T*>(acc), static_cast<const T*>(x), n);
+  });
+}
+
+}  // namespace nsatron::cuda
