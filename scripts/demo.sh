@@ -11,4 +11,7 @@ if [ ! -f runs/kjv/data/train_000000.bin ]; then
   bible Gen1:1-Rev22:21 </dev/null >runs/kjv/kjv.txt   # Debian's bible-kjv: 4.3 MB of text
   $NSATRON data prepare --input runs/kjv/kjv.txt --output runs/kjv/data --tokenizer bytes --val-fraction 0.05
 fi
-$NSATRON train configs/demo_cpu.toml "$@"
+$NSATRON train configs/demo_cpu.toml --set checkpoint.resume=never --overwrite "$@"
+echo
+echo "== sample from the trained model (nsatron sample --checkpoint runs/kjv/checkpoints ...)"
+$NSATRON sample --checkpoint runs/kjv/checkpoints --prompt "And God said" --tokens 300 --temperature 0.8 --seed 1

@@ -16,7 +16,8 @@
 //
 // wqkv rows are laid out group by group, so a tensor-parallel rank's groups are one
 // contiguous block of rows: for each KV group g, [q of its h heads (h*D rows), k_cmp (D),
-// v_cmp (D), k_slc (D), v_slc (D), k_win (D), v_win (D), gate logits of its h heads (3h)].
+// v_cmp (D), k_slc (D), v_slc (D), k_win (D), v_win (D), gate logits of its h heads (3h,
+// head-major: head 0's (cmp, slc, win), then head 1's, ..., as the core's gate [.., H, 3])].
 //
 // The LM head runs on row chunks: logits for a chunk, the cross entropy and its gradient in
 // place, then the chunk's backward, so the largest logits buffer is [chunk, V].

@@ -81,6 +81,8 @@ TEST_F(TrainRun, SigtermFinishesTheStepSavesAndExits3ThenResumes) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   kill(pid, SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  kill(pid, SIGTERM);  // a second signal, likely during the save, must change nothing
   EXPECT_EQ(wait_exit_code(pid), 3) << read_file_text((dir_ / "sig.log").string());
   std::string log = read_file_text((dir_ / "sig.log").string());
   EXPECT_NE(log.find("signal 15 received"), std::string::npos) << log;
