@@ -24,17 +24,22 @@ enum Mode { kForward = 0, kBackward = 1, kFused = 2 };
 struct MaxSum {
   float m, s;  // running max and sum of exp(z - m)
 };
+// The arithmetic of lse and of the gradient is spelled out with _rn intrinsics, which the
+// compiler never contracts into FMAs on its own: the forward, backward and fused kernels are
+// separate instantiations, and they must round identically (same bits fused and unfused).
 __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
   if (m == -INFINITY) return {m, 0.f};
-  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+  return {m, __fadd_rn(__fmul_rn(a.s, expf(__fsub_rn(a.m, m))),
+                       __fmul_rn(b.s, expf(__fsub_rn(b.m, m))))};
 }
 __device__ __forceinline__ void push(MaxSum& st, float z) {
   if (z > st.m) {
-    st.s = st.s * expf(st.m - z) + 1.f;  // st.m = -inf at first: 0 * 0 + 1
+    // st.m = -inf at first: 0 * 0 + 1
+    st.s = __fadd_rn(__fmul_rn(st.s, expf(__fsub_rn(st.m, z))), 1.f);
     st.m = z;
   } else if (z != -INFINITY) {
-    st.s += expf(z - st.m);  // NaN z propagates
+    st.s = __fadd_rn(st.s, expf(__fsub_rn(z, st.m)));  // NaN z propagates
   }
 }
 
@@ -92,7 +97,7 @@ __global__ void ce_row_kernel(T* dz, const T* z, float* lse_io, double* __restri
       for (int i = 0; i < V; ++i) push(st, zv[i]);
     }
     st = block_merge(st, red);
-    lse = st.m == -INFINITY ? st.m : st.m + logf(st.s);
+    lse = st.m == -INFINITY ? st.m : __fadd_rn(st.m, logf(st.s));
     if (threadIdx.x == 0) {
       if (MODE == kForward) lse_io[n] = lse;
       // z_t is read here, before pass 2 may overwrite it (the barrier below orders them).
@@ -113,8 +118,8 @@ __global__ void ce_row_kernel(T* dz, const T* z, float* lse_io, double* __restri
       load<T, V>(z + base + c, zv);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        const float p = expf(zv[i] - lse);
-        g[i] = scale * (c + i == t ? p - 1.f : p);
+        const float p = expf(__fsub_rn(zv[i], lse));
+        g[i] = __fmul_rn(scale, c + i == t ? __fsub_rn(p, 1.f) : p);
       }
     }
     store<T, V>(dz + base + c, g);  // dz may be z: this thread read these elements above

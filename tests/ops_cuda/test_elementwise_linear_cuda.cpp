@@ -1,0 +1,108 @@
+// CUDA add / add_ and the linear layer's bias kernels against the CPU: fp32 and bf16, sizes
+// 1, odd, not a multiple of the vector width, unaligned views, aliasing (out = a, out = b);
+// the bias gradient accumulating in fp32 from bf16 rows, and its bits on a second run.
+#include "core/ops/elementwise.h"
+#include "core/ops/linear.h"
+#include "tests/ops_cuda/cuda_test_util.h"
+
+namespace nsatron {
+namespace {
+
+using test::Rng;
+
+TEST(ElementwiseCuda, AddMatchesCpu) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (DType dt : {DType::F32, DType::BF16})
+    for (std::int64_t n : {1, 7, 8, 4097, (1 << 20) + 3}) {
+      const std::string tag = test::dt_name(dt) + " n=" + std::to_string(n);
+      // One extra element so that the views starting at 1 are not 16-byte aligned.
+      Tensor a = rng.randn({n + 1}, DType::F32), b = rng.randn({n + 1}, DType::F32);
+      Tensor ar = test::rounded_f32(a, dt), br = test::rounded_f32(b, dt);
+      Tensor want = Tensor::empty({n + 1}, DType::F32);
+      add(ar, br, want);
+      Tensor ad = test::on_gpu(a, dt), bd = test::on_gpu(b, dt);
+      Tensor out = Tensor::empty({n + 1}, dt, Device::CUDA);
+      add(ad, bd, out);
+      test::expect_close_rms(out, want, test::rtol_for(dt), "add " + tag);
+      // Unaligned views.
+      Tensor wv = want.slice0(1, n + 1);
+      Tensor ov = Tensor::empty({n}, dt, Device::CUDA);
+      add(ad.slice0(1, n + 1), bd.slice0(1, n + 1), ov);
+      test::expect_close_rms(ov, wv, test::rtol_for(dt), "add unaligned " + tag);
+      // out = b, then acc += x (add_) with acc = a.
+      Tensor b2 = bd.clone();
+      add(ad, b2, b2);
+      test::expect_close_rms(b2, want, test::rtol_for(dt), "add into b " + tag);
+      Tensor acc = ad.clone();
+      add_(acc, bd);
+      test::expect_close_rms(acc, want, test::rtol_for(dt), "add_ " + tag);
+      Tensor accv = ad.slice0(1, n + 1);
+      add_(accv, bd.slice0(1, n + 1));
+      test::expect_close_rms(accv, wv, test::rtol_for(dt), "add_ unaligned " + tag);
+    }
+}
+
+TEST(LinearCuda, BiasForwardMatchesCpu) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  struct Case { Shape x; std::int64_t out; };
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Case& c : {Case{{1, 1}, 1}, Case{{1, 5}, 7}, Case{{3, 4, 16}, 33},
+                          Case{{65, 32}, 64}, Case{{130, 9}, 1001}}) {
+      const std::string tag = test::dt_name(dt) + " x " + shape_str(c.x) + " out " +
+                              std::to_string(c.out);
+      const std::int64_t in = c.x.back();
+      Tensor x = rng.randn(c.x, DType::F32), w = rng.randn({c.out, in}, DType::F32);
+      Tensor b = rng.randn({c.out}, DType::F32);
+      Shape ys = c.x;
+      ys.back() = c.out;
+      Tensor y = Tensor::empty(ys, DType::F32);
+      const Tensor br = test::rounded_f32(b, dt);
+      linear_forward(test::rounded_f32(x, dt), test::rounded_f32(w, dt), &br, y);
+      Tensor xd = test::on_gpu(x, dt), wd = test::on_gpu(w, dt), bd = test::on_gpu(b, dt);
+      Tensor yd = Tensor::empty(ys, dt, Device::CUDA);
+      linear_forward(xd, wd, &bd, yd);
+      // bf16: the product is rounded to bf16 before the bias is added, one more rounding.
+      test::expect_close_rms(yd, y, test::rtol_for(dt), "y " + tag);
+    }
+}
+
+TEST(LinearCuda, BiasBackwardMatchesCpu) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Shape& ys : {Shape{1, 1}, Shape{1, 7}, Shape{5, 3, 33}, Shape{1000, 64},
+                            Shape{20000, 13}, Shape{70, 3000}}) {
+      const std::string tag = test::dt_name(dt) + " dy " + shape_str(ys);
+      const std::int64_t out = ys.back();
+      Shape xs = ys;
+      xs.back() = 3;
+      Tensor dy = rng.randn(ys, DType::F32), x = rng.randn(xs, DType::F32);
+      Tensor w = rng.randn({out, 3}, DType::F32), db0 = rng.randn({out}, DType::F32);
+      Tensor db = db0.clone();
+      linear_backward(test::rounded_f32(dy, dt), test::rounded_f32(x, dt),
+                      test::rounded_f32(w, dt), {.dbias = &db});
+      Tensor dyd = test::on_gpu(dy, dt), xd = test::on_gpu(x, dt), wd = test::on_gpu(w, dt);
+      Tensor dbd = db0.to(Device::CUDA);  // fp32 gradient, also for bf16 rows
+      linear_backward(dyd, xd, wd, {.dbias = &dbd});
+      test::expect_close_rms(dbd, db, test::kRtolF32, "dbias fp32 " + tag);
+      Tensor dbd2 = db0.to(Device::CUDA);
+      linear_backward(dyd, xd, wd, {.dbias = &dbd2});
+      EXPECT_TRUE(test::same_bits_any(dbd, dbd2)) << "dbias bits " << tag;
+      if (dt == DType::BF16) {  // a bf16 bias gradient (accumulated and stored in bf16)
+        Tensor dbb = test::on_gpu(db0, dt);
+        linear_backward(dyd, xd, wd, {.dbias = &dbb});
+        test::expect_close_rms(dbb, db, test::kRtolBF16, "dbias bf16 " + tag);
+      }
+    }
+}
+
+}  // namespace
+}  // namespace nsatron
