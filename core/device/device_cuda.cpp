@@ -61,4 +61,9 @@ void memset_device(void* dst, int value, std::size_t bytes) {
 }
 void cuda_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
+void copy_rows_device(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                      std::size_t row_bytes, std::size_t rows) {
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, 0));
+}
+
 }  // namespace nsatron

@@ -1,5 +1,7 @@
 #include "core/model/model.h"
 
+#include "core/model/layer_activations.h"
+
 #include <cmath>
 #include <stdexcept>
 
@@ -7,6 +9,7 @@
 #include "core/ops/cross_entropy.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
+#include "core/model/nsa_core_cuda.h"
 #include "core/ops/linear.h"
 #include "core/ops/rmsnorm.h"
 #include "core/ops/swiglu.h"
@@ -43,19 +46,6 @@ ModelDims ModelDims::from_config(const RunConfig& c) {
   return d;
 }
 
-// What one layer keeps from its forward for its backward. Which members are set depends on
-// the recompute policy; complete_for_backward() recomputes the missing ones.
-struct LayerActivations {
-  Tensor x;                                   // layer input [N, C]
-  Tensor rstd1, xn;                           // attention pre-norm
-  Tensor q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gate;  // NSA core inputs
-  std::shared_ptr<void> nsa_saved;            // nsa::NsaSaved<Real>
-  Tensor o;                                   // NSA core output [N, H*D]
-  Tensor h;                                   // after the attention residual [N, C]
-  Tensor rstd2, hn;                           // MLP pre-norm
-  Tensor u;                                   // [N, 2F]
-  Tensor act;                                 // swiglu(u) [N, F]
-};
 
 namespace {
 
@@ -81,27 +71,24 @@ nsa::NsaDims core_dims(const ModelDims& m, std::int64_t B, std::int64_t T) {
   return d;
 }
 
-// The pieces of one group's rows of the fused projection, in order, and their widths.
-// to_parts = true copies p -> parts (forward split); false copies parts -> p (gradient gather).
-template <class Real>
-void split_or_gather(const ModelDims& m, std::int64_t N, Real* p, Real* const parts[8], bool to_parts) {
+// The fused projection's rows per group are [q (h*D), k_cmp, v_cmp, k_slc, v_slc, k_win, v_win
+// (D each), gate (3h)]; the part tensors hold all groups of a token contiguously. Splitting
+// (p -> parts) and gathering the gradients back (parts -> p) are strided row copies, the same
+// code on either device and for any dtype.
+void split_or_gather(const ModelDims& m, std::int64_t N, const Tensor& p, Tensor* const parts[8], bool to_parts) {
   const std::int64_t h = m.heads_per_group(), D = m.D, G = m.G, Pg = m.group_width();
-  // widths per group: q h*D, six k/v of D, gate 3h; the part tensors hold all groups per row.
   const std::int64_t width[8] = {h * D, D, D, D, D, D, D, 3 * h};
-#pragma omp parallel for schedule(static)
-  for (std::int64_t n = 0; n < N; ++n) {
-    for (std::int64_t g = 0; g < G; ++g) {
-      Real* row = p + (n * G + g) * Pg;
-      std::int64_t col = 0;
-      for (int k = 0; k < 8; ++k) {
-        Real* part = parts[k] + (n * G + g) * width[k];
-        if (to_parts)
-          for (std::int64_t j = 0; j < width[k]; ++j) part[j] = row[col + j];
-        else
-          for (std::int64_t j = 0; j < width[k]; ++j) row[col + j] = part[j];
-        col += width[k];
-      }
-    }
+  const std::size_t e = dtype_size(p.dtype());
+  std::int64_t col = 0;
+  for (int k = 0; k < 8; ++k) {
+    char* row0 = static_cast<char*>(p.raw()) + std::size_t(col) * e;
+    char* part = static_cast<char*>(parts[k]->raw());
+    const std::size_t wb = std::size_t(width[k]) * e, pb = std::size_t(Pg) * e, rows = std::size_t(N * G);
+    if (to_parts)
+      copy_rows(part, wb, row0, pb, wb, rows, p.device());
+    else
+      copy_rows(row0, pb, part, wb, wb, rows, p.device());
+    col += width[k];
   }
 }
 
@@ -130,7 +117,24 @@ std::shared_ptr<void> hold_saved(std::unique_ptr<nsa::NsaSaved<Real>> saved) {
 
 }  // namespace
 
-NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype) : dims_(d), dtype_(dtype) {
+// Token ids where the ops read them: the caller's host memory on the CPU, a device copy on
+// CUDA.
+struct NsaTransformer::Ids {
+  std::span<const std::int32_t> span;
+  std::shared_ptr<Storage> device_copy;
+  Ids(std::span<const std::int32_t> host, Device device) : span(host) {
+    if (device == Device::CPU || host.empty()) return;
+    device_copy = std::make_shared<Storage>(host.size_bytes(), device);
+    memcpy_any(device_copy->data(), host.data(), host.size_bytes(), CopyKind::HostToDevice);
+    span = {static_cast<const std::int32_t*>(device_copy->data()), host.size()};
+  }
+};
+
+NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype, Device device)
+    : dims_(d), dtype_(dtype), device_(device) {
+  if (device == Device::CPU && dtype == DType::BF16)
+    throw UserError("the CPU model computes in fp32 (or fp64 for tests), not bf16");
+  if (device == Device::CUDA && dtype == DType::F64) throw UserError("the CUDA model computes in bf16 or fp32");
   const double std = d.init_std, resid_std = d.init_std / std::sqrt(2.0 * double(d.L));
   const double cmp_std = 1.0 / std::sqrt(double(d.cmp_block * d.D));  // keeps the compressed K/V at the scale of k/v
   params_.declare("model/embedding", {d.V, d.C}, true, std);
@@ -148,27 +152,42 @@ NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype) : dims_(d), dtyp
   }
   params_.declare("model/final_norm", {d.C}, false, 0, true);
   if (!d.tie_embeddings) params_.declare("model/lm_head", {d.V, d.C}, true, std);
-  params_.allocate(dtype);
+  params_.allocate(dtype == DType::F64 ? DType::F64 : DType::F32, device);
+  compute_ = dtype == params_.flat_weights().dtype() ? params_.flat_weights()
+                                                      : Tensor::empty({params_.total()}, dtype, device);
+}
+
+void NsaTransformer::sync_compute_weights() {
+  if (compute_.raw() != params_.flat_weights().raw()) cast(params_.flat_weights(), compute_);
+}
+
+Tensor NsaTransformer::weight(const std::string& name) const {
+  const ParamInfo& p = params_.info(name);
+  return compute_.slice0(p.offset, p.offset + p.numel).view(p.shape);
+}
+
+Tensor NsaTransformer::act(const Shape& shape) const { return Tensor::empty(shape, dtype_, device_); }
+// Per-row statistics (rstd, loss): fp32 on CUDA, the compute dtype on the CPU.
+Tensor NsaTransformer::stat(const Shape& shape) const {
+  return Tensor::empty(shape, device_ == Device::CUDA ? DType::F32 : dtype_, device_);
 }
 
 std::string NsaTransformer::layer_name(std::int64_t l, const char* part) const {
   return "model/layers." + std::to_string(l) + "/" + part;
 }
 
-const Tensor NsaTransformer::head_weight() const {
-  return params_.weight(dims_.tie_embeddings ? "model/embedding" : "model/lm_head");
-}
+const Tensor NsaTransformer::head_weight() const { return weight(dims_.tie_embeddings ? "model/embedding" : "model/lm_head"); }
 Tensor NsaTransformer::head_grad() const {
   return params_.grad(dims_.tie_embeddings ? "model/embedding" : "model/lm_head");
 }
 
-Tensor NsaTransformer::embed(std::span<const std::int32_t> tokens, std::int64_t N) const {
-  Tensor x = Tensor::empty({N, dims_.C}, dtype_);
-  embedding_forward(tokens, params_.weight("model/embedding"), x);
+Tensor NsaTransformer::embed(const Ids& tokens, std::int64_t N) const {
+  Tensor x = act({N, dims_.C});
+  embedding_forward(tokens.span, weight("model/embedding"), x);
   return x;
 }
 
-Tensor NsaTransformer::forward_layers(std::span<const std::int32_t> tokens, std::int64_t B, std::int64_t T) const {
+Tensor NsaTransformer::forward_layers(const Ids& tokens, std::int64_t B, std::int64_t T) const {
   Tensor x = embed(tokens, B * T);
   for (std::int64_t l = 0; l < dims_.L; ++l) {
     Tensor y;
@@ -187,49 +206,75 @@ NsaTransformer::Keep NsaTransformer::keep_mode(std::int64_t l) const {
   return Keep::All;
 }
 
+void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, std::int64_t B,
+                                  std::int64_t T) const {
+  auto W = [&](const char* part) { return weight(layer_name(l, part)); };
+  if (device_ == Device::CUDA) {
+    a.nsa_saved = nsa_core_forward_cuda(core_dims(dims_, B, T), a, W, o, save);
+    return;
+  }
+  dispatch_real(dtype_, [&](auto tag) {
+    using Real = decltype(tag);
+    auto saved = save ? std::make_unique<nsa::NsaSaved<Real>>() : nullptr;
+    nsa::nsa_forward<Real>(core_dims(dims_, B, T), core_inputs<Real>(a, W), o.data<Real>(), saved.get());
+    if (saved) a.nsa_saved = hold_saved(std::move(saved));
+  });
+}
+
+void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o,
+                                   Tensor* const dparts[8], std::int64_t B, std::int64_t T) {
+  auto W = [&](const char* part) { return weight(layer_name(l, part)); };
+  auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
+  if (device_ == Device::CUDA) {
+    nsa_core_backward_cuda(core_dims(dims_, B, T), a, W, G, d_o, dparts);
+    return;
+  }
+  dispatch_real(dtype_, [&](auto tag) {
+    using Real = decltype(tag);
+    nsa::NsaGrads<Real> gr{dparts[0]->data<Real>(), dparts[1]->data<Real>(), dparts[2]->data<Real>(),
+                           dparts[3]->data<Real>(), dparts[4]->data<Real>(), dparts[5]->data<Real>(),
+                           dparts[6]->data<Real>(), dparts[7]->data<Real>(), G("attn/cmp_wk").data<Real>(),
+                           G("attn/cmp_wv").data<Real>(), G("attn/cmp_pk").data<Real>(), G("attn/cmp_pv").data<Real>()};
+    const auto& saved = *static_cast<const nsa::NsaSaved<Real>*>(a.nsa_saved.get());
+    nsa::nsa_backward<Real>(core_dims(dims_, B, T), core_inputs<Real>(a, W), saved, d_o.data<Real>(), gr);
+  });
+}
+
 void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor& x_out, LayerActivations* acts, Keep keep,
                                    std::int64_t B, std::int64_t T) const {
   const ModelDims& m = dims_;
   const std::int64_t N = B * T;
-  auto W = [&](const char* part) { return params_.weight(layer_name(l, part)); };
+  auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   LayerActivations a;
   a.x = x;
-  a.rstd1 = Tensor::empty({N}, dtype_);
-  a.xn = Tensor::empty({N, m.C}, dtype_);
+  a.rstd1 = stat({N});
+  a.xn = act({N, m.C});
   rmsnorm_forward(x, W("attn_norm"), a.xn, a.rstd1, m.norm_eps);
 
-  Tensor p = Tensor::empty({N, m.G * m.group_width()}, dtype_);
+  Tensor p = act({N, m.G * m.group_width()});
   linear_forward(a.xn, W("attn/wqkv"), nullptr, p);
-  a.q = Tensor::empty({N, m.H * m.D}, dtype_);
-  for (Tensor* t : {&a.k_cmp, &a.v_cmp, &a.k_slc, &a.v_slc, &a.k_win, &a.v_win}) *t = Tensor::empty({N, m.G * m.D}, dtype_);
-  a.gate = Tensor::empty({N, m.H * 3}, dtype_);
-  a.o = Tensor::empty({N, m.H * m.D}, dtype_);
-  const bool save_core = keep == Keep::All;
-  dispatch_real(dtype_, [&](auto tag) {
-    using Real = decltype(tag);
-    Real* parts[8] = {a.q.data<Real>(),     a.k_cmp.data<Real>(), a.v_cmp.data<Real>(), a.k_slc.data<Real>(),
-                      a.v_slc.data<Real>(), a.k_win.data<Real>(), a.v_win.data<Real>(), a.gate.data<Real>()};
-    split_or_gather<Real>(m, N, p.data<Real>(), parts, true);
-    const nsa::NsaInputs<Real> in = core_inputs<Real>(a, W);
-    auto saved = save_core ? std::make_unique<nsa::NsaSaved<Real>>() : nullptr;
-    nsa::nsa_forward<Real>(core_dims(m, B, T), in, a.o.data<Real>(), saved.get());
-    if (saved) a.nsa_saved = hold_saved(std::move(saved));
-  });
+  a.q = act({N, m.H * m.D});
+  for (Tensor* t : {&a.k_cmp, &a.v_cmp, &a.k_slc, &a.v_slc, &a.k_win, &a.v_win}) *t = act({N, m.G * m.D});
+  a.gate = act({N, m.H * 3});
+  a.o = act({N, m.H * m.D});
+  Tensor* parts[8] = {&a.q, &a.k_cmp, &a.v_cmp, &a.k_slc, &a.v_slc, &a.k_win, &a.v_win, &a.gate};
+  split_or_gather(m, N, p, parts, true);
   p = Tensor();
+  core_forward(l, a, a.o, keep == Keep::All, B, T);
 
-  Tensor attn_out = Tensor::empty({N, m.C}, dtype_);
+  Tensor attn_out = act({N, m.C});
   linear_forward(a.o, W("attn/wo"), nullptr, attn_out);
-  a.h = Tensor::empty({N, m.C}, dtype_);
-  a.hn = Tensor::empty({N, m.C}, dtype_);
-  a.rstd2 = Tensor::empty({N}, dtype_);
+  a.h = act({N, m.C});
+  a.hn = act({N, m.C});
+  a.rstd2 = stat({N});
   add_rmsnorm_forward(x, attn_out, W("mlp_norm"), a.h, a.hn, a.rstd2, m.norm_eps);
   attn_out = Tensor();
 
-  a.u = Tensor::empty({N, 2 * m.F}, dtype_);
+  a.u = act({N, 2 * m.F});
   linear_forward(a.hn, W("mlp/w_in"), nullptr, a.u);
-  a.act = Tensor::empty({N, m.F}, dtype_);
+  a.act = act({N, m.F});
   swiglu_forward(a.u, a.act);
-  x_out = Tensor::empty({N, m.C}, dtype_);
+  x_out = act({N, m.C});
   linear_forward(a.act, W("mlp/w_out"), nullptr, x_out);
   add(a.h, x_out, x_out);
 
@@ -254,28 +299,22 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
     layer_forward(l, a.x, out, &a, Keep::All, B, T);
     return;
   }
-  auto W = [&](const char* part) { return params_.weight(layer_name(l, part)); };
+  auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   if (!a.xn.defined()) {
-    a.xn = Tensor::empty({N, m.C}, dtype_);
+    a.xn = act({N, m.C});
     rmsnorm_forward(a.x, W("attn_norm"), a.xn, a.rstd1, m.norm_eps);
   }
   if (!a.hn.defined()) {
-    a.hn = Tensor::empty({N, m.C}, dtype_);
+    a.hn = act({N, m.C});
     rmsnorm_forward(a.h, W("mlp_norm"), a.hn, a.rstd2, m.norm_eps);
   }
   if (!a.act.defined()) {
-    a.act = Tensor::empty({N, m.F}, dtype_);
+    a.act = act({N, m.F});
     swiglu_forward(a.u, a.act);
   }
   if (!a.nsa_saved) {
-    dispatch_real(dtype_, [&](auto tag) {
-      using Real = decltype(tag);
-      const nsa::NsaInputs<Real> in = core_inputs<Real>(a, W);
-      auto saved = std::make_unique<nsa::NsaSaved<Real>>();
-      Tensor o = Tensor::empty({N, m.H * m.D}, dtype_);  // equals a.o bit for bit
-      nsa::nsa_forward<Real>(core_dims(m, B, T), in, o.data<Real>(), saved.get());
-      a.nsa_saved = hold_saved(std::move(saved));
-    });
+    Tensor o = act({N, m.H * m.D});  // equals a.o bit for bit
+    core_forward(l, a, o, true, B, T);
   }
 }
 
@@ -284,52 +323,44 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   complete_for_backward(l, a, B, T);
   const ModelDims& m = dims_;
   const std::int64_t N = B * T;
-  auto W = [&](const char* part) { return params_.weight(layer_name(l, part)); };
+  auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
 
   // MLP: x' = h + w_out(swiglu(w_in(rmsnorm(h))))
-  Tensor dact = Tensor::empty({N, m.F}, dtype_);
+  Tensor dact = act({N, m.F});
   Tensor g_out = G("mlp/w_out"), g_in = G("mlp/w_in");
   linear_backward(dx_out, a.act, W("mlp/w_out"), {&dact, &g_out, nullptr});
-  Tensor du = Tensor::empty({N, 2 * m.F}, dtype_);
+  Tensor du = act({N, 2 * m.F});
   swiglu_backward(dact, a.u, du);
   dact = Tensor();
-  Tensor dhn = Tensor::empty({N, m.C}, dtype_);
+  Tensor dhn = act({N, m.C});
   linear_backward(du, a.hn, W("mlp/w_in"), {&dhn, &g_in, nullptr});
   du = Tensor();
-  Tensor dh = Tensor::empty({N, m.C}, dtype_);
+  Tensor dh = act({N, m.C});
   Tensor g_mlp_norm = G("mlp_norm");
   rmsnorm_backward(dhn, a.h, W("mlp_norm"), a.rstd2, dh, g_mlp_norm, &dx_out);
   dhn = Tensor();
 
   // Attention: h = x + wo(nsa(split(wqkv(rmsnorm(x)))))
-  Tensor d_o = Tensor::empty({N, m.H * m.D}, dtype_);
+  Tensor d_o = act({N, m.H * m.D});
   Tensor g_wo = G("attn/wo");
   linear_backward(dh, a.o, W("attn/wo"), {&d_o, &g_wo, nullptr});
-  Tensor dp = Tensor::empty({N, m.G * m.group_width()}, dtype_);
-  dispatch_real(dtype_, [&](auto tag) {
-    using Real = decltype(tag);
-    Tensor dq = Tensor::empty({N, m.H * m.D}, dtype_), dgate = Tensor::empty({N, m.H * 3}, dtype_);
+  Tensor dp = act({N, m.G * m.group_width()});
+  {
+    Tensor dq = act({N, m.H * m.D}), dgate = act({N, m.H * 3});
     Tensor dkv[6];
-    for (auto& t : dkv) t = Tensor::empty({N, m.G * m.D}, dtype_);
-    const nsa::NsaInputs<Real> in = core_inputs<Real>(a, W);
-    nsa::NsaGrads<Real> gr{dq.data<Real>(),     dkv[0].data<Real>(), dkv[1].data<Real>(), dkv[2].data<Real>(),
-                           dkv[3].data<Real>(), dkv[4].data<Real>(), dkv[5].data<Real>(), dgate.data<Real>(),
-                           G("attn/cmp_wk").data<Real>(), G("attn/cmp_wv").data<Real>(),
-                           G("attn/cmp_pk").data<Real>(), G("attn/cmp_pv").data<Real>()};
-    const auto& saved = *static_cast<const nsa::NsaSaved<Real>*>(a.nsa_saved.get());
-    nsa::nsa_backward<Real>(core_dims(m, B, T), in, saved, d_o.data<Real>(), gr);
-    Real* parts[8] = {dq.data<Real>(),     dkv[0].data<Real>(), dkv[1].data<Real>(), dkv[2].data<Real>(),
-                      dkv[3].data<Real>(), dkv[4].data<Real>(), dkv[5].data<Real>(), dgate.data<Real>()};
-    split_or_gather<Real>(m, N, dp.data<Real>(), parts, false);
-  });
+    for (auto& t : dkv) t = act({N, m.G * m.D});
+    Tensor* dparts[8] = {&dq, &dkv[0], &dkv[1], &dkv[2], &dkv[3], &dkv[4], &dkv[5], &dgate};
+    core_backward(l, a, d_o, dparts, B, T);
+    split_or_gather(m, N, dp, dparts, false);
+  }
   d_o = Tensor();
   a.nsa_saved.reset();
-  Tensor dxn = Tensor::empty({N, m.C}, dtype_);
+  Tensor dxn = act({N, m.C});
   Tensor g_wqkv = G("attn/wqkv");
   linear_backward(dp, a.xn, W("attn/wqkv"), {&dxn, &g_wqkv, nullptr});
   dp = Tensor();
-  dx_in = Tensor::empty({N, m.C}, dtype_);
+  dx_in = act({N, m.C});
   Tensor g_attn_norm = G("attn_norm");
   rmsnorm_backward(dxn, a.x, W("attn_norm"), a.rstd1, dx_in, g_attn_norm, &dh);
 }
@@ -340,22 +371,25 @@ double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, st
   const std::int64_t N = B * T;
   if (std::int64_t(tokens.size()) != N || std::int64_t(targets.size()) != N)
     throw std::invalid_argument("forward_backward: tokens/targets must hold B*T ids");
-  const std::size_t base = memory_stats(Device::CPU).current;
-  reset_peak_memory(Device::CPU);
+  const Ids ids(tokens, device_), tgt(targets, device_);
+  const std::size_t base = memory_stats(device_).current;
+  reset_peak_memory(device_);
+  if (device_ == Device::CUDA) reset_peak_memory(Device::CPU);
 
   std::vector<LayerActivations> acts(std::size_t(m.L));
-  Tensor x = embed(tokens, N);
+  Tensor x = embed(ids, N);
   for (std::int64_t l = 0; l < m.L; ++l) {
     Tensor y;
     layer_forward(l, x, y, &acts[std::size_t(l)], keep_mode(l), B, T);
     x = y;
   }
-  Tensor rstdf = Tensor::empty({N}, dtype_), xf = Tensor::empty({N, m.C}, dtype_);
-  rmsnorm_forward(x, params_.weight("model/final_norm"), xf, rstdf, m.norm_eps);
+  Tensor rstdf = stat({N}), xf = act({N, m.C});
+  rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps);
 
   // LM head and loss, chunk by chunk, with the chunk's backward right away.
-  Tensor loss = Tensor::zeros({1}, dtype_);
-  Tensor dxf = Tensor::empty({N, m.C}, dtype_);
+  Tensor loss = stat({1});
+  loss.zero_();
+  Tensor dxf = act({N, m.C});
   Tensor E = head_weight(), dE = head_grad();
   CrossEntropyOptions ce;
   ce.denominator = double(N);
@@ -363,15 +397,15 @@ double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, st
   for (std::int64_t r0 = 0; r0 < N; r0 += head_chunk_) {
     const std::int64_t r1 = std::min(N, r0 + head_chunk_);
     Tensor xc = xf.slice0(r0, r1), dxc = dxf.slice0(r0, r1);
-    Tensor logits = Tensor::empty({r1 - r0, m.V}, dtype_);
+    Tensor logits = act({r1 - r0, m.V});
     linear_forward(xc, E, nullptr, logits);
-    cross_entropy_fused(logits, targets.subspan(std::size_t(r0), std::size_t(r1 - r0)), loss, grad_scale, ce);
+    cross_entropy_fused(logits, tgt.span.subspan(std::size_t(r0), std::size_t(r1 - r0)), loss, grad_scale, ce);
     linear_backward(logits, xc, E, {&dxc, &dE, nullptr});
   }
   xf = Tensor();
-  Tensor dx = Tensor::empty({N, m.C}, dtype_);
+  Tensor dx = act({N, m.C});
   Tensor g_final = params_.grad("model/final_norm");
-  rmsnorm_backward(dxf, x, params_.weight("model/final_norm"), rstdf, dx, g_final);
+  rmsnorm_backward(dxf, x, weight("model/final_norm"), rstdf, dx, g_final);
   dxf = Tensor();
   x = Tensor();
   for (std::int64_t l = m.L - 1; l >= 0; --l) {
@@ -381,8 +415,8 @@ double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, st
     dx = dx_in;
   }
   Tensor g_embed = params_.grad("model/embedding");
-  embedding_backward(tokens, dx, g_embed);
-  const MemoryStats after = memory_stats(Device::CPU);
+  embedding_backward(ids.span, dx, g_embed);
+  const MemoryStats after = memory_stats(device_);
   last_activation_peak_ = after.peak > base ? after.peak - base : 0;
   return loss.to_vector()[0];
 }
@@ -391,30 +425,33 @@ double NsaTransformer::evaluate(std::span<const std::int32_t> tokens, std::span<
                                 std::int64_t B, std::int64_t T) {
   const ModelDims& m = dims_;
   const std::int64_t N = B * T;
-  Tensor x = forward_layers(tokens, B, T);
-  Tensor rstdf = Tensor::empty({N}, dtype_), xf = Tensor::empty({N, m.C}, dtype_);
-  rmsnorm_forward(x, params_.weight("model/final_norm"), xf, rstdf, m.norm_eps);
-  Tensor loss = Tensor::zeros({1}, dtype_);
+  const Ids ids(tokens, device_), tgt(targets, device_);
+  Tensor x = forward_layers(ids, B, T);
+  Tensor rstdf = stat({N}), xf = act({N, m.C});
+  rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps);
+  Tensor loss = stat({1});
+  loss.zero_();
   CrossEntropyOptions ce;
   ce.denominator = double(N);
   ce.accumulate_loss = true;
   for (std::int64_t r0 = 0; r0 < N; r0 += head_chunk_) {
     const std::int64_t r1 = std::min(N, r0 + head_chunk_);
-    Tensor logits = Tensor::empty({r1 - r0, m.V}, dtype_), lse = Tensor::empty({r1 - r0}, dtype_);
+    Tensor logits = act({r1 - r0, m.V}), lse = stat({r1 - r0});
     linear_forward(xf.slice0(r0, r1), head_weight(), nullptr, logits);
-    cross_entropy_forward(logits, targets.subspan(std::size_t(r0), std::size_t(r1 - r0)), loss, lse, ce);
+    cross_entropy_forward(logits, tgt.span.subspan(std::size_t(r0), std::size_t(r1 - r0)), loss, lse, ce);
   }
   return loss.to_vector()[0];
 }
 
 Tensor NsaTransformer::last_logits(std::span<const std::int32_t> tokens, std::int64_t B, std::int64_t T) {
   const ModelDims& m = dims_;
-  Tensor x = forward_layers(tokens, B, T);
-  Tensor last = Tensor::empty({B, m.C}, dtype_);
+  const Ids ids(tokens, device_);
+  Tensor x = forward_layers(ids, B, T);
+  Tensor last = act({B, m.C});
   for (std::int64_t b = 0; b < B; ++b) last.slice0(b, b + 1).copy_from(x.slice0(b * T + T - 1, b * T + T));
-  Tensor rstd = Tensor::empty({B}, dtype_), xf = Tensor::empty({B, m.C}, dtype_);
-  rmsnorm_forward(last, params_.weight("model/final_norm"), xf, rstd, m.norm_eps);
-  Tensor logits = Tensor::empty({B, m.V}, dtype_);
+  Tensor rstd = stat({B}), xf = act({B, m.C});
+  rmsnorm_forward(last, weight("model/final_norm"), xf, rstd, m.norm_eps);
+  Tensor logits = act({B, m.V});
   linear_forward(xf, head_weight(), nullptr, logits);
   return logits;
 }

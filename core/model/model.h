@@ -56,7 +56,16 @@ struct LayerActivations;  // model.cpp
 
 class NsaTransformer {
  public:
-  NsaTransformer(const ModelDims& dims, DType dtype);
+  // dtype is the compute dtype: fp32 (fp64 for tests) on the CPU, bf16 or fp32 on CUDA. The
+  // master weights and the gradients are fp32 (fp64 with fp64); with bf16 compute, a bf16
+  // copy of the weights feeds the forward and backward (sync_compute_weights() refreshes it
+  // from the master weights; the trainer's AdamW writes it directly).
+  NsaTransformer(const ModelDims& dims, DType dtype, Device device = Device::CPU);
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  // The flat compute weights (the master weights themselves when the dtypes agree).
+  Tensor& compute_weights() { return compute_; }
+  void sync_compute_weights();
   const ModelDims& dims() const { return dims_; }
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
@@ -92,22 +101,31 @@ class NsaTransformer {
 
  private:
   std::string layer_name(std::int64_t l, const char* part) const;
+  struct Ids;
   enum class Keep { Nothing, Input, Selective, All };
+  Tensor weight(const std::string& name) const;  // compute-dtype view
+  Tensor act(const Shape& shape) const;
+  Tensor stat(const Shape& shape) const;
+  void core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, std::int64_t B, std::int64_t T) const;
+  void core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o, Tensor* const dparts[8],
+                     std::int64_t B, std::int64_t T);
   Keep keep_mode(std::int64_t l) const;
   void layer_forward(std::int64_t l, const Tensor& x, Tensor& x_out, LayerActivations* acts, Keep keep,
                      std::int64_t B, std::int64_t T) const;
   void complete_for_backward(std::int64_t l, LayerActivations& a, std::int64_t B, std::int64_t T) const;
   void layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in, std::int64_t B,
                       std::int64_t T);
-  Tensor embed(std::span<const std::int32_t> tokens, std::int64_t N) const;
+  Tensor embed(const Ids& tokens, std::int64_t N) const;
   // Embedding and every layer, keeping nothing for a backward: the last layer's output.
-  Tensor forward_layers(std::span<const std::int32_t> tokens, std::int64_t B, std::int64_t T) const;
+  Tensor forward_layers(const Ids& tokens, std::int64_t B, std::int64_t T) const;
   const Tensor head_weight() const;
   Tensor head_grad() const;
 
   ModelDims dims_;
   DType dtype_;
+  Device device_;
   ParamStore params_;
+  Tensor compute_;
   RecomputePolicy policy_ = RecomputePolicy::None;
   std::int64_t recompute_layers_ = 0;
   std::int64_t head_chunk_ = 1024;

@@ -2,6 +2,8 @@
 
 #include "core/ops/op_util.h"
 
+#include <type_traits>
+
 namespace nsatron {
 
 using namespace ops_detail;
@@ -43,6 +45,49 @@ void add_(Tensor& acc, const Tensor& x) {
     using T = decltype(tag);
     cpu::add_<T>(acc.data<T>(), x.data<T>(), acc.numel());
   });
+}
+
+void cast(const Tensor& src, Tensor& dst) {
+  const std::string op = "cast";
+  require(src.numel() == dst.numel() && src.device() == dst.device(), op,
+          "cannot cast " + src.describe() + " into " + dst.describe());
+  if (src.dtype() == dst.dtype()) {
+    dst.copy_from(src);
+    return;
+  }
+  if (src.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda::cast(src.dtype(), src.raw(), dst.dtype(), dst.raw(), src.numel());
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
+  auto convert = [&](auto src_tag, auto dst_tag) {
+    using S = decltype(src_tag);
+    using D = decltype(dst_tag);
+    const S* in = src.data<S>();
+    D* out = dst.data<D>();
+    const std::int64_t n = src.numel();
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<D, double> && std::is_same_v<S, float>) out[i] = double(in[i]);
+      else if constexpr (std::is_same_v<D, double>) out[i] = double(float(in[i]));
+      else out[i] = D(float(in[i]));  // fp64 -> bf16 goes through fp32 (rounded twice)
+    }
+  };
+  auto with_dst = [&](auto src_tag) {
+    switch (dst.dtype()) {
+      case DType::F32: return convert(src_tag, float{});
+      case DType::F64: return convert(src_tag, double{});
+      case DType::BF16: return convert(src_tag, bf16{});
+    }
+  };
+  switch (src.dtype()) {
+    case DType::F32: return with_dst(float{});
+    case DType::F64: return with_dst(double{});
+    case DType::BF16: return with_dst(bf16{});
+  }
 }
 
 }  // namespace nsatron

@@ -8,6 +8,8 @@
 //             backward: da = db = dout (the same tensor serves both; nothing to compute)
 // add_:       acc += x              (a gradient arriving by a second path: residual branches,
 //                                    a tensor used twice)
+// cast:       dst = src converted to dst's dtype (round to nearest even into bf16), e.g. the
+//             bf16 compute copy of fp32 master weights; same numel and device
 // Deterministic: elementwise.
 #pragma once
 #include <cstdint>
@@ -20,6 +22,9 @@ namespace nsatron {
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 // acc += x; same shape, dtype and device.
 void add_(Tensor& acc, const Tensor& x);
+// dst = src with dst's dtype; same numel and device (any of fp32, fp64, bf16 on the CPU;
+// fp32 and bf16 on CUDA).
+void cast(const Tensor& src, Tensor& dst);
 
 namespace cpu {
 // out may alias a or b.
@@ -31,6 +36,7 @@ namespace cuda {
 // Device pointers of dtype `dt` (fp32 or bf16; the sum in fp32, rounded once), default stream.
 void add(DType dt, void* out, const void* a, const void* b, std::int64_t n);  // out may be a or b
 void add_(DType dt, void* acc, const void* x, std::int64_t n);
+void cast(DType src_dt, const void* src, DType dst_dt, void* dst, std::int64_t n);
 }  // namespace cuda
 
 }  // namespace nsatron

@@ -75,7 +75,12 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const L
             "dx must have the shape of x " + x.describe() + ", got " + g.dx->describe());
   }
   if (g.dw) {
-    same_dtype_device(op, {&x, g.dw});
+    if (x.device() == Device::CUDA) {
+      all_on_cuda(op, {g.dw});
+      grad_dtype(op, x, *g.dw, "dW");
+    } else {
+      same_dtype_device(op, {&x, g.dw});
+    }
     require(g.dw->shape() == w.shape(), op,
             "dW must have the shape of W " + w.describe() + ", got " + g.dw->describe());
   }

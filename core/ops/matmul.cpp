@@ -12,7 +12,8 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& op
                                 "): " + why);
   };
   if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2) fail("operands must be 2-D");
-  if (a.dtype() != b.dtype() || a.dtype() != c.dtype()) fail("dtypes differ");
+  const bool bf16_into_fp32 = a.device() == Device::CUDA && a.dtype() == DType::BF16 && c.dtype() == DType::F32;
+  if (a.dtype() != b.dtype() || (a.dtype() != c.dtype() && !bf16_into_fp32)) fail("dtypes differ");
   if (a.device() != b.device() || a.device() != c.device()) fail("devices differ");
   const std::int64_t M = opt.trans_a ? a.dim(1) : a.dim(0);
   const std::int64_t K = opt.trans_a ? a.dim(0) : a.dim(1);
@@ -24,7 +25,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& op
 
   if (a.device() == Device::CUDA) {
 #ifdef NSATRON_WITH_CUDA
-    cuda::gemm(a.dtype(), opt.trans_a, opt.trans_b, M, N, K, opt.alpha, a.raw(), lda, b.raw(), ldb,
+    cuda::gemm(a.dtype(), c.dtype(), opt.trans_a, opt.trans_b, M, N, K, opt.alpha, a.raw(), lda, b.raw(), ldb,
                opt.beta, c.raw(), ldc);
     return;
 #else

@@ -23,8 +23,9 @@ struct MatmulOptions {
   double beta = 0.0;
 };
 
-// A, B, C: 2-D tensors of one dtype on one device. Throws std::invalid_argument naming the
-// shapes when they do not fit.
+// A, B, C: 2-D tensors of one dtype on one device; on CUDA, C may also be fp32 when A and B
+// are bf16 (a bf16 product accumulated into fp32 parameter gradients). Throws
+// std::invalid_argument naming the shapes when they do not fit.
 void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& opt = {});
 
 namespace cpu {
@@ -36,8 +37,9 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
 }  // namespace cpu
 
 namespace cuda {
-// Same contract as cpu::gemm, on device pointers of `dtype`, on the current stream.
-void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+// Same contract as cpu::gemm, on device pointers: A and B of `dtype`, C of `c_dtype` (equal,
+// or fp32 with bf16 A and B), on the default stream.
+void gemm(DType dtype, DType c_dtype, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
           double alpha, const void* A, std::int64_t lda, const void* B, std::int64_t ldb,
           double beta, void* C, std::int64_t ldc);
 }  // namespace cuda

@@ -46,5 +46,28 @@ TEST(Elementwise, RejectsMismatches) {
   EXPECT_THROW(add_(a, c), std::invalid_argument);
 }
 
+TEST(Elementwise, CastRoundsToNearestEvenAndRoundTrips) {
+  Tensor f = Tensor::from_vector({1.0, -2.5, 3.14159265, 1.0 + 1.0 / 256, 1.0 + 3.0 / 256, 1e-3}, {6}, DType::F32);
+  Tensor b = Tensor::empty({6}, DType::BF16);
+  cast(f, b);
+  const auto v = b.to_vector();
+  EXPECT_EQ(v[0], 1.0);
+  EXPECT_EQ(v[1], -2.5);
+  EXPECT_EQ(v[2], 3.140625);
+  EXPECT_EQ(v[3], 1.0);                // a tie goes to the even neighbour
+  EXPECT_EQ(v[4], 1.0 + 4.0 / 256);
+  Tensor back = Tensor::empty({6}, DType::F32);
+  cast(b, back);
+  EXPECT_EQ(back.to_vector(), v);
+  Tensor d = Tensor::empty({6}, DType::F64);
+  cast(f, d);
+  EXPECT_EQ(d.to_vector(), f.to_vector());
+  Tensor same = Tensor::empty({6}, DType::F32);
+  cast(f, same);
+  EXPECT_EQ(same.to_vector(), f.to_vector());
+  Tensor wrong = Tensor::empty({5}, DType::F32);
+  EXPECT_THROW(cast(f, wrong), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace nsatron

@@ -43,7 +43,26 @@ template <class T> void add_impl(T* out, const T* a, const T* b, std::int64_t n)
   }
 }
 
+template <class S, class D>
+__global__ void cast_kernel(D* out, const S* in, std::int64_t n) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = from_f<D>(to_f(in[i]));
+}
+
 }  // namespace
+
+void cast(DType src_dt, const void* src, DType dst_dt, void* dst, std::int64_t n) {
+  if (n == 0) return;
+  dispatch(src_dt, "cast", [&](auto s_tag) {
+    using S = decltype(s_tag);
+    dispatch(dst_dt, "cast", [&](auto d_tag) {
+      using D = decltype(d_tag);
+      cast_kernel<S, D><<<grid_for(n, 256, 8192), 256>>>(static_cast<D*>(dst), static_cast<const S*>(src), n);
+      check_launch("cast");
+    });
+  });
+}
 
 void add(DType dt, void* out, const void* a, const void* b, std::int64_t n) {
   dispatch(dt, "add", [&](auto tag) {

@@ -22,7 +22,7 @@ cublasHandle_t handle() {
 }
 }  // namespace
 
-void gemm(DType dtype, bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K,
+void gemm(DType dtype, DType c_dtype, bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K,
           double alpha, const void* A, std::int64_t lda, const void* B, std::int64_t ldb,
           double beta, void* C, std::int64_t ldc) {
   if (M == 0 || N == 0) return;
@@ -40,9 +40,14 @@ void gemm(DType dtype, bool ta, bool tb, std::int64_t M, std::int64_t N, std::in
       break;
     default: throw std::logic_error("gemm: bad dtype");
   }
+  cudaDataType_t c_type = type;
+  if (c_dtype != dtype) {
+    if (!(dtype == DType::BF16 && c_dtype == DType::F32)) throw std::logic_error("gemm: bad output dtype");
+    c_type = CUDA_R_32F;
+  }
   cublasStatus_t st = cublasGemmEx(
       handle(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M),
-      int(K), pa, B, type, int(ldb), A, type, int(lda), pb, C, type, int(ldc), compute,
+      int(K), pa, B, type, int(ldb), A, type, int(lda), pb, C, c_type, int(ldc), compute,
       CUBLAS_GEMM_DEFAULT);
   if (st != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error("cublasGemmEx failed with status " + std::to_string(int(st)));
