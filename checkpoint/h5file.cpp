@@ -83,7 +83,12 @@ struct Problem {
 
 // ---- attributes -----------------------------------------------------------------------------
 
-bool has_attr(hid_t obj, const char* name) { return H5Aexists(obj, name) > 0; }
+// False when absent; throws when HDF5 cannot tell (a damaged object header, for one).
+bool has_attr(hid_t obj, const char* name) {
+  const htri_t e = H5Aexists(obj, name);
+  if (e < 0) throw Problem{std::string("cannot read attribute ") + name + " (" + hdf5_error() + ")"};
+  return e > 0;
+}
 
 void write_attr_raw(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, hid_t space, const void* buf) {
   Hid a(H5Acreate2(obj, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
@@ -106,14 +111,19 @@ void write_attr_i64s(hid_t obj, const char* name, const Shape& v) {
   write_attr_raw(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, s.get(), v.data());
 }
 
-// A variable-length UTF-8 string: h5py reads it as str.
+// A fixed-length UTF-8 string (null-padded; at least one byte, so "" is one NUL). Not
+// variable-length: those live in HDF5's global heap, which has no checksum, and HDF5 1.10 can
+// loop forever reading a damaged one. Fixed-length values live in the attribute message of
+// the (checksummed) object header. h5py reads them as bytes.
 void write_attr_str(hid_t obj, const char* name, const std::string& v) {
   Hid t(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(t.get(), H5T_VARIABLE);
+  H5Tset_size(t.get(), std::max<std::size_t>(v.size(), 1));
+  H5Tset_strpad(t.get(), H5T_STR_NULLPAD);
   H5Tset_cset(t.get(), H5T_CSET_UTF8);
   Hid s(H5Screate(H5S_SCALAR), H5Sclose);
-  const char* p = v.c_str();
-  write_attr_raw(obj, name, t.get(), t.get(), s.get(), &p);
+  std::string buf = v;
+  buf.resize(std::max<std::size_t>(v.size(), 1), '\0');
+  write_attr_raw(obj, name, t.get(), t.get(), s.get(), buf.data());
 }
 
 Hid open_attr(hid_t obj, const char* name) {
@@ -156,29 +166,21 @@ std::uint32_t read_attr_u32(hid_t obj, const char* name) {
   return std::uint32_t(v);
 }
 
-// A string attribute, variable-length (as written) or fixed-length (as some tools write).
+// A string attribute: fixed-length (as written). Variable-length strings are refused rather
+// than read: a damaged global heap can hang HDF5 (see write_attr_str).
 std::string read_attr_str(hid_t obj, const char* name) {
   Hid a = open_attr(obj, name);
   Hid t(H5Aget_type(a.get()), H5Tclose);
   Hid s(H5Aget_space(a.get()), H5Sclose);
   if (H5Tget_class(t.get()) != H5T_STRING || H5Sget_simple_extent_npoints(s.get()) != 1)
     throw Problem{std::string("attribute ") + name + " is not a single string"};
-  const htri_t vl = H5Tis_variable_str(t.get());
-  if (vl > 0) {
-    Hid mt(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(mt.get(), H5T_VARIABLE);
-    H5Tset_cset(mt.get(), H5Tget_cset(t.get()));
-    char* p = nullptr;
-    if (H5Aread(a.get(), mt.get(), &p) < 0)
-      throw Problem{std::string("cannot read attribute ") + name + " (" + hdf5_error() + ")"};
-    std::string out = p ? p : "";
-    if (p) H5free_memory(p);
-    return out;
-  }
+  if (H5Tis_variable_str(t.get()) != 0)
+    throw Problem{std::string("attribute ") + name + " is a variable-length string; checkpoints use fixed-length ones"};
   const std::size_t size = H5Tget_size(t.get());
   std::string buf(size, '\0');
   if (size > 0 && H5Aread(a.get(), t.get(), buf.data()) < 0)
     throw Problem{std::string("cannot read attribute ") + name + " (" + hdf5_error() + ")"};
+  // Null-padded: the value ends at the first NUL (the text itself never holds one).
   buf.resize(std::strlen(buf.c_str()));
   return buf;
 }
@@ -252,6 +254,7 @@ Hid file_access() {
 #if H5_VERSION_GE(1, 10, 7)
   H5Pset_file_locking(fapl.get(), false, true);
 #endif
+  H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
   return fapl;
 }
 
@@ -287,6 +290,14 @@ void write_checkpoint_file(const fs::path& file, const std::vector<ShardSpec>& s
                                 std::to_string(layout.num_files));
   for (const auto& [k, v] : state.extra)
     if (!valid_extra_key(k)) throw std::invalid_argument("TrainState::extra key '" + k + "': use [A-Za-z0-9_]+");
+  auto no_nul = [](const std::string& what, const std::string& v) {
+    if (v.find('\0') != std::string::npos) throw std::invalid_argument(what + " holds a NUL character");
+  };
+  no_nul("sampler_position", state.sampler_position);
+  no_nul("rng", state.rng);
+  no_nul("config_toml", state.config_toml);
+  no_nul("layout", layout.layout);
+  for (const auto& [k, v] : state.extra) no_nul("extra." + k, v);
   std::vector<std::string> manifest;
   for (const auto& s : shards) {
     if (!valid_dataset_name(s.name)) throw std::invalid_argument("bad dataset name '" + s.name + "'");

@@ -37,14 +37,19 @@ def check(cond, what):
         print("FAIL:", what)
 
 
+def as_text(x):
+    """A string attribute (fixed-length: h5py gives bytes) or an integer, as text."""
+    return x.decode("utf-8") if isinstance(x, bytes) else str(x)
+
+
 def digest_text(attrs, manifest):
     keys = ["format", "format_version", "step", "consumed_tokens", "optimizer_step", "sampler_position",
             "rng", "config", "rank", "num_files", "layout"]
-    text = "".join(f"{k}={attrs[k]}\n" for k in keys)
-    text += "datasets=" + "\n".join(manifest) + "\n"
+    out = "".join(f"{k}={as_text(attrs[k])}\n" for k in keys)
+    out += "datasets=" + "\n".join(manifest) + "\n"
     for k in sorted(k for k in attrs if k.startswith("extra.")):
-        text += f"{k}={attrs[k]}\n"
-    return text
+        out += f"{k}={as_text(attrs[k])}\n"
+    return out
 
 
 def run(cmd):
@@ -71,6 +76,10 @@ def main():
 
         with h5py.File(path, "r") as f:
             at = dict(f.attrs)
+            for k in ["format", "sampler_position", "rng", "config", "layout", "datasets"]:
+                check(isinstance(at[k], bytes), f"attribute {k} is a fixed-length string (bytes in h5py)")
+                check(f.attrs.get_id(k).get_type().is_variable_str() is False, f"attribute {k} not variable-length")
+            at = {k: (as_text(v) if isinstance(v, bytes) else v) for k, v in at.items()}
             check(at["format"] == "nsatron-checkpoint", f"format {at['format']!r}")
             check(int(at["format_version"]) == 1, "format_version")
             check(int(at["step"]) == 100 and int(at["consumed_tokens"]) == 100 * 4096, "step, tokens")
@@ -81,8 +90,6 @@ def main():
             check(int(at["rank"]) == 0 and int(at["num_files"]) == 1, "rank, num_files")
             check(at["layout"] == "tp=1 pp=1 dp=1", "layout")
             check(at["extra.lr_schedule"] == "cosine", "extra attribute")
-            for k in ["format", "sampler_position", "rng", "config", "layout", "datasets"]:
-                check(isinstance(at[k], str), f"attribute {k} is a str in h5py")
             manifest = at["datasets"].split("\n")
             names = [n for n, _ in PARAMS]
             expected = names + ["optim/m/" + n for n in names] + ["optim/v/" + n for n in names]
