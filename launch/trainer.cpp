@@ -82,6 +82,13 @@ double unigram_entropy(const data::TokenDataset& ds, std::int64_t vocab) {
   return h;
 }
 
+// Dense bf16 tensor-core peak of the GPU, for MFU: H100 and H200 (SXM) 989 TFLOP/s; 0 when
+// the device is not one we know (MFU is then not reported).
+double peak_bf16_flops(const std::string& device_name) {
+  if (device_name.find("H100") != std::string::npos || device_name.find("H200") != std::string::npos) return 989e12;
+  return 0.0;
+}
+
 class ProgressBar {
  public:
   explicit ProgressBar(std::int64_t total) : total_(total), enabled_(isatty(STDERR_FILENO)) {}
@@ -138,9 +145,10 @@ std::map<std::string, std::string> config_entries(const std::string& toml_text) 
 
 TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOptions& options) {
   namespace ckpt = checkpoint;
-  if (cfg.train.device != "cpu")
-    throw UserError(cfg.source + ": train.device: \"" + cfg.train.device +
-                    "\" training is not in this build yet; use \"cpu\"");
+  const Device device = cfg.train.device == "cuda" ? Device::CUDA : Device::CPU;
+  if (device == Device::CUDA && !cuda_available())
+    throw UserError(cfg.source + ": train.device: \"cuda\", but " + cuda_device_summary());
+  const DType dtype = cfg.train.dtype == "bf16" ? DType::BF16 : DType::F32;
   if (cfg.data.train.empty()) throw UserError(cfg.source + ": data.train: required to train (a glob of token shards)");
   const auto t_start = Clock::now();
   out << "nsatron " << kVersion << " train " << cfg.source << "\n\n# resolved config\n" << to_toml(cfg) << "\n";
@@ -148,11 +156,12 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
   // Data first: a bad shard should stop the run before any work.
   data::RunData data = data::open_run_data(cfg, 0);
   const ModelDims dims = ModelDims::from_config(cfg);
-  NsaTransformer model(dims, DType::F32);
+  NsaTransformer model(dims, dtype, device);
   model.set_recompute(parse_recompute_policy(cfg.recompute.policy), cfg.recompute.layers);
   model.params().initialize(std::uint64_t(cfg.train.seed));
   ParamStore& params = model.params();
-  Tensor m1 = Tensor::zeros({params.total()}, DType::F32), m2 = Tensor::zeros({params.total()}, DType::F32);
+  Tensor m1 = Tensor::zeros({params.total()}, DType::F32, device), m2 = Tensor::zeros({params.total()}, DType::F32, device);
+  const bool separate_compute_copy = model.compute_weights().raw() != params.flat_weights().raw();
   std::vector<ParamSegment> segments;
   for (const auto& p : params.infos()) segments.push_back({p.offset, p.numel, p.decay});
 
@@ -180,6 +189,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
     start_step = state.step;
     optimizer_step = state.optimizer_step;
     data.sampler->restore(data::SamplerPosition::deserialize(state.sampler_position));
+    model.sync_compute_weights();
     out << "resumed from " << resume_from->string() << " (step " << start_step << ", "
         << state.consumed_tokens << " tokens)\n";
     const auto before = config_entries(state.config_toml), now = config_entries(to_toml(cfg));
@@ -193,8 +203,10 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
           << ": nothing left to do\n";
   }
 
+  model.sync_compute_weights();
   const std::int64_t T = cfg.train.seq_len;
   const double flops = model.flops_per_token(T);
+  const double peak_flops = device == Device::CUDA ? peak_bf16_flops(cuda_device_summary()) : 0.0;
   const std::int64_t tokens_per_step = cfg.train.global_batch * T;
   out << "# run\n"
       << "model        " << human_count(double(model.num_params())) << " parameters (" << model.num_params()
@@ -209,11 +221,19 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
       << "val data     " << (data.val_set ? trimmed(data.val_set->describe()) : std::string("none")) << "\n"
       << "unigram      entropy of the training tokens " << std::fixed << std::setprecision(4)
       << unigram_entropy(*data.train_set, dims.V) << " nats (a context-free model's best loss)\n"
-      << std::defaultfloat << "# implementations\n"
-      << "device       cpu, fp32, " << omp_get_max_threads() << " OpenMP threads\n"
-      << "matmul       OpenBLAS sgemm (core/ops/cpu/matmul.cpp)\n"
-      << "nsa core     CPU reference forward/backward (nsa/cpu)\n"
-      << "other ops    CPU: rmsnorm, swiglu, embedding, cross entropy (chunked head), AdamW (core/ops/cpu)\n"
+      << std::defaultfloat << "# implementations\n";
+  if (device == Device::CUDA)
+    out << "device       cuda: " << cuda_device_summary() << "; " << cfg.train.dtype << " compute, fp32 master weights, "
+        << "gradients and AdamW state\n"
+        << "matmul       cuBLAS (core/ops/cuda/matmul.cu), fp32 accumulation\n"
+        << "nsa core     CUDA kernels (nsa/cuda)\n"
+        << "other ops    CUDA: rmsnorm, swiglu, embedding, chunked cross entropy, fused AdamW (core/ops/cuda)\n";
+  else
+    out << "device       cpu, fp32, " << omp_get_max_threads() << " OpenMP threads\n"
+        << "matmul       OpenBLAS sgemm (core/ops/cpu/matmul.cpp)\n"
+        << "nsa core     CPU reference forward/backward (nsa/cpu)\n"
+        << "other ops    CPU: rmsnorm, swiglu, embedding, cross entropy (chunked head), AdamW (core/ops/cpu)\n";
+  out
       << "recompute    " << cfg.recompute.policy
       << (cfg.recompute.policy == "full" ? " (first " + std::to_string(cfg.recompute.layers) + " layers)" : "")
       << "\n"
@@ -276,7 +296,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
     }
     data.sampler->advance(data.layout);
     std::vector<Tensor> grads{params.flat_grads()};
-    Tensor norm_t = Tensor::empty({1}, DType::F32);
+    Tensor norm_t = Tensor::empty({1}, DType::F32, device);
     global_norm(grads, norm_t);
     const double gnorm = norm_t.to_vector()[0];
     const bool bad = !std::isfinite(loss) || !std::isfinite(gnorm);
@@ -295,7 +315,9 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
       bad_in_row = 0;
       const double clip = cfg.optim.grad_clip > 0 ? clip_coefficient(gnorm, cfg.optim.grad_clip) : 1.0;
       AdamWHyper hp{lr, cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
-      adamw_step(params.flat_weights(), params.flat_grads(), m1, m2, segments, hp, ++optimizer_step, clip);
+      AdamWExtra extra;
+      if (separate_compute_copy) extra.compute_copy = &model.compute_weights();
+      adamw_step(params.flat_weights(), params.flat_grads(), m1, m2, segments, hp, ++optimizer_step, clip, extra);
     }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     summary.steps_done = step + 1;
@@ -304,12 +326,14 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
     window_loss += loss;
     ++window_steps;
     const double tok_s = double(tokens_per_step) / dt;
-    const std::size_t peak = memory_stats(Device::CPU).peak;
+    const std::size_t peak = memory_stats(device).peak;
+    const double mfu = peak_flops > 0 ? tok_s * flops / peak_flops : 0.0;
     if (metrics) {
       metrics << std::setprecision(9) << "{\"step\": " << step + 1 << ", \"loss\": " << (std::isfinite(loss) ? loss : -1)
               << ", \"lr\": " << lr << ", \"grad_norm\": " << (std::isfinite(gnorm) ? gnorm : -1)
               << ", \"tokens_per_s\": " << tok_s << ", \"ms_per_step\": " << dt * 1e3
               << ", \"peak_mem_bytes\": " << peak << ", \"activation_peak_bytes\": " << act_peak
+              << ", \"mfu\": " << mfu
               << ", \"tokens\": " << (step + 1) * tokens_per_step << ", \"skipped\": " << (bad ? "true" : "false")
               << "}\n" << std::flush;
     }
@@ -319,12 +343,14 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
     if ((step + 1) % cfg.log.every == 0 || last || step == start_step) {
       bar.clear();
       char line[512];
+      const double window_tok_s = double(tokens_per_step) * double(window_steps) / window_time;
+      char mfu_text[32] = "";
+      if (peak_flops > 0) std::snprintf(mfu_text, sizeof mfu_text, " | mfu %.1f%%", 100.0 * window_tok_s * flops / peak_flops);
       std::snprintf(line, sizeof line,
-                    "step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s | %.0f ms/step | mem %s | eta %s\n",
+                    "step %6lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %s tok/s | %.0f ms/step | mem %s%s | eta %s\n",
                     (long long)(step + 1), (long long)cfg.train.steps, window_loss / double(window_steps), lr, gnorm,
-                    human_count(double(tokens_per_step) * double(window_steps) / window_time).c_str(),
-                    window_time / double(window_steps) * 1e3, human_bytes(double(peak)).c_str(),
-                    human_duration(eta).c_str());
+                    human_count(window_tok_s).c_str(), window_time / double(window_steps) * 1e3,
+                    human_bytes(double(peak)).c_str(), mfu_text, human_duration(eta).c_str());
       out << line << std::flush;
       window_time = window_loss = 0;
       window_steps = 0;

@@ -16,7 +16,8 @@ std::string cuda_device_summary();
 void* cpu_alloc(std::size_t bytes);  // 64-byte aligned, throws std::bad_alloc
 void cpu_free(void* p);
 void* cuda_alloc(std::size_t bytes);  // throws when the build or machine has no CUDA
-void cuda_free(void* p);
+void cuda_free(void* p);     // keeps the block for reuse (a caching allocator)
+void cuda_release_cached();  // returns the cached blocks to the driver
 
 enum class CopyKind { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice };
 void memcpy_any(void* dst, const void* src, std::size_t bytes, CopyKind kind);

@@ -3,6 +3,9 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
 #include <sstream>
 
 #include "core/device/device.h"
@@ -34,15 +37,75 @@ std::string cuda_device_summary() {
   return os.str();
 }
 
+// A caching allocator: freed blocks are kept by size and handed out again, since
+// cudaMalloc/cudaFree synchronise the device and cost far more than a training step's
+// hundreds of activation allocations can afford. Sizes are rounded up (to 512 bytes, and to
+// 1/8 of the next power of two above 1 MiB) so blocks are reused across slightly different
+// shapes. All work runs on the default stream, in order, so a block freed by the host can
+// be reused by later work at once. When cudaMalloc fails, the cache is released and the
+// allocation retried.
+namespace {
+struct BlockCache {
+  std::mutex mutex;
+  std::map<std::size_t, std::vector<void*>> free_blocks;  // rounded size -> blocks
+  std::map<void*, std::size_t> sizes;                      // live and cached blocks
+  void release_all() {
+    for (auto& [size, blocks] : free_blocks)
+      for (void* p : blocks) {
+        cudaFree(p);
+        sizes.erase(p);
+      }
+    free_blocks.clear();
+  }
+};
+BlockCache& cache() {
+  static BlockCache* c = new BlockCache();  // never destroyed: frees at exit would race the driver
+  return *c;
+}
+std::size_t round_size(std::size_t bytes) {
+  if (bytes <= (1u << 20)) return (bytes + 511) / 512 * 512;
+  std::size_t p = 1u << 20;
+  while (p < bytes) p <<= 1;
+  const std::size_t step = p / 8;
+  return (bytes + step - 1) / step * step;
+}
+}  // namespace
+
 void* cuda_alloc(std::size_t bytes) {
   if (!cuda_available()) throw std::runtime_error("cuda_alloc: no CUDA device on this machine");
   if (bytes == 0) return nullptr;
+  const std::size_t size = round_size(bytes);
+  BlockCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  if (auto it = c.free_blocks.find(size); it != c.free_blocks.end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    return p;
+  }
   void* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, bytes));
+  if (cudaMalloc(&p, size) != cudaSuccess) {
+    cudaGetLastError();
+    c.release_all();
+    CUDA_CHECK(cudaMalloc(&p, size));
+  }
+  c.sizes[p] = size;
   return p;
 }
 void cuda_free(void* p) {
-  if (p) cudaFree(p);
+  if (!p) return;
+  BlockCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto it = c.sizes.find(p);
+  if (it == c.sizes.end()) {
+    cudaFree(p);
+    return;
+  }
+  c.free_blocks[it->second].push_back(p);
+}
+void cuda_release_cached() {
+  BlockCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.release_all();
 }
 
 void memcpy_any(void* dst, const void* src, std::size_t bytes, CopyKind kind) {

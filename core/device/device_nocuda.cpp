@@ -10,6 +10,7 @@ bool cuda_available() { return false; }
 std::string cuda_device_summary() { return "this build has no CUDA (NSATRON_CUDA=OFF)"; }
 void* cuda_alloc(std::size_t) { throw std::runtime_error("this build of nsatron has no CUDA"); }
 void cuda_free(void*) {}
+void cuda_release_cached() {}
 void memcpy_any(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
   if (kind != CopyKind::HostToHost) throw std::runtime_error("this build of nsatron has no CUDA");
   if (bytes) std::memcpy(dst, src, bytes);
