@@ -14,16 +14,18 @@ what=${1:-all}
   git rev-parse --short HEAD 2>/dev/null || true
 } 2>&1 | tee "$OUT/device.txt"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DNSATRON_TOMLPP_DIR="$PWD/.carry/include" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+  -DNSATRON_TOMLPP_DIR="$PWD/.carry/include" -DNSATRON_PYTHON="$(command -v python3)" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build-gpu -j"$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -40; exit 1; }
 echo "build ok"
 if [ "$what" = all ] || [ "$what" = tests ]; then
   (cd build-gpu && ctest -L gpu --output-on-failure --timeout 600) 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
-  for b in build-gpu/bench/*_gpu; do
-    [ -x "$b" ] || continue
-    echo "== $b" | tee -a "$OUT/bench.log"
-    "$b" 2>&1 | tee -a "$OUT/bench.log"
+  run_bench() { echo "== $*" | tee -a "$OUT/bench.log"; "$@" 2>&1 | tee -a "$OUT/bench.log"; }
+  [ -x build-gpu/bench/bench_nsa_gpu ] && run_bench build-gpu/bench/bench_nsa_gpu
+  run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --micro 8,16,32,48,64 --policies none
+  run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --micro 16 --policies selective,full
+  for seq in 8192 32768; do
+    run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --seq $seq --micro 1 --policies full
   done
 fi
