@@ -12,15 +12,20 @@
 #include <string>
 #include <vector>
 
+#include "core/device/device.h"
 #include "core/util/error.h"
 #include "nsa/nsa.h"
+#ifdef NSATRON_WITH_CUDA
+#include "core/device/cuda_check.h"
+#include "nsa/cuda/nsa_cuda.h"
+#endif
 
 namespace nsatron::nsa {
 
 namespace {
 
 constexpr const char* kUsage =
-    "usage: nsatron nsa-parity --in IN.h5 --out OUT.h5 [--device cpu|cuda]\n"
+    "usage: nsatron nsa-parity --in IN.h5 --out OUT.h5 [--device cpu|cuda] [--dtype fp32|bf16]\n"
     "\n"
     "Runs the NSA attention core (forward and backward) on the inputs in IN.h5 and writes\n"
     "OUT.h5. IN.h5 holds the datasets q [B,T,H,D], k_cmp v_cmp k_slc v_slc k_win v_win\n"
@@ -29,7 +34,10 @@ constexpr const char* kUsage =
     "root attributes cmp_block (l), cmp_stride (d), sel_block (l'), sel_count (n), window (w)\n"
     "(integers) and rope_theta (a number). OUT.h5 gets out [B,T,H,D], sel_blocks int32\n"
     "[B,T,G,n] (each row ascending, -1 padded) and grad_<name> for the twelve inputs: the\n"
-    "gradients of sum(out * d_out). Bad input: a message and exit code 2. See docs/nsa.md.\n";
+    "gradients of sum(out * d_out). --device cuda runs the CUDA kernels in fp32 (default) or,\n"
+    "with --dtype bf16, on the inputs rounded to bf16 with bf16 storage and fp32 math; the\n"
+    "outputs are written in the input's float type. Bad input: a message and exit code 2.\n"
+    "See docs/nsa.md.\n";
 
 constexpr std::array<const char*, 12> kInputNames = {
     "q", "k_cmp", "v_cmp", "k_slc", "v_slc", "k_win", "v_win",
@@ -156,43 +164,18 @@ void write_attribute(hid_t file, const char* name, hid_t type, const void* value
 }
 
 template <class Real>
-int run_parity(hid_t in_file, const std::string& in_path, const std::string& out_path,
-               const NsaDims& dims) {
+void write_results(const std::string& out_path, const NsaDims& dims,
+                   const std::vector<std::vector<std::int64_t>>& shapes,
+                   const std::vector<Real>& out, const std::vector<std::int32_t>& sel_blocks,
+                   const std::vector<std::vector<Real>>& grad) {
   const std::int64_t B = dims.B, T = dims.T, H = dims.H, G = dims.G, D = dims.D;
-  const std::int64_t l = dims.cmp_block;
-  const std::vector<std::vector<std::int64_t>> shapes = {
-      {B, T, H, D}, {B, T, G, D}, {B, T, G, D}, {B, T, G, D}, {B, T, G, D}, {B, T, G, D},
-      {B, T, G, D}, {B, T, H, 3}, {G, l * D, D}, {G, l * D, D}, {G, l, D},  {G, l, D}};
-  auto numel = [](const std::vector<std::int64_t>& s) {
-    std::int64_t n = 1;
-    for (auto v : s) n *= v;
-    return n;
-  };
-  std::vector<std::vector<Real>> data;
-  for (std::size_t k = 0; k < kInputNames.size(); ++k)
-    data.push_back(read_dataset<Real>(in_file, in_path, kInputNames[k], numel(shapes[k])));
-  const std::vector<Real> d_out = read_dataset<Real>(in_file, in_path, "d_out", B * T * H * D);
-
-  NsaInputs<Real> in{data[0].data(), data[1].data(), data[2].data(),  data[3].data(),
-                     data[4].data(), data[5].data(), data[6].data(),  data[7].data(),
-                     data[8].data(), data[9].data(), data[10].data(), data[11].data()};
-  std::vector<Real> out(static_cast<std::size_t>(B * T * H * D));
-  NsaSaved<Real> saved;
-  nsa_forward(dims, in, out.data(), &saved);
-  std::vector<std::vector<Real>> grad;
-  for (const auto& s : shapes) grad.emplace_back(static_cast<std::size_t>(numel(s)), Real(0));
-  NsaGrads<Real> gr{grad[0].data(), grad[1].data(), grad[2].data(),  grad[3].data(),
-                    grad[4].data(), grad[5].data(), grad[6].data(),  grad[7].data(),
-                    grad[8].data(), grad[9].data(), grad[10].data(), grad[11].data()};
-  nsa_backward(dims, in, saved, d_out.data(), gr);
-
   H5Handle file(H5Fcreate(out_path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   if (!file.ok()) throw UserError("cannot create output file " + out_path);
   const hid_t real_type = sizeof(Real) == 8 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
   const hid_t real_file_type = sizeof(Real) == 8 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE;
   write_dataset(file.get(), out_path, "out", real_type, real_file_type, {B, T, H, D}, out.data());
   write_dataset(file.get(), out_path, "sel_blocks", H5T_NATIVE_INT32, H5T_STD_I32LE,
-                {B, T, G, dims.sel_count}, saved.sel_blocks.data());
+                {B, T, G, dims.sel_count}, sel_blocks.data());
   for (std::size_t k = 0; k < kInputNames.size(); ++k)
     write_dataset(file.get(), out_path, std::string("grad_") + kInputNames[k], real_type,
                   real_file_type, shapes[k], grad[k].data());
@@ -203,15 +186,143 @@ int run_parity(hid_t in_file, const std::string& in_path, const std::string& out
   write_attribute(file.get(), "rope_theta", H5T_NATIVE_DOUBLE, &dims.rope_theta);
   if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0)
     throw UserError("cannot write output file " + out_path);
+}
+
+std::vector<std::vector<std::int64_t>> input_shapes(const NsaDims& dims) {
+  const std::int64_t B = dims.B, T = dims.T, H = dims.H, G = dims.G, D = dims.D;
+  const std::int64_t l = dims.cmp_block;
+  return {{B, T, H, D}, {B, T, G, D}, {B, T, G, D}, {B, T, G, D}, {B, T, G, D}, {B, T, G, D},
+          {B, T, G, D}, {B, T, H, 3}, {G, l * D, D}, {G, l * D, D}, {G, l, D},  {G, l, D}};
+}
+
+std::int64_t numel_of(const std::vector<std::int64_t>& s) {
+  std::int64_t n = 1;
+  for (auto v : s) n *= v;
+  return n;
+}
+
+template <class Real>
+int run_parity(hid_t in_file, const std::string& in_path, const std::string& out_path,
+               const NsaDims& dims) {
+  const std::int64_t B = dims.B, T = dims.T, H = dims.H, D = dims.D;
+  const auto shapes = input_shapes(dims);
+  std::vector<std::vector<Real>> data;
+  for (std::size_t k = 0; k < kInputNames.size(); ++k)
+    data.push_back(read_dataset<Real>(in_file, in_path, kInputNames[k], numel_of(shapes[k])));
+  const std::vector<Real> d_out = read_dataset<Real>(in_file, in_path, "d_out", B * T * H * D);
+
+  NsaInputs<Real> in{data[0].data(), data[1].data(), data[2].data(),  data[3].data(),
+                     data[4].data(), data[5].data(), data[6].data(),  data[7].data(),
+                     data[8].data(), data[9].data(), data[10].data(), data[11].data()};
+  std::vector<Real> out(static_cast<std::size_t>(B * T * H * D));
+  NsaSaved<Real> saved;
+  nsa_forward(dims, in, out.data(), &saved);
+  std::vector<std::vector<Real>> grad;
+  for (const auto& s : shapes) grad.emplace_back(static_cast<std::size_t>(numel_of(s)), Real(0));
+  NsaGrads<Real> gr{grad[0].data(), grad[1].data(), grad[2].data(),  grad[3].data(),
+                    grad[4].data(), grad[5].data(), grad[6].data(),  grad[7].data(),
+                    grad[8].data(), grad[9].data(), grad[10].data(), grad[11].data()};
+  nsa_backward(dims, in, saved, d_out.data(), gr);
+  write_results<Real>(out_path, dims, shapes, out, saved.sel_blocks, grad);
   std::cout << "nsa-parity: " << dims.str() << ", " << (sizeof(Real) == 8 ? "float64" : "float32")
             << " on cpu: wrote " << out_path << "\n";
   return 0;
 }
 
+#ifdef NSATRON_WITH_CUDA
+// Copies host values (any float type) to a new device array of T.
+template <class T, class Real>
+T* to_device(const std::vector<Real>& h) {
+  std::vector<T> conv(h.size());
+  for (std::size_t i = 0; i < h.size(); ++i) conv[i] = T(float(h[i]));
+  T* d = nullptr;
+  CUDA_CHECK(cudaMalloc(&d, std::max<std::size_t>(conv.size(), 1) * sizeof(T)));
+  CUDA_CHECK(cudaMemcpy(d, conv.data(), conv.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <class Real, class T>
+std::vector<Real> to_host(const T* d, std::size_t n) {
+  std::vector<T> h(n);
+  CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+  std::vector<Real> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = Real(float(h[i]));
+  return out;
+}
+
+// The CUDA core in T (float or bf16) on inputs read as Real; outputs written as Real.
+template <class Real, class T>
+int run_parity_cuda(hid_t in_file, const std::string& in_path, const std::string& out_path,
+                    const NsaDims& dims, const char* dtype_name) {
+  const std::int64_t B = dims.B, T_ = dims.T, H = dims.H, D = dims.D;
+  const auto shapes = input_shapes(dims);
+  std::vector<T*> dev_in;
+  std::vector<void*> owned;
+  for (std::size_t k = 0; k < kInputNames.size(); ++k) {
+    dev_in.push_back(to_device<T>(read_dataset<Real>(in_file, in_path, kInputNames[k],
+                                                     numel_of(shapes[k]))));
+    owned.push_back(dev_in.back());
+  }
+  T* d_out = to_device<T>(read_dataset<Real>(in_file, in_path, "d_out", B * T_ * H * D));
+  owned.push_back(d_out);
+  const std::size_t out_n = static_cast<std::size_t>(B * T_ * H * D);
+  T* out = nullptr;
+  CUDA_CHECK(cudaMalloc(&out, out_n * sizeof(T)));
+  owned.push_back(out);
+  std::vector<void*> dgrad;
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    const std::size_t bytes = std::max<std::int64_t>(numel_of(shapes[k]), 1) * (k >= 8 ? 4 : sizeof(T));
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    CUDA_CHECK(cudaMemset(p, 0, bytes));  // parameter gradients start from zero
+    dgrad.push_back(p);
+    owned.push_back(p);
+  }
+  std::vector<Real> out_h;
+  std::vector<std::int32_t> sel_h;
+  std::vector<std::vector<Real>> grad;
+  try {
+    const NsaInputs<T> in{dev_in[0], dev_in[1], dev_in[2], dev_in[3], dev_in[4],  dev_in[5],
+                          dev_in[6], dev_in[7], dev_in[8], dev_in[9], dev_in[10], dev_in[11]};
+    cuda::NsaSavedCuda saved;
+    cuda::nsa_forward<T>(dims, in, out, &saved);
+    cuda::NsaGradsCuda<T> gr;
+    gr.q = static_cast<T*>(dgrad[0]);
+    gr.k_cmp = static_cast<T*>(dgrad[1]);
+    gr.v_cmp = static_cast<T*>(dgrad[2]);
+    gr.k_slc = static_cast<T*>(dgrad[3]);
+    gr.v_slc = static_cast<T*>(dgrad[4]);
+    gr.k_win = static_cast<T*>(dgrad[5]);
+    gr.v_win = static_cast<T*>(dgrad[6]);
+    gr.gate = static_cast<T*>(dgrad[7]);
+    gr.cmp_wk = static_cast<float*>(dgrad[8]);
+    gr.cmp_wv = static_cast<float*>(dgrad[9]);
+    gr.cmp_pk = static_cast<float*>(dgrad[10]);
+    gr.cmp_pv = static_cast<float*>(dgrad[11]);
+    cuda::nsa_backward<T>(dims, in, saved, d_out, gr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    out_h = to_host<Real>(out, out_n);
+    sel_h = saved.sel_blocks_host();
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      const std::size_t n = static_cast<std::size_t>(numel_of(shapes[k]));
+      grad.push_back(k >= 8 ? to_host<Real>(static_cast<const float*>(dgrad[k]), n)
+                            : to_host<Real>(static_cast<const T*>(dgrad[k]), n));
+    }
+  } catch (...) {
+    for (void* p : owned) cudaFree(p);
+    throw;
+  }
+  for (void* p : owned) cudaFree(p);
+  write_results<Real>(out_path, dims, shapes, out_h, sel_h, grad);
+  std::cout << "nsa-parity: " << dims.str() << ", " << dtype_name << " on cuda ("
+            << cuda_device_summary() << "): wrote " << out_path << "\n";
+  return 0;
+}
+#endif
 }  // namespace
 
 int parity_main(const std::vector<std::string>& args) {
-  std::string in_path, out_path, device = "cpu";
+  std::string in_path, out_path, device = "cpu", dtype;
   for (std::size_t k = 0; k < args.size(); ++k) {
     const std::string& a = args[k];
     auto value = [&]() -> std::string {
@@ -227,18 +338,26 @@ int parity_main(const std::vector<std::string>& args) {
       out_path = value();
     } else if (a == "--device") {
       device = value();
+    } else if (a == "--dtype") {
+      dtype = value();
     } else {
       throw UserError("unknown argument '" + a + "'\n" + kUsage);
     }
   }
   if (in_path.empty() || out_path.empty())
     throw UserError(std::string("--in and --out are required\n") + kUsage);
+  if (device != "cpu" && device != "cuda")
+    throw UserError("--device must be cpu or cuda, not '" + device + "'");
+  if (!dtype.empty() && device != "cuda")
+    throw UserError("--dtype applies to --device cuda only (the CPU computes in the input's type)");
+  if (dtype.empty()) dtype = "fp32";
+  if (dtype != "fp32" && dtype != "bf16")
+    throw UserError("--dtype must be fp32 or bf16, not '" + dtype + "'");
+#ifndef NSATRON_WITH_CUDA
   if (device == "cuda")
     throw UserError(
-        "--device cuda is not available yet: the NSA CUDA kernels are not part of "
-        "this build (only the CPU reference exists); use --device cpu");
-  if (device != "cpu")
-    throw UserError("--device must be cpu or cuda, not '" + device + "'");
+        "--device cuda is not available: this build has no CUDA (configure with NSATRON_CUDA=ON)");
+#endif
 
   H5Quiet quiet;
   if (H5Fis_hdf5(in_path.c_str()) <= 0)
@@ -299,6 +418,18 @@ int parity_main(const std::vector<std::string>& args) {
                     std::to_string(8 * d_out_info.elem_size));
   dims.validate();
 
+#ifdef NSATRON_WITH_CUDA
+  if (device == "cuda") {
+    if (!cuda_available())
+      throw UserError("--device cuda is not available: " + cuda_device_summary());
+    const bool f64 = info[0].elem_size == 8;
+    if (dtype == "bf16")
+      return f64 ? run_parity_cuda<double, cuda::bf16>(file.get(), in_path, out_path, dims, "bf16")
+                 : run_parity_cuda<float, cuda::bf16>(file.get(), in_path, out_path, dims, "bf16");
+    return f64 ? run_parity_cuda<double, float>(file.get(), in_path, out_path, dims, "fp32")
+               : run_parity_cuda<float, float>(file.get(), in_path, out_path, dims, "fp32");
+  }
+#endif
   if (info[0].elem_size == 8) return run_parity<double>(file.get(), in_path, out_path, dims);
   return run_parity<float>(file.get(), in_path, out_path, dims);
 }

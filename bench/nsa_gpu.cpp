@@ -1,0 +1,219 @@
+// GPU benchmark of the NSA attention core (nsa/cuda/nsa_cuda.h): forward and backward time
+// in bf16 (fp32 math) with CUDA events after a warm-up.
+//
+//   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m] [--T 8192,32768,65536]
+//
+// Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
+// "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); both with
+// l=32, d=16, l'=64, n=16, w=512. Each time is the median of R runs (default: as many as fit
+// in about 10 s, at least 1, at most 10) after one untimed forward+backward. The inputs
+// are pseudo-random on the device (unit scale; W scaled by 1/sqrt(l*D)). "pairs" counts the
+// (query head, key) pairs the three branches attend (T/d + n*l' + w per query at most) and
+// TFLOP/s counts 4*D flops per pair in the forward (QK and PV) and 10*D in the backward
+// (QK, dO.V recomputed twice: query side and key side, plus dq, dk, dv), both over the
+// forward time of that pass. No dense-attention baseline is included here.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/device/cuda_check.h"
+#include "core/device/device.h"
+#include "nsa/cuda/nsa_cuda.h"
+
+using namespace nsatron::nsa;
+
+// Pseudo-random values (xorshift, uniform with unit variance times `scale`), made on the host
+// and copied in chunks.
+template <class T>
+static void fill(T* dev, std::size_t n, std::uint64_t seed, float scale) {
+  const std::size_t chunk = std::size_t(1) << 24;
+  std::vector<T> host(std::min(n, chunk));
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (std::size_t off = 0; off < n; off += chunk) {
+    const std::size_t m = std::min(chunk, n - off);
+    for (std::size_t i = 0; i < m; ++i) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      // uniform in [-sqrt(3), sqrt(3)): unit variance
+      const float u = float((x >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f;
+      host[i] = T(u * 1.7320508f * scale);
+    }
+    CUDA_CHECK(cudaMemcpy(dev + off, host.data(), m * sizeof(T), cudaMemcpyHostToDevice));
+  }
+}
+
+struct Shape {
+  std::string name;
+  NsaDims dims;
+};
+
+static double attended_pairs(const NsaDims& d) {
+  double pairs = 0;
+  const std::int64_t N = d.num_cmp_blocks();
+  for (std::int64_t t = 0; t < d.T; ++t) {
+    const std::int64_t vis =
+        t < d.cmp_block - 1 ? 0 : std::min(N, (t - d.cmp_block + 1) / d.cmp_stride + 1);
+    const std::int64_t b_t = t / d.sel_block;
+    const std::int64_t blocks = std::min(d.sel_count, b_t + 1);
+    const std::int64_t slc = (blocks - 1) * d.sel_block + (t - b_t * d.sel_block + 1);
+    pairs += double(vis + slc + std::min(d.window, t + 1));
+  }
+  return pairs * double(d.B * d.H);
+}
+
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class T>
+static void run(const Shape& sh, int reps_arg) {
+  const NsaDims& dm = sh.dims;
+  const std::size_t nq = std::size_t(dm.B * dm.T * dm.H * dm.D);
+  const std::size_t nk = std::size_t(dm.B * dm.T * dm.G * dm.D);
+  const std::size_t ng = std::size_t(dm.B * dm.T * dm.H * 3);
+  const std::size_t nw = std::size_t(dm.G * dm.cmp_block * dm.D * dm.D);
+  const std::size_t np = std::size_t(dm.G * dm.cmp_block * dm.D);
+  const std::size_t sizes[12] = {nq, nk, nk, nk, nk, nk, nk, ng, nw, nw, np, np};
+  std::vector<void*> owned;
+  auto alloc = [&](std::size_t bytes) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    owned.push_back(p);
+    return p;
+  };
+  T* x[12];
+  for (int k = 0; k < 12; ++k) {
+    x[k] = static_cast<T*>(alloc(sizes[k] * sizeof(T)));
+    const float sc = (k == 8 || k == 9) ? float(1.0 / std::sqrt(double(dm.cmp_block * dm.D))) : 1.f;
+    fill(x[k], sizes[k], 100 + k, sc);
+  }
+  T* dout = static_cast<T*>(alloc(nq * sizeof(T)));
+  fill(dout, nq, 99, 1.f);
+  T* out = static_cast<T*>(alloc(nq * sizeof(T)));
+  cuda::NsaGradsCuda<T> g;
+  T** act[8] = {&g.q, &g.k_cmp, &g.v_cmp, &g.k_slc, &g.v_slc, &g.k_win, &g.v_win, &g.gate};
+  for (int k = 0; k < 8; ++k) *act[k] = static_cast<T*>(alloc(sizes[k] * sizeof(T)));
+  g.cmp_wk = static_cast<float*>(alloc(nw * 4));
+  g.cmp_wv = static_cast<float*>(alloc(nw * 4));
+  g.cmp_pk = static_cast<float*>(alloc(np * 4));
+  g.cmp_pv = static_cast<float*>(alloc(np * 4));
+  const NsaInputs<T> in{x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11]};
+  cuda::NsaSavedCuda saved;
+
+  cudaEvent_t e0, e1, e2;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  CUDA_CHECK(cudaEventCreate(&e2));
+  auto once = [&](double* f_ms, double* b_ms) {
+    CUDA_CHECK(cudaEventRecord(e0));
+    cuda::nsa_forward<T>(dm, in, out, &saved);
+    CUDA_CHECK(cudaEventRecord(e1));
+    cuda::nsa_backward<T>(dm, in, saved, dout, g);
+    CUDA_CHECK(cudaEventRecord(e2));
+    CUDA_CHECK(cudaEventSynchronize(e2));
+    float a = 0, b = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&a, e0, e1));
+    CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
+    *f_ms = a;
+    *b_ms = b;
+  };
+  double f0, b0;
+  once(&f0, &b0);  // warm-up (allocations, RoPE table)
+  once(&f0, &b0);
+  int reps = reps_arg > 0 ? reps_arg : int(std::clamp(10000.0 / (f0 + b0), 1.0, 10.0));
+  std::vector<double> fs{f0}, bs{b0};
+  for (int r = 1; r < reps; ++r) {
+    double f, b;
+    once(&f, &b);
+    fs.push_back(f);
+    bs.push_back(b);
+  }
+  const double fm = median(fs), bm = median(bs);
+  const double pairs = attended_pairs(dm);
+  const double tf_f = 4.0 * dm.D * pairs / (fm * 1e-3) / 1e12;
+  const double tf_b = 10.0 * dm.D * pairs / (bm * 1e-3) / 1e12;
+  std::printf("| %-6s | %2lld | %6lld | %2lld | %lld | %3lld | %5s | %10.3f | %10.3f | %10.3f | %5.1f | %5.1f | %3d |\n",
+              sh.name.c_str(), (long long)dm.B, (long long)dm.T, (long long)dm.H, (long long)dm.G,
+              (long long)dm.D, sizeof(T) == 2 ? "bf16" : "fp32", fm, bm, fm + bm, tf_f, tf_b,
+              int(fs.size()));
+  std::fflush(stdout);
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  CUDA_CHECK(cudaEventDestroy(e2));
+  for (void* p : owned) CUDA_CHECK(cudaFree(p));
+}
+
+static std::vector<std::int64_t> parse_list(const std::string& s) {
+  std::vector<std::int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::stoll(item));
+  return v;
+}
+
+int main(int argc, char** argv) {
+  std::string dtype = "bf16", which = "paper,125m";
+  std::vector<std::int64_t> Ts = {8192, 32768, 65536};
+  int reps = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--dtype") dtype = val();
+    else if (a == "--reps") reps = std::stoi(val());
+    else if (a == "--shapes") which = val();
+    else if (a == "--T") Ts = parse_list(val());
+    else {
+      std::fprintf(stderr,
+                   "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m] "
+                   "[--T 8192,32768,65536]\n");
+      return 2;
+    }
+  }
+  if (!nsatron::cuda_available()) {
+    std::printf("bench_nsa_gpu: %s, nothing to do\n", nsatron::cuda_device_summary().c_str());
+    return 0;
+  }
+  std::printf("NSA core on %s, l=32 d=16 l'=64 n=16 w=512, times in ms (median)\n",
+              nsatron::cuda_device_summary().c_str());
+  std::printf("| shape  |  B |      T |  H | G |   D | dtype |    fwd ms  |    bwd ms  |  total ms  | fTF/s | bTF/s | reps |\n");
+  std::printf("|--------|----|--------|----|---|-----|-------|------------|------------|------------|-------|-------|-----|\n");
+  std::vector<Shape> shapes;
+  auto dims = [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t G, std::int64_t D) {
+    NsaDims d;
+    d.B = B;
+    d.T = T;
+    d.H = H;
+    d.G = G;
+    d.D = D;
+    d.cmp_block = 32;
+    d.cmp_stride = 16;
+    d.sel_block = 64;
+    d.sel_count = 16;
+    d.window = 512;
+    d.rope_theta = 10000.0;
+    return d;
+  };
+  if (which.find("125m") != std::string::npos) shapes.push_back({"125m", dims(16, 2048, 12, 2, 64)});
+  if (which.find("paper") != std::string::npos)
+    for (auto T : Ts) shapes.push_back({"paper", dims(1, T, 64, 4, 128)});
+  for (const auto& s : shapes) {
+    if (dtype == "fp32") run<float>(s, reps);
+    else run<cuda::bf16>(s, reps);
+  }
+  return 0;
+}

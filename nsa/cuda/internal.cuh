@@ -1,0 +1,167 @@
+// Internal to nsa/cuda/*.cu: the shape record passed to every kernel, element helpers,
+// the workspace, and the launchers each translation unit provides.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "core/device/cuda_check.h"
+#include "nsa/cuda/nsa_cuda.h"
+
+namespace nsatron::nsa::cuda::detail {
+
+constexpr int kKeyTile = 32;  // keys per shared-memory tile (one per lane in score loops)
+
+// Shapes and hyper-parameters as plain ints (all products that index memory use int64).
+struct Geo {
+  int B, T, H, G, D, h, N, NB;
+  int l, d, ls, n, w;
+  int half;     // D / 2
+  float scale;  // 1 / sqrt(D)
+};
+
+inline Geo make_geo(const NsaDims& dm) {
+  Geo g;
+  g.B = int(dm.B);
+  g.T = int(dm.T);
+  g.H = int(dm.H);
+  g.G = int(dm.G);
+  g.D = int(dm.D);
+  g.h = int(dm.heads_per_group());
+  g.N = int(dm.num_cmp_blocks());
+  g.NB = int(dm.num_sel_blocks());
+  g.l = int(dm.cmp_block);
+  g.d = int(dm.cmp_stride);
+  g.ls = int(dm.sel_block);
+  g.n = int(dm.sel_count);
+  g.w = int(dm.window);
+  g.half = g.D / 2;
+  g.scale = float(1.0 / std::sqrt(double(dm.D)));
+  return g;
+}
+
+// Branches (same numbering as nsa::NsaBranch).
+enum Br : int { kCmp = 0, kSlc = 1, kWin = 2 };
+
+__device__ __forceinline__ float ldf(float x) { return x; }
+__device__ __forceinline__ float ldf(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class T> __device__ __forceinline__ T stf(float x);
+template <> __device__ __forceinline__ float stf<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 stf<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Number of compressed blocks visible from query t (i*d + l - 1 <= t).
+__host__ __device__ inline int visible_blocks(const Geo& g, int t) {
+  if (t < g.l - 1) return 0;
+  const int v = (t - g.l + 1) / g.d + 1;
+  return v < g.N ? v : g.N;
+}
+
+// RoPE element dd of a row x (T or float) at a position whose table row is cs:
+// y[i] = x[i] c - x[i+half] s, y[i+half] = x[i+half] c + x[i] s.
+template <class X>
+__device__ __forceinline__ float rope_elem(const X* x, int dd, int half, const float2* cs) {
+  const bool lo = dd < half;
+  const int i = lo ? dd : dd - half;
+  const float xv = ldf(x[dd]), xp = ldf(x[lo ? dd + half : dd - half]);
+  const float2 r = cs[i];
+  return lo ? xv * r.x - xp * r.y : xv * r.x + xp * r.y;
+}
+// Inverse rotation (the backward of rope_elem): dx[i] = dy[i] c + dy[i+half] s,
+// dx[i+half] = dy[i+half] c - dy[i] s. y is a float row (shared or global).
+__device__ __forceinline__ float rope_back_elem(const float* y, int dd, int half,
+                                                const float2* cs) {
+  const bool lo = dd < half;
+  const int i = lo ? dd : dd - half;
+  const float yv = y[dd], yp = y[lo ? dd + half : dd - half];
+  const float2 r = cs[i];
+  return lo ? yv * r.x + yp * r.y : yv * r.x - yp * r.y;
+}
+
+inline void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("nsa cuda: ") + what + ": " + cudaGetErrorString(e));
+}
+
+inline unsigned grid1(std::int64_t units, int threads) {
+  std::int64_t b = (units + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > 1048576) b = 1048576;
+  return unsigned(b);
+}
+
+// ---- launchers (one translation unit each) -------------------------------------------------
+// compression.cu
+template <class T>
+void launch_compress_forward(const Geo& g, const T* x, const T* w, const T* p, const float2* rope,
+                             float* y, cudaStream_t s);
+template <class T>
+void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, const float* dy,
+                              T* dx, float* dw, float* dp, float* scratch_wt, float* scratch_sum,
+                              cudaStream_t s);
+// selection.cu
+template <class T>
+void launch_select(const Geo& g, const T* q, const float2* rope, const float* kc,
+                   const float* lse_cmp, std::int32_t* sel, cudaStream_t s);
+// attention.cu
+struct RowArgs {  // row-side kernels (forward, and dq in the backward)
+  const void* q;       // T [B,T,H,D]
+  const void* k;       // branch keys: T [B,T,G,D] (slc, win) or fp32 [B,N,G,D] (cmp)
+  const void* v;
+  const float2* rope;  // [T, D/2] (cos, sin)
+  const std::int32_t* sel;  // [B,T,G,n]
+  // forward
+  void* o;             // T [B,T,H,D] branch output
+  float* lse;          // [B,T,H]
+  // backward (one branch): reads d_out, the gate logits and lse; writes sigmoid(gate_c),
+  // delta_c = g_c (do . o_c) with do . o_c = sum_j p_j (do . v_j) recomputed in fp32, the
+  // gate gradient (when dgate is set) and dq (when dq is set)
+  const void* dout;    // T [B,T,H,D]
+  const void* gate;    // T [B,T,H,3]
+  const float* lse_in; // [B,T,H]
+  float* gsig;         // [B,T,H]
+  float* delta;        // [B,T,H]
+  void* dgate;         // T [B,T,H,3] or null
+  float* dq;           // fp32 [B,T,H,D], rotated space, or null
+  bool accumulate;     // dq += (else =)
+};
+template <class T>
+void launch_row(const Geo& g, int branch, bool backward, const RowArgs& a, cudaStream_t s);
+
+struct KeyArgs {  // key-side backward kernels
+  const void* q;       // T [B,T,H,D]
+  const void* dout;    // T
+  const void* k;       // branch keys (as in RowArgs)
+  const void* v;
+  const float2* rope;
+  const std::int32_t* sel;
+  const float* lse;    // [B,T,H] of this branch
+  const float* gsig;
+  const float* delta;
+  void* dk;            // T [B,T,G,D] (slc, win) or fp32 [B,N,G,D] (cmp), unrotated
+  void* dv;
+};
+template <class T>
+void launch_keys(const Geo& g, int branch, const KeyArgs& a, cudaStream_t s);
+
+// nsa_cuda.cu helpers used by the others
+int padded_dim(int D);  // 32, 64 or 128; throws above 128
+
+}  // namespace nsatron::nsa::cuda::detail

@@ -1,0 +1,364 @@
+// The NSA core on CUDA: entry points (nsa_cuda.h), the saved state, the workspace, and the
+// small element-wise kernels (RoPE table, gate combination, dq rotation). The branch kernels are in attention.cu, selection.cu and compression.cu.
+//
+// Forward:  RoPE table (cached) -> compressed K (rotated) and V -> compression attention
+//           (o_cmp, lse_cmp) -> selection (from q, Kc and lse_cmp) -> selected attention ->
+//           window attention -> gated sum.
+// Backward: per branch, the row side recomputes P and gets do . o_c = sum_j p_j (do . v_j),
+//           hence delta_c = g_c (do . o_c), d gate and dq (fp32, rotated; inverse rotation
+//           after the three branches) -> key side of the window, selected and compressed
+//           keys -> compression backward (tokens, W, p).
+#include <map>
+#include <mutex>
+
+#include "core/util/error.h"
+#include "nsa/cuda/internal.cuh"
+
+namespace nsatron::nsa::cuda {
+
+namespace detail {
+
+int padded_dim(int D) {
+  if (D <= 32) return 32;
+  if (D <= 64) return 64;
+  if (D <= 128) return 128;
+  throw UserError("NSA attention on CUDA: model.head_dim " + std::to_string(D) +
+                  " is not supported (at most 128)");
+}
+
+namespace {
+
+std::size_t align_up(std::size_t x) { return (x + 255) & ~std::size_t(255); }
+
+__global__ void rope_table_kernel(float2* cs, int T, int half, int D, double theta) {
+  const std::int64_t total = std::int64_t(T) * half;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const int p = int(idx / half), i = int(idx % half);
+    const double freq = pow(theta, -2.0 * double(i) / double(D));
+    const double angle = double(p) * freq;
+    cs[idx] = make_float2(float(cos(angle)), float(sin(angle)));
+  }
+}
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
+
+template <class T>
+__global__ void combine_kernel(T* __restrict__ out, const T* __restrict__ o,
+                               const T* __restrict__ gate, std::int64_t BTH, int D) {
+  const std::int64_t total = BTH * D;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t row = idx / D;
+    const float g0 = sigmoidf(ldf(gate[row * 3])), g1 = sigmoidf(ldf(gate[row * 3 + 1])),
+                g2 = sigmoidf(ldf(gate[row * 3 + 2]));
+    out[idx] = stf<T>(g0 * ldf(o[idx]) + g1 * ldf(o[total + idx]) + g2 * ldf(o[2 * total + idx]));
+  }
+}
+
+template <class T>
+__global__ void dq_rotate_kernel(T* __restrict__ dq_out, const float* __restrict__ dq,
+                                 const float2* __restrict__ rope, std::int64_t BTH, int T_, int H,
+                                 int D) {
+  const std::int64_t total = BTH * D;
+  const int half = D / 2;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t row = idx / D;
+    const int dd = int(idx % D);
+    const int t = int((row / H) % T_);
+    dq_out[idx] = stf<T>(rope_back_elem(dq + row * D, dd, half, rope + std::int64_t(t) * half));
+  }
+}
+
+// Grow-only device buffers per host thread and device; the RoPE table is cached.
+class Workspace {
+ public:
+  enum Slot : int {
+    kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDq, kDkc, kDvc, kTokK, kTokV, kWt, kSum,
+    kNumSlots
+  };
+  ~Workspace() {
+    for (auto& b : bufs_)
+      if (b.p) cudaFree(b.p);  // errors ignored: the runtime may be gone at exit
+  }
+  void* get(Slot slot, std::size_t bytes, cudaStream_t s) {
+    Buf& b = bufs_[slot];
+    if (bytes > b.cap) {
+      if (b.p) {
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        CUDA_CHECK(cudaFree(b.p));
+        b.p = nullptr;
+        b.cap = 0;
+        if (slot == kRope) rope_T_ = -1;
+      }
+      CUDA_CHECK(cudaMalloc(&b.p, align_up(bytes)));
+      b.cap = align_up(bytes);
+    }
+    return b.p;
+  }
+  const float2* rope(const NsaDims& dm, cudaStream_t s) {
+    const int half = int(dm.D / 2);
+    auto* p = static_cast<float2*>(get(kRope, std::size_t(dm.T) * half * sizeof(float2), s));
+    if (rope_T_ < dm.T || rope_D_ != dm.D || rope_theta_ != dm.rope_theta) {
+      rope_table_kernel<<<grid1(dm.T * half, 256), 256, 0, s>>>(p, int(dm.T), half, int(dm.D),
+                                                                 dm.rope_theta);
+      check_launch("rope_table_kernel");
+      rope_T_ = dm.T;
+      rope_D_ = dm.D;
+      rope_theta_ = dm.rope_theta;
+    }
+    return p;
+  }
+
+ private:
+  struct Buf {
+    void* p = nullptr;
+    std::size_t cap = 0;
+  };
+  Buf bufs_[kNumSlots];
+  std::int64_t rope_T_ = -1, rope_D_ = -1;
+  double rope_theta_ = 0;
+};
+
+Workspace& workspace() {
+  thread_local std::map<int, Workspace> per_device;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  return per_device[dev];
+}
+
+void check_dims(const NsaDims& dims) {
+  dims.validate();
+  padded_dim(int(dims.D));
+  const std::int64_t rows = dims.B * dims.T * dims.H;
+  if (rows * dims.D * 3 > (std::int64_t(1) << 62))
+    throw UserError("NSA attention on CUDA: tensor too large");
+  if (dims.B * dims.G > 65535)
+    throw UserError("NSA attention on CUDA: batch * model.n_kv_heads must be at most 65535");
+}
+
+}  // namespace
+}  // namespace detail
+
+using namespace detail;
+
+// ---- saved state ----------------------------------------------------------------------------
+namespace {
+struct SavedLayout {
+  std::size_t kc, vc, sel, lse, total;
+};
+SavedLayout saved_layout(const NsaDims& dm, int /*elem_bytes*/) {
+  const std::size_t kv = std::size_t(dm.B * dm.num_cmp_blocks() * dm.G * dm.D) * 4;
+  SavedLayout L;
+  L.kc = 0;
+  L.vc = L.kc + align_up(kv);
+  L.sel = L.vc + align_up(kv);
+  L.lse = L.sel + align_up(std::size_t(dm.B * dm.T * dm.G * dm.sel_count) * 4);
+  L.total = L.lse + align_up(std::size_t(3 * dm.B * dm.T * dm.H) * 4);
+  return L;
+}
+}  // namespace
+
+NsaSavedCuda::~NsaSavedCuda() {
+  if (block_) cudaFree(block_);
+}
+
+std::size_t NsaSavedCuda::bytes_for(const NsaDims& dims, int elem_bytes) {
+  return saved_layout(dims, elem_bytes).total;
+}
+
+std::size_t NsaSavedCuda::bytes() const {
+  return elem_bytes ? saved_layout(dims, elem_bytes).total : 0;
+}
+
+void NsaSavedCuda::reserve(const NsaDims& dm, int eb) {
+  const SavedLayout L = saved_layout(dm, eb);
+  if (L.total > capacity_) {
+    if (block_) {
+      CUDA_CHECK(cudaDeviceSynchronize());
+      CUDA_CHECK(cudaFree(block_));
+      block_ = nullptr;
+      capacity_ = 0;
+    }
+    CUDA_CHECK(cudaMalloc(&block_, L.total));
+    capacity_ = L.total;
+  }
+  char* base = static_cast<char*>(block_);
+  dims = dm;
+  elem_bytes = eb;
+  k_cmp_blocks = reinterpret_cast<float*>(base + L.kc);
+  v_cmp_blocks = reinterpret_cast<float*>(base + L.vc);
+  sel_blocks = reinterpret_cast<std::int32_t*>(base + L.sel);
+  lse = reinterpret_cast<float*>(base + L.lse);
+}
+
+std::vector<std::int32_t> NsaSavedCuda::sel_blocks_host(cudaStream_t stream) const {
+  std::vector<std::int32_t> h(std::size_t(dims.B * dims.T * dims.G * dims.sel_count));
+  if (!h.empty()) {
+    CUDA_CHECK(cudaMemcpyAsync(h.data(), sel_blocks, h.size() * 4, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  return h;
+}
+
+// ---- forward --------------------------------------------------------------------------------
+template <class T>
+void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCuda* saved,
+                 cudaStream_t stream) {
+  check_dims(dims);
+  const Geo g = make_geo(dims);
+  Workspace& ws = workspace();
+  const float2* rope = ws.rope(dims, stream);
+  const std::int64_t BTH = dims.B * dims.T * dims.H;
+  const std::size_t kvn = std::size_t(dims.B * dims.num_cmp_blocks() * dims.G * dims.D);
+  float *kc, *vc, *lse;
+  std::int32_t* sel;
+  T* o;
+  if (saved) {
+    saved->reserve(dims, int(sizeof(T)));
+    kc = saved->k_cmp_blocks;
+    vc = saved->v_cmp_blocks;
+    sel = saved->sel_blocks;
+    lse = saved->lse;
+  } else {
+    kc = static_cast<float*>(ws.get(Workspace::kKc, kvn * 4 + 4, stream));
+    vc = static_cast<float*>(ws.get(Workspace::kVc, kvn * 4 + 4, stream));
+    sel = static_cast<std::int32_t*>(
+        ws.get(Workspace::kSel, std::size_t(dims.B * dims.T * dims.G * dims.sel_count) * 4, stream));
+    lse = static_cast<float*>(ws.get(Workspace::kLse, std::size_t(3 * BTH) * 4, stream));
+  }
+  // The branch outputs live in the workspace only until the gated sum.
+  o = static_cast<T*>(ws.get(Workspace::kO, std::size_t(3 * BTH * dims.D) * sizeof(T), stream));
+  launch_compress_forward<T>(g, in.k_cmp, in.cmp_wk, in.cmp_pk, rope, kc, stream);
+  launch_compress_forward<T>(g, in.v_cmp, in.cmp_wv, in.cmp_pv, nullptr, vc, stream);
+
+  RowArgs a{};
+  a.q = in.q;
+  a.rope = rope;
+  a.sel = sel;
+  a.k = kc;
+  a.v = vc;
+  a.o = o;
+  a.lse = lse;
+  launch_row<T>(g, kCmp, false, a, stream);
+  launch_select<T>(g, in.q, rope, kc, lse, sel, stream);
+  a.k = in.k_slc;
+  a.v = in.v_slc;
+  a.o = o + BTH * dims.D;
+  a.lse = lse + BTH;
+  launch_row<T>(g, kSlc, false, a, stream);
+  a.k = in.k_win;
+  a.v = in.v_win;
+  a.o = o + 2 * BTH * dims.D;
+  a.lse = lse + 2 * BTH;
+  launch_row<T>(g, kWin, false, a, stream);
+  combine_kernel<T><<<grid1(BTH * dims.D, 256), 256, 0, stream>>>(out, o, in.gate, BTH, int(dims.D));
+  check_launch("combine_kernel");
+}
+
+// ---- backward -------------------------------------------------------------------------------
+template <class T>
+void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCuda& saved,
+                  const T* d_out, const NsaGradsCuda<T>& grads, cudaStream_t stream) {
+  check_dims(dims);
+  const NsaDims& sd = saved.dims;
+  NSA_CHECK(saved.elem_bytes == int(sizeof(T)) && sd.B == dims.B && sd.T == dims.T &&
+                sd.H == dims.H && sd.G == dims.G && sd.D == dims.D &&
+                sd.cmp_block == dims.cmp_block && sd.cmp_stride == dims.cmp_stride &&
+                sd.sel_block == dims.sel_block && sd.sel_count == dims.sel_count &&
+                sd.window == dims.window && sd.rope_theta == dims.rope_theta,
+            "nsa cuda backward: saved state is for ", sd.str(), " (element size ",
+            saved.elem_bytes, "), called with ", dims.str());
+  const Geo g = make_geo(dims);
+  Workspace& ws = workspace();
+  const float2* rope = ws.rope(dims, stream);
+  const std::int64_t BTH = dims.B * dims.T * dims.H, D = dims.D;
+  const std::size_t kvn = std::size_t(dims.B * dims.num_cmp_blocks() * dims.G * dims.D);
+  const std::size_t tokn = std::size_t(dims.B * dims.T * dims.G * dims.D);
+  // Row side, per branch: sigmoid(gate), delta, d gate, and dq (fp32, rotated; summed over
+  // the branches in the order cmp, slc, win, then rotated back).
+  auto* gsig = static_cast<float*>(ws.get(Workspace::kGsig, std::size_t(3 * BTH) * 4, stream));
+  auto* delta = static_cast<float*>(ws.get(Workspace::kDelta, std::size_t(3 * BTH) * 4, stream));
+  float* dq = grads.q ? static_cast<float*>(ws.get(Workspace::kDq, std::size_t(BTH * D) * 4, stream))
+                      : nullptr;
+  {
+    RowArgs a{};
+    a.q = in.q;
+    a.rope = rope;
+    a.sel = saved.sel_blocks;
+    a.dout = d_out;
+    a.gate = in.gate;
+    a.dgate = grads.gate;
+    a.dq = dq;
+    for (int br = 0; br < 3; ++br) {
+      a.k = br == kCmp ? static_cast<const void*>(saved.k_cmp_blocks)
+                       : (br == kSlc ? static_cast<const void*>(in.k_slc) : in.k_win);
+      a.v = br == kCmp ? static_cast<const void*>(saved.v_cmp_blocks)
+                       : (br == kSlc ? static_cast<const void*>(in.v_slc) : in.v_win);
+      a.lse_in = saved.lse + br * BTH;
+      a.gsig = gsig + br * BTH;
+      a.delta = delta + br * BTH;
+      a.accumulate = br != kCmp;
+      launch_row<T>(g, br, true, a, stream);
+    }
+  }
+  if (grads.q) {
+    dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(grads.q, dq, rope, BTH,
+                                                                  int(dims.T), int(dims.H), int(D));
+    check_launch("dq_rotate_kernel");
+  }
+
+  KeyArgs ka{};
+  ka.q = in.q;
+  ka.dout = d_out;
+  ka.rope = rope;
+  ka.sel = saved.sel_blocks;
+  auto key_pass = [&](int br, const void* k, const void* v, void* dk, void* dv) {
+    ka.k = k;
+    ka.v = v;
+    ka.lse = saved.lse + br * BTH;
+    ka.gsig = gsig + br * BTH;
+    ka.delta = delta + br * BTH;
+    ka.dk = dk;
+    ka.dv = dv;
+    launch_keys<T>(g, br, ka, stream);
+  };
+  auto tok_or_scratch = [&](T* p, Workspace::Slot slot) -> void* {
+    return p ? static_cast<void*>(p) : ws.get(slot, tokn * sizeof(T), stream);
+  };
+  if (grads.k_win || grads.v_win)
+    key_pass(kWin, in.k_win, in.v_win, tok_or_scratch(grads.k_win, Workspace::kTokK),
+             tok_or_scratch(grads.v_win, Workspace::kTokV));
+  if (grads.k_slc || grads.v_slc)
+    key_pass(kSlc, in.k_slc, in.v_slc, tok_or_scratch(grads.k_slc, Workspace::kTokK),
+             tok_or_scratch(grads.v_slc, Workspace::kTokV));
+
+  const bool need_k = grads.k_cmp || grads.cmp_wk || grads.cmp_pk;
+  const bool need_v = grads.v_cmp || grads.cmp_wv || grads.cmp_pv;
+  if (need_k || need_v) {
+    auto* dkc = static_cast<float*>(ws.get(Workspace::kDkc, kvn * 4 + 4, stream));
+    auto* dvc = static_cast<float*>(ws.get(Workspace::kDvc, kvn * 4 + 4, stream));
+    key_pass(kCmp, saved.k_cmp_blocks, saved.v_cmp_blocks, dkc, dvc);
+    auto* wt = static_cast<float*>(ws.get(
+        Workspace::kWt, std::size_t(dims.G * dims.cmp_block * D * D) * 4, stream));
+    auto* sum = static_cast<float*>(ws.get(Workspace::kSum, std::size_t(dims.G * D) * 4, stream));
+    if (need_k)
+      launch_compress_backward<T>(g, in.k_cmp, in.cmp_wk, in.cmp_pk, dkc, grads.k_cmp,
+                                  grads.cmp_wk, grads.cmp_pk, wt, sum, stream);
+    if (need_v)
+      launch_compress_backward<T>(g, in.v_cmp, in.cmp_wv, in.cmp_pv, dvc, grads.v_cmp,
+                                  grads.cmp_wv, grads.cmp_pv, wt, sum, stream);
+  }
+}
+
+template void nsa_forward<float>(const NsaDims&, const NsaInputs<float>&, float*, NsaSavedCuda*,
+                                 cudaStream_t);
+template void nsa_forward<bf16>(const NsaDims&, const NsaInputs<bf16>&, bf16*, NsaSavedCuda*,
+                                cudaStream_t);
+template void nsa_backward<float>(const NsaDims&, const NsaInputs<float>&, const NsaSavedCuda&,
+                                  const float*, const NsaGradsCuda<float>&, cudaStream_t);
+template void nsa_backward<bf16>(const NsaDims&, const NsaInputs<bf16>&, const NsaSavedCuda&,
+                                 const bf16*, const NsaGradsCuda<bf16>&, cudaStream_t);
+
+}  // namespace nsatron::nsa::cuda
