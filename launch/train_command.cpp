@@ -1,11 +1,13 @@
 // `nsatron train CONFIG`: validates the config, then runs the training driver.
 #include <iostream>
+#include <memory>
 
 #include "core/config/config.h"
 #include "launch/args.h"
 #include "launch/commands.h"
 #include "launch/signals.h"
 #include "launch/trainer.h"
+#include "launch/world.h"
 
 namespace nsatron {
 
@@ -21,7 +23,12 @@ static const char* kTrainHelp =
     "from that checkpoint. SIGTERM or SIGUSR1 finish the current step, save a checkpoint and exit.\n"
     "\n"
     "exit codes: 0 done; 1 failed; 2 bad input (config, data, checkpoint);\n"
-    "            3 stopped by SIGTERM/SIGUSR1 after saving a checkpoint (requeue to continue)\n";
+    "            3 stopped by SIGTERM/SIGUSR1 after saving a checkpoint (requeue to continue)\n"
+    "\n"
+    "Several ranks (docs/parallel.md): mpirun -np N nsatron train CONFIG, or under Slurm\n"
+    "srun --mpi=pmix -n N nsatron train CONFIG. N must be a multiple of parallel.tp * parallel.pp;\n"
+    "dp = N / (tp * pp). Rank 0 prints the log; other ranks print only their errors, naming\n"
+    "their rank. A signal to any rank stops every rank after the same step, with a checkpoint.\n";
 
 int train_main(const std::vector<std::string>& argv) {
   Args args("train", argv, {"--set"}, {"--help", "-h", "--overwrite"});
@@ -30,11 +37,37 @@ int train_main(const std::vector<std::string>& argv) {
     return 0;
   }
   if (args.positional().size() != 1) throw UserError("train takes exactly one CONFIG file (see --help)");
-  RunConfig cfg = load_config(args.positional()[0], args.all("--set"), 1);
-  TrainOptions options;
-  options.overwrite = args.has("--overwrite");
-  TrainSummary summary = run_training(cfg, std::cout, options);
-  return summary.stopped_by_signal ? kExitStoppedBySignal : 0;
+  const LaunchInfo launch = detect_launch();
+  std::unique_ptr<World> world;
+  try {
+    world = std::make_unique<World>();
+  } catch (const UserError&) {
+    if (launch.slurm_procid > 0) return 2;  // the task with SLURM_PROCID 0 says why
+    throw;
+  }
+  std::ostream silent(nullptr);  // ranks other than 0 log nothing
+  std::ostream& out = world->rank() == 0 ? std::cout : silent;
+  try {
+    RunConfig cfg = world->together([&] { return load_config(args.positional()[0], args.all("--set"), world->size()); });
+    TrainOptions options;
+    options.overwrite = args.has("--overwrite");
+    TrainSummary summary = run_training(cfg, out, *world, options);
+    std::cout.flush();
+    return summary.stopped_by_signal ? kExitStoppedBySignal : 0;
+  } catch (const JobError& e) {  // every rank stops here together: exit normally (MPI_Finalize)
+    std::cout.flush();
+    if (e.print) std::cerr << e.what() << "\n";
+    return e.code;
+  } catch (const std::exception& e) {
+    if (world->size() == 1) throw;  // main() prints it and picks the exit code
+    // One rank failed on its own, mid-run: say which, and take the job down rather than let
+    // the other ranks wait for this one.
+    const bool user = dynamic_cast<const UserError*>(&e) != nullptr;
+    std::cout.flush();
+    std::cerr << "nsatron train: " << world->rank_prefix() << (user ? "" : "internal error: ") << e.what()
+              << "\n(aborting the job)" << std::endl;
+    world->abort(user ? 2 : 1);
+  }
 }
 
 }  // namespace nsatron

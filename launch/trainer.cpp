@@ -22,8 +22,12 @@
 #include "core/optim/schedule.h"
 #include "data/pipeline.h"
 #include "launch/commands.h"
+#include "launch/dist_checkpoint.h"
 #include "launch/signals.h"
+#include "launch/world.h"
 #include "checkpoint/checkpoint.h"
+#include "parallel/data_parallel.h"
+#include "parallel/process_groups.h"
 
 namespace nsatron {
 
@@ -91,7 +95,7 @@ double peak_bf16_flops(const std::string& device_name) {
 
 class ProgressBar {
  public:
-  explicit ProgressBar(std::int64_t total) : total_(total), enabled_(isatty(STDERR_FILENO)) {}
+  ProgressBar(std::int64_t total, bool on) : total_(total), enabled_(on && isatty(STDERR_FILENO)) {}
   void draw(std::int64_t done, double eta_s) {
     if (!enabled_) return;
     const int width = 30;
@@ -110,7 +114,9 @@ class ProgressBar {
   bool enabled_;
 };
 
-double evaluate(NsaTransformer& model, data::RunData& data, const RunConfig& cfg) {
+// The mean validation loss over the global eval batches: each DP rank evaluates its slice,
+// the sums and counts are added over DP.
+double evaluate(NsaTransformer& model, data::RunData& data, const RunConfig& cfg, parallel::Communicator& dp) {
   if (!data.val) return -1;
   data::TokenBatch batch;
   double sum = 0;
@@ -121,6 +127,13 @@ double evaluate(NsaTransformer& model, data::RunData& data, const RunConfig& cfg
       sum += model.evaluate(batch.inputs, batch.targets, batch.rows, batch.seq_len);
       ++count;
     }
+  }
+  if (dp.size() > 1) {
+    const std::vector<double> both = parallel::all_gather_values(dp, {sum, double(count)});
+    sum = 0;
+    double total = 0;
+    for (int r = 0; r < dp.size(); ++r) sum += both[std::size_t(2 * r)], total += both[std::size_t(2 * r + 1)];
+    return sum / total;
   }
   return sum / double(count);
 }
@@ -143,52 +156,98 @@ std::map<std::string, std::string> config_entries(const std::string& toml_text) 
 
 }  // namespace
 
-TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOptions& options) {
+TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world, const TrainOptions& options) {
   namespace ckpt = checkpoint;
   const Device device = cfg.train.device == "cuda" ? Device::CUDA : Device::CPU;
-  if (device == Device::CUDA && !cuda_available())
-    throw UserError(cfg.source + ": train.device: \"cuda\", but " + cuda_device_summary());
   const DType dtype = cfg.train.dtype == "bf16" ? DType::BF16 : DType::F32;
-  if (cfg.data.train.empty()) throw UserError(cfg.source + ": data.train: required to train (a glob of token shards)");
+  const bool root = world.rank() == 0;
   const auto t_start = Clock::now();
+
+  // Checks every rank makes alike, then the process groups (collective over the world).
+  world.together([&] {
+    if (device == Device::CUDA && !cuda_available())
+      throw UserError(cfg.source + ": train.device: \"cuda\", but " + cuda_device_summary());
+    if (cfg.data.train.empty()) throw UserError(cfg.source + ": data.train: required to train (a glob of token shards)");
+    if (cfg.parallel.tp > 1 || cfg.parallel.pp > 1)
+      throw UserError(cfg.source + ": parallel.tp = " + std::to_string(cfg.parallel.tp) + ", parallel.pp = " +
+                      std::to_string(cfg.parallel.pp) +
+                      ": tensor and pipeline parallelism are not implemented yet; this build trains with data "
+                      "parallelism only (tp = pp = 1; docs/parallel.md)");
+    if (device == Device::CUDA && world.size() > 1)
+      throw UserError(cfg.source + ": train.device: \"cuda\" on " + std::to_string(world.size()) +
+                      " ranks needs the NCCL communicator, which is not built yet; train on one rank "
+                      "(docs/parallel.md)");
+  });
+  const parallel::ProcessGroups groups = world.together([&] {
+    return parallel::make_process_groups(world.size() > 1 ? parallel::Backend::Mpi : parallel::Backend::Single,
+                                         int(cfg.parallel.tp), int(cfg.parallel.pp));
+  });
+  const int dp = groups.layout.dp, dp_rank = groups.layout.dp_rank;
   out << "nsatron " << kVersion << " train " << cfg.source << "\n\n# resolved config\n" << to_toml(cfg) << "\n";
 
-  // Data first: a bad shard should stop the run before any work.
-  data::RunData data = data::open_run_data(cfg, 0);
+  // Data first: a bad shard should stop the run before any work. Each DP rank opens its slice.
+  data::RunData data;
+  std::unique_ptr<NsaTransformer> model_ptr;
+  std::unique_ptr<parallel::DataParallelOptimizer> dpo_ptr;
   const ModelDims dims = ModelDims::from_config(cfg);
-  NsaTransformer model(dims, dtype, device);
-  model.set_recompute(parse_recompute_policy(cfg.recompute.policy), cfg.recompute.layers);
-  model.params().initialize(std::uint64_t(cfg.train.seed));
+  world.together([&] {
+    data = data::open_run_data(cfg, dp_rank);
+    model_ptr = std::make_unique<NsaTransformer>(dims, dtype, device);
+    model_ptr->set_recompute(parse_recompute_policy(cfg.recompute.policy), cfg.recompute.layers);
+    model_ptr->params().initialize(std::uint64_t(cfg.train.seed));
+    std::vector<ParamSegment> segments;
+    for (const auto& p : model_ptr->params().infos()) segments.push_back({p.offset, p.numel, p.decay});
+    dpo_ptr = std::make_unique<parallel::DataParallelOptimizer>(groups.dp, model_ptr->params().flat_weights(),
+                                                                model_ptr->params().flat_grads(), segments,
+                                                                cfg.parallel.zero1);
+  });
+  NsaTransformer& model = *model_ptr;
+  parallel::DataParallelOptimizer& dpo = *dpo_ptr;
   ParamStore& params = model.params();
-  Tensor m1 = Tensor::zeros({params.total()}, DType::F32, device), m2 = Tensor::zeros({params.total()}, DType::F32, device);
   const bool separate_compute_copy = model.compute_weights().raw() != params.flat_weights().raw();
-  std::vector<ParamSegment> segments;
-  for (const auto& p : params.infos()) segments.push_back({p.offset, p.numel, p.decay});
+  const bool sharded_state = dpo.zero1() && dp > 1;
 
-  // Where to start: a checkpoint per checkpoint.resume, or the initialisation above.
+  // Where to start: a checkpoint per checkpoint.resume, or the initialisation above. Rank 0
+  // chooses (and says why it passed over a checkpoint), every rank loads the same one.
   const std::filesystem::path ckpt_dir(cfg.checkpoint.dir);
+  const std::string resume_choice = world.together([&] {
+    if (!root) return std::string();
+    std::optional<std::filesystem::path> from;
+    if (cfg.checkpoint.resume == "auto") {
+      ckpt::ResumeChoice choice = ckpt::find_resume(ckpt_dir);
+      for (const auto& w : choice.warnings) out << "warning: " << w << "\n";
+      from = choice.checkpoint;
+    } else if (cfg.checkpoint.resume == "never") {
+      auto existing = std::filesystem::exists(ckpt_dir) ? ckpt::list_checkpoints(ckpt_dir) : std::vector<std::filesystem::path>{};
+      if (!existing.empty() && !options.overwrite)
+        throw UserError(cfg.source + ": checkpoint.resume: \"never\", but checkpoint.dir '" + cfg.checkpoint.dir +
+                        "' already holds " + std::to_string(existing.size()) + " checkpoint(s) (newest " +
+                        existing.back().filename().string() +
+                        "); continue it with resume = \"auto\", choose another checkpoint.dir, or pass --overwrite to "
+                        "start afresh and replace them");
+    } else {
+      from = ckpt::resolve_checkpoint(cfg.checkpoint.resume);
+    }
+    return from ? from->string() : std::string();
+  });
+  const std::string resume_path = parallel::broadcast_string(world.comm(), resume_choice, 0);
   std::optional<std::filesystem::path> resume_from;
-  if (cfg.checkpoint.resume == "auto") {
-    ckpt::ResumeChoice choice = ckpt::find_resume(ckpt_dir);
-    for (const auto& w : choice.warnings) out << "warning: " << w << "\n";
-    resume_from = choice.checkpoint;
-  } else if (cfg.checkpoint.resume == "never") {
-    auto existing = std::filesystem::exists(ckpt_dir) ? ckpt::list_checkpoints(ckpt_dir) : std::vector<std::filesystem::path>{};
-    if (!existing.empty() && !options.overwrite)
-      throw UserError(cfg.source + ": checkpoint.resume: \"never\", but checkpoint.dir '" + cfg.checkpoint.dir +
-                      "' already holds " + std::to_string(existing.size()) + " checkpoint(s) (newest " +
-                      existing.back().filename().string() +
-                      "); continue it with resume = \"auto\", choose another checkpoint.dir, or pass --overwrite to "
-                      "start afresh and replace them");
-  } else {
-    resume_from = ckpt::resolve_checkpoint(cfg.checkpoint.resume);
-  }
+  if (!resume_path.empty()) resume_from = resume_path;
   std::int64_t start_step = 0, optimizer_step = 0;
   if (resume_from) {
-    const ckpt::TrainState state = ckpt::load_checkpoint(*resume_from, params, m1, m2);
+    const ckpt::TrainState state = world.together([&] {
+      if (!sharded_state) return ckpt::load_checkpoint(*resume_from, params, dpo.m(), dpo.v());
+      // ZeRO-1: the full moments, then this rank's range of them.
+      Tensor m_full = Tensor::zeros({params.total()}, DType::F32, device);
+      Tensor v_full = Tensor::zeros({params.total()}, DType::F32, device);
+      ckpt::TrainState st = ckpt::load_checkpoint(*resume_from, params, m_full, v_full);
+      dpo.m().copy_from(m_full.slice0(dpo.owned_begin(), dpo.owned_end()));
+      dpo.v().copy_from(v_full.slice0(dpo.owned_begin(), dpo.owned_end()));
+      return st;
+    });
     start_step = state.step;
     optimizer_step = state.optimizer_step;
-    data.sampler->restore(data::SamplerPosition::deserialize(state.sampler_position));
+    world.together([&] { data.sampler->restore(data::SamplerPosition::deserialize(state.sampler_position)); });
     model.sync_compute_weights();
     out << "resumed from " << resume_from->string() << " (step " << start_step << ", "
         << state.consumed_tokens << " tokens)\n";
@@ -208,20 +267,34 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
   const double flops = model.flops_per_token(T);
   const double peak_flops = device == Device::CUDA ? peak_bf16_flops(cuda_device_summary()) : 0.0;
   const std::int64_t tokens_per_step = cfg.train.global_batch * T;
-  out << "# run\n"
-      << "model        " << human_count(double(model.num_params())) << " parameters (" << model.num_params()
-      << "), " << dims.L << " layers, d_model " << dims.C << ", heads " << dims.H << "/" << dims.G
-      << " (query/KV), head_dim " << dims.D << ", ffn " << dims.F << "\n"
-      << "nsa          cmp " << dims.cmp_block << "/" << dims.cmp_stride << ", sel " << dims.sel_block << " x "
-      << dims.sel_count << ", window " << dims.window << "\n"
-      << "flops/token  " << human_count(flops) << " (training, forward + backward, NSA attention included)\n"
-      << "batch        " << cfg.train.global_batch << " x " << T << " tokens per step = "
-      << data.layout.micro_batches() << " micro-batches of " << cfg.train.micro_batch << "\n"
-      << "train data   " << trimmed(data.train_set->describe()) << "\n"
-      << "val data     " << (data.val_set ? trimmed(data.val_set->describe()) : std::string("none")) << "\n"
-      << "unigram      entropy of the training tokens " << std::fixed << std::setprecision(4)
-      << unigram_entropy(*data.train_set, dims.V) << " nats (a context-free model's best loss)\n"
-      << std::defaultfloat << "# implementations\n";
+  const std::int64_t A = data.layout.micro_batches();
+  if (root) {
+    out << "# run\n"
+        << "model        " << human_count(double(model.num_params())) << " parameters (" << model.num_params()
+        << "), " << dims.L << " layers, d_model " << dims.C << ", heads " << dims.H << "/" << dims.G
+        << " (query/KV), head_dim " << dims.D << ", ffn " << dims.F << "\n"
+        << "nsa          cmp " << dims.cmp_block << "/" << dims.cmp_stride << ", sel " << dims.sel_block << " x "
+        << dims.sel_count << ", window " << dims.window << "\n"
+        << "flops/token  " << human_count(flops) << " (training, forward + backward, NSA attention included)\n"
+        << "batch        " << cfg.train.global_batch << " x " << T << " tokens per step = "
+        << (dp > 1 ? std::to_string(dp) + " DP ranks x " : std::string()) << A << " micro-batches of "
+        << cfg.train.micro_batch << "\n"
+        << "train data   " << trimmed(data.train_set->describe()) << "\n"
+        << "val data     " << (data.val_set ? trimmed(data.val_set->describe()) : std::string("none")) << "\n"
+        << "unigram      entropy of the training tokens " << std::fixed << std::setprecision(4)
+        << unigram_entropy(*data.train_set, dims.V) << " nats (a context-free model's best loss)\n"
+        << std::defaultfloat;
+    out << "parallel     " << groups.layout.describe() << ", world " << world.size();
+    if (world.size() > 1) out << " (MPI, launched by " << world.launch().launcher << ")";
+    else out << " (one process)";
+    if (dp > 1 && !dpo.zero1())
+      out << "; DP gradients all-reduced (sum) in " << dpo.buckets() << " bucket(s) of up to "
+          << human_bytes(double(parallel::kDefaultBucketBytes));
+    if (sharded_state)
+      out << "; ZeRO-1: AdamW state sharded over DP (this rank " << dpo.owned_end() - dpo.owned_begin() << " of "
+          << params.total() << " elements), gradients reduce-scattered, weights all-gathered";
+    out << "\n# implementations\n";
+  }
   if (device == Device::CUDA)
     out << "device       cuda: " << cuda_device_summary() << "; " << cfg.train.dtype << " compute, fp32 master weights, "
         << "gradients and AdamW state\n"
@@ -229,7 +302,8 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
         << "nsa core     CUDA kernels (nsa/cuda)\n"
         << "other ops    CUDA: rmsnorm, swiglu, embedding, chunked cross entropy, fused AdamW (core/ops/cuda)\n";
   else
-    out << "device       cpu, fp32, " << omp_get_max_threads() << " OpenMP threads\n"
+    out << "device       cpu, fp32, " << omp_get_max_threads() << " OpenMP threads" << (world.size() > 1 ? " per rank" : "")
+        << "\n"
         << "matmul       OpenBLAS sgemm (core/ops/cpu/matmul.cpp)\n"
         << "nsa core     CPU reference forward/backward (nsa/cpu)\n"
         << "other ops    CPU: rmsnorm, swiglu, embedding, cross entropy (chunked head), AdamW (core/ops/cpu)\n";
@@ -242,12 +316,13 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
       << ", keep " << (cfg.checkpoint.keep > 0 ? std::to_string(cfg.checkpoint.keep) : std::string("all")) << "\n\n";
 
   std::ofstream metrics;
-  if (!cfg.log.metrics.empty()) {
+  world.together([&] {
+    if (!root || cfg.log.metrics.empty()) return;
     std::filesystem::path mp(cfg.log.metrics);
     if (mp.has_parent_path()) std::filesystem::create_directories(mp.parent_path());
     metrics.open(cfg.log.metrics, start_step > 0 ? std::ios::app : std::ios::trunc);
     if (!metrics) throw UserError(cfg.source + ": log.metrics: cannot write '" + cfg.log.metrics + "'");
-  }
+  });
 
   install_stop_handlers();
   TrainSummary summary;
@@ -260,27 +335,53 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
     state.optimizer_step = optimizer_step;
     state.sampler_position = data.sampler->position().serialize();
     state.config_toml = to_toml(cfg);
-    std::filesystem::path where = ckpt::save_checkpoint(ckpt_dir, params, m1, m2, state, int(cfg.checkpoint.keep));
+    std::filesystem::path where;
+    if (world.size() == 1) {
+      where = ckpt::save_checkpoint(ckpt_dir, params, dpo.m(), dpo.v(), state, int(cfg.checkpoint.keep));
+    } else {
+      // Replicated state: rank 0 writes everything. ZeRO-1: each DP rank writes the weights and
+      // moments of the whole tensors it owns. (Weights and moments are fp32 on the CPU here.)
+      const Tensor& w = params.flat_weights();
+      const float* pw = static_cast<const float*>(w.raw());
+      const float* pm = static_cast<const float*>(dpo.m().raw());
+      const float* pv = static_cast<const float*>(dpo.v().raw());
+      const bool writer = sharded_state ? groups.layout.tp_rank == 0 && groups.layout.pp_rank == 0 &&
+                                              dpo.owned_end() > dpo.owned_begin()
+                                        : root;
+      std::vector<ckpt::ShardSpec> shards;
+      if (writer)
+        for (const auto& [prefix, base] : {std::pair<std::string, const float*>{"", pw}, {"optim/m/", pm}, {"optim/v/", pv}})
+          for (const auto& p : params.infos()) {
+            if (p.offset < dpo.owned_begin() || p.offset >= dpo.owned_end()) continue;
+            const float* at = base == pw ? pw + p.offset : base + (p.offset - dpo.owned_begin());
+            shards.push_back({prefix + p.name, p.shape, Shape(p.shape.size(), 0), p.shape, at});
+          }
+      where = save_checkpoint_from_ranks(world, ckpt_dir, state, shards, writer,
+                                         groups.layout.describe() + (sharded_state ? " zero1" : ""),
+                                         int(cfg.checkpoint.keep));
+    }
     saved_step = step_done;
     out << "checkpoint   step " << step_done << " saved to " << where.string() << " ("
         << std::fixed << std::setprecision(2) << std::chrono::duration<double>(Clock::now() - t0).count() << " s)\n"
         << std::defaultfloat << std::flush;
   };
 
-  ProgressBar bar(cfg.train.steps);
+  ProgressBar bar(cfg.train.steps, root);
   data::TokenBatch batch;
-  const std::int64_t A = data.layout.micro_batches();
   std::int64_t bad_in_row = 0;
   double window_time = 0, window_loss = 0;
   std::int64_t window_steps = 0;
   if (data.val && start_step == 0) {  // the starting point, so the log shows the validation loss falling
-    const double val = evaluate(model, data, cfg);
+    const double val = evaluate(model, data, cfg, *groups.dp);
     summary.first_val_loss = val;
     char line[128];
     std::snprintf(line, sizeof line, "eval   %6d | val loss %.4f\n", 0, val);
     out << line << std::flush;
     if (metrics) metrics << std::setprecision(9) << "{\"step\": 0, \"val_loss\": " << val << "}\n" << std::flush;
   }
+  // Every rank scales its micro-batches by 1 / (A * dp): the sum over DP is the mean over the
+  // global batch (dp = 1: 1 / A, as a single process).
+  const double micro_scale = 1.0 / double(A * dp);
   const auto loop_start = Clock::now();
   for (std::int64_t step = start_step; step < cfg.train.steps; ++step) {
     const auto t0 = Clock::now();
@@ -290,15 +391,14 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
     std::size_t act_peak = 0;
     for (std::int64_t m = 0; m < A; ++m) {
       data.sampler->next(data.layout, m, batch);
-      loss += model.forward_backward(batch.inputs, batch.targets, batch.rows, batch.seq_len, 1.0 / double(A)) /
-              double(A);
+      loss += model.forward_backward(batch.inputs, batch.targets, batch.rows, batch.seq_len, micro_scale) /
+              double(A * dp);
       act_peak = std::max(act_peak, model.last_activation_peak_bytes());
     }
     data.sampler->advance(data.layout);
-    std::vector<Tensor> grads{params.flat_grads()};
-    Tensor norm_t = Tensor::empty({1}, DType::F32, device);
-    global_norm(grads, norm_t);
-    const double gnorm = norm_t.to_vector()[0];
+    dpo.reduce_gradients();
+    if (dp > 1) loss = parallel::all_reduce_value(*groups.dp, loss, parallel::ReduceOp::Sum);
+    const double gnorm = dpo.grad_norm();
     const bool bad = !std::isfinite(loss) || !std::isfinite(gnorm);
     if (bad) {
       ++summary.skipped_steps;
@@ -306,18 +406,20 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
       bar.clear();
       out << "step " << step + 1 << ": skipped (loss " << loss << ", grad norm " << gnorm
           << " not finite); " << bad_in_row << " in a row, " << summary.skipped_steps << " in all\n";
-      if (bad_in_row >= cfg.train.max_bad_steps)
-        throw std::runtime_error(std::to_string(bad_in_row) +
-                                 " steps in a row had a non-finite loss or gradient norm (train.max_bad_steps = " +
-                                 std::to_string(cfg.train.max_bad_steps) + "); stopping at step " +
-                                 std::to_string(step + 1) + "; the last checkpoint is kept");
+      if (bad_in_row >= cfg.train.max_bad_steps)  // loss and norm are the same on every rank: all stop here
+        throw JobError(1,
+                       "nsatron train: " + std::to_string(bad_in_row) +
+                           " steps in a row had a non-finite loss or gradient norm (train.max_bad_steps = " +
+                           std::to_string(cfg.train.max_bad_steps) + "); stopping at step " +
+                           std::to_string(step + 1) + "; the last checkpoint is kept",
+                       root);
     } else {
       bad_in_row = 0;
       const double clip = cfg.optim.grad_clip > 0 ? clip_coefficient(gnorm, cfg.optim.grad_clip) : 1.0;
       AdamWHyper hp{lr, cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
       AdamWExtra extra;
       if (separate_compute_copy) extra.compute_copy = &model.compute_weights();
-      adamw_step(params.flat_weights(), params.flat_grads(), m1, m2, segments, hp, ++optimizer_step, clip, extra);
+      dpo.step(hp, ++optimizer_step, clip, extra);
     }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     summary.steps_done = step + 1;
@@ -356,7 +458,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
       window_steps = 0;
     }
     if (data.val && ((cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0) || last)) {
-      const double val = evaluate(model, data, cfg);
+      const double val = evaluate(model, data, cfg, *groups.dp);
       if (summary.first_val_loss < 0) summary.first_val_loss = val;
       summary.last_val_loss = val;
       bar.clear();
@@ -369,9 +471,13 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, const TrainOp
       bar.clear();
       save(step + 1);
     }
-    if (stop_signal() != 0 && !last) {
+    // A signal on any rank stops every rank after this step (the highest signal number wins).
+    const int stop = world.size() > 1 ? int(parallel::all_reduce_value(world.comm(), stop_signal(), parallel::ReduceOp::Max))
+                                      : stop_signal();
+    if (stop != 0 && !last) {
       bar.clear();
-      out << "signal " << stop_signal() << " received: stopping after step " << step + 1 << "\n";
+      out << "signal " << stop << " received" << (stop_signal() == 0 ? " by another rank" : "")
+          << ": stopping after step " << step + 1 << "\n";
       if (saved_step != step + 1) save(step + 1);
       summary.stopped_by_signal = true;
       return summary;

@@ -175,6 +175,10 @@ const std::vector<Key>& keys() {
       key("parallel", "pp", &R::parallel, &ParallelConfig::pp,
           "Pipeline stages; divides n_layers. Data-parallel ranks dp = world size / (tp * pp).")
           .at_least(1),
+      key("parallel", "zero1", &R::parallel, &ParallelConfig::zero1,
+          "Shard the AdamW moments over the data-parallel ranks (ZeRO stage 1): gradients are "
+          "reduce-scattered, each rank updates its share of whole tensors, the weights are "
+          "all-gathered. Same losses as without, to rounding; no effect with dp = 1."),
 
       key("recompute", "policy", &R::recompute, &RecomputeConfig::policy,
           "Activation recompute: \"none\" keeps what the backward needs; \"selective\" recomputes "

@@ -66,6 +66,7 @@ struct OptimConfig {
 struct ParallelConfig {
   std::int64_t tp = 1;
   std::int64_t pp = 1;
+  bool zero1 = false;  // shard the AdamW state over the data-parallel ranks
 };
 
 struct RecomputeConfig {

@@ -1,0 +1,99 @@
+#include "parallel/communicator.h"
+
+#include "core/util/error.h"
+
+namespace nsatron::parallel {
+
+void Communicator::check_tensor(const Tensor& t, const char* op) const {
+  NSA_CHECK(t.defined(), name(), ".", op, ": undefined tensor");
+  NSA_CHECK(supports(t.dtype(), t.device()), name(), ".", op, ": the ", backend(), " backend does not take ",
+            t.describe());
+}
+
+void Communicator::all_reduce(Tensor& t, ReduceOp op) {
+  check_tensor(t, "all_reduce");
+  if (t.numel() > 0) do_all_reduce(t, op);
+}
+
+void Communicator::all_gather(const Tensor& in, Tensor& out) {
+  check_tensor(in, "all_gather");
+  check_tensor(out, "all_gather");
+  NSA_CHECK(in.dtype() == out.dtype() && in.device() == out.device(), name(), ".all_gather: ", in.describe(),
+            " into ", out.describe());
+  NSA_CHECK(out.numel() == std::int64_t(size()) * in.numel(), name(), ".all_gather: out has ", out.numel(),
+            " elements, expected ", size(), " x ", in.numel());
+  const std::size_t block = in.nbytes();
+  const bool in_place = static_cast<const char*>(in.raw()) == static_cast<const char*>(out.raw()) + block * std::size_t(rank());
+  if (!in_place && block > 0) {
+    const char* a = static_cast<const char*>(in.raw());
+    const char* b = static_cast<const char*>(out.raw());
+    NSA_CHECK(a + block <= b || b + out.nbytes() <= a, name(), ".all_gather: in overlaps out other than as this rank's block");
+  }
+  if (in.numel() > 0) do_all_gather(in, out, in_place);
+}
+
+void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+  check_tensor(in, "reduce_scatter");
+  check_tensor(out, "reduce_scatter");
+  NSA_CHECK(in.dtype() == out.dtype() && in.device() == out.device(), name(), ".reduce_scatter: ", in.describe(),
+            " into ", out.describe());
+  NSA_CHECK(in.numel() == std::int64_t(size()) * out.numel(), name(), ".reduce_scatter: in has ", in.numel(),
+            " elements, expected ", size(), " x ", out.numel());
+  const char* a = static_cast<const char*>(in.raw());
+  const char* b = static_cast<const char*>(out.raw());
+  NSA_CHECK(out.numel() == 0 || a + in.nbytes() <= b || b + out.nbytes() <= a, name(),
+            ".reduce_scatter: in and out overlap");
+  if (out.numel() > 0) do_reduce_scatter(in, out, op);
+}
+
+void Communicator::broadcast(Tensor& t, int root) {
+  check_tensor(t, "broadcast");
+  NSA_CHECK(root >= 0 && root < size(), name(), ".broadcast: root ", root, " outside a group of ", size());
+  if (t.numel() > 0) do_broadcast(t, root);
+}
+
+void Communicator::send(const Tensor& t, int peer) {
+  check_tensor(t, "send");
+  NSA_CHECK(peer >= 0 && peer < size() && peer != rank(), name(), ".send: peer ", peer, " from rank ", rank(),
+            " of ", size());
+  if (t.numel() > 0) do_send(t, peer);
+}
+
+void Communicator::recv(Tensor& t, int peer) {
+  check_tensor(t, "recv");
+  NSA_CHECK(peer >= 0 && peer < size() && peer != rank(), name(), ".recv: peer ", peer, " at rank ", rank(),
+            " of ", size());
+  if (t.numel() > 0) do_recv(t, peer);
+}
+
+void Communicator::barrier() { do_barrier(); }
+
+double all_reduce_value(Communicator& comm, double value, ReduceOp op) {
+  Tensor t = Tensor::from_vector({value}, {1}, DType::F64);
+  comm.all_reduce(t, op);
+  return t.data<double>()[0];
+}
+
+std::vector<double> all_gather_values(Communicator& comm, const std::vector<double>& values) {
+  const std::int64_t n = std::int64_t(values.size());
+  Tensor in = Tensor::from_vector(values, {n}, DType::F64);
+  Tensor out = Tensor::empty({n * comm.size()}, DType::F64);
+  comm.all_gather(in, out);
+  const double* p = out.data<double>();
+  return std::vector<double>(p, p + out.numel());
+}
+
+std::string broadcast_string(Communicator& comm, const std::string& text, int root) {
+  Tensor len = Tensor::from_vector({double(text.size())}, {1}, DType::F64);
+  comm.broadcast(len, root);
+  const std::int64_t n = std::int64_t(len.data<double>()[0]);
+  Tensor chars = Tensor::zeros({n}, DType::F64);
+  if (comm.rank() == root)
+    for (std::int64_t i = 0; i < n; ++i) chars.data<double>()[i] = double(static_cast<unsigned char>(text[std::size_t(i)]));
+  comm.broadcast(chars, root);
+  std::string out(std::size_t(n), '\0');
+  for (std::int64_t i = 0; i < n; ++i) out[std::size_t(i)] = char(static_cast<unsigned char>(chars.data<double>()[i]));
+  return out;
+}
+
+}  // namespace nsatron::parallel

@@ -1,0 +1,92 @@
+// Communicator: the collectives and point-to-point transfers of one process group (the world,
+// or a TP/DP/PP group, see layout.h), behind one interface with several backends:
+//   SingleCommunicator  (single_communicator.h)  a group of one: every call is a no-op copy
+//   MpiCommunicator     (mpi_communicator.h)     MPI, CPU tensors (fp32, fp64)
+//   (the GPU issue adds an NCCL backend for device tensors behind the same calls)
+//
+// Contract of every call, whatever the backend:
+//   - It is collective over the group (send/recv: over the two peers): every rank of the group
+//     makes the same calls in the same order, with tensors of the same dtype and element count.
+//   - Tensors are contiguous (every Tensor is), of a dtype and device the backend takes
+//     (supports()). They are read and written in place; nothing is allocated behind the caller.
+//   - Results are the same bits on every rank of the group: a reduced element is computed once
+//     and distributed (MPI's and NCCL's algorithms do this; a backend that did not would let
+//     data-parallel replicas drift apart). For a fixed group size, message size and backend,
+//     results are the same bits from run to run.
+//   - A failure (a lost peer, a transport error) throws std::runtime_error naming the group, the
+//     rank and the operation. The run cannot continue after one: the caller aborts the job.
+//
+// The public calls check their arguments (an argument error is a bug in nsatron and throws
+// std::logic_error) and delegate to the backend's do_* members.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor/tensor.h"
+
+namespace nsatron::parallel {
+
+enum class ReduceOp { Sum, Max };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // This rank's index in the group, in [0, size()).
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The group's name for messages ("world", "tp", "dp", "pp").
+  virtual const std::string& name() const = 0;
+  // "single", "mpi" (later "nccl").
+  virtual std::string backend() const = 0;
+  // Whether tensors of this dtype on this device can be passed.
+  virtual bool supports(DType dtype, Device device) const = 0;
+
+  // t = op over the group of every rank's t (elementwise).
+  void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
+  // out = the concatenation of every rank's `in`, by rank: out.numel() == size() * in.numel(),
+  // rank r's block at [r n, (r+1) n). In place when `in` is out's block of this rank (a view
+  // of out at offset rank() * n).
+  void all_gather(const Tensor& in, Tensor& out);
+  // out = block rank() of (op over the group of every rank's `in`): in.numel() ==
+  // size() * out.numel(); in and out do not overlap.
+  void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op = ReduceOp::Sum);
+  // t = root's t.
+  void broadcast(Tensor& t, int root);
+  // To / from group rank `peer` (not this rank). Messages between two ranks arrive in the
+  // order they were sent (no tags: NCCL has none).
+  void send(const Tensor& t, int peer);
+  void recv(Tensor& t, int peer);
+  void barrier();
+
+ protected:
+  virtual void do_all_reduce(Tensor& t, ReduceOp op) = 0;
+  // in_place: `in` is out's block of this rank.
+  virtual void do_all_gather(const Tensor& in, Tensor& out, bool in_place) = 0;
+  virtual void do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) = 0;
+  virtual void do_broadcast(Tensor& t, int root) = 0;
+  virtual void do_send(const Tensor& t, int peer) = 0;
+  virtual void do_recv(Tensor& t, int peer) = 0;
+  virtual void do_barrier() = 0;
+
+ private:
+  void check_tensor(const Tensor& t, const char* op) const;
+};
+
+// ---- small host values, for control (flags, losses, paths) ------------------------------------
+// These go through fp64 tensors on the CPU, so they need a communicator that supports()
+// fp64 on the CPU (the single and MPI backends; with NCCL, use the CPU world communicator).
+
+// op over the group of every rank's `value`.
+double all_reduce_value(Communicator& comm, double value, ReduceOp op = ReduceOp::Sum);
+// Every rank's values, by rank (each rank passes the same number of values).
+std::vector<double> all_gather_values(Communicator& comm, const std::vector<double>& values);
+// Root's text on every rank.
+std::string broadcast_string(Communicator& comm, const std::string& text, int root);
+
+}  // namespace nsatron::parallel

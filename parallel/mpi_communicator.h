@@ -1,0 +1,54 @@
+// The MPI backend of Communicator: CPU tensors, fp32 and fp64 (MPI_FLOAT, MPI_DOUBLE), blocking
+// calls on an MPI communicator this object owns (a duplicate or a split of MPI_COMM_WORLD).
+// Errors return to us (MPI_ERRORS_RETURN on the communicator) and throw std::runtime_error
+// "MPI_Allreduce on the dp group (rank 1 of 2) failed: <MPI's error text>".
+// Messages longer than INT_MAX elements are sent in pieces (all_reduce, broadcast, send,
+// recv); all_gather and reduce_scatter take blocks of up to INT_MAX elements.
+#pragma once
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace nsatron::parallel {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm` (freed in the destructor, unless MPI is finalized by then).
+  MpiCommunicator(MPI_Comm comm, std::string name);
+  ~MpiCommunicator() override;
+
+  // A duplicate of MPI_COMM_WORLD. MPI must be initialised.
+  static std::unique_ptr<MpiCommunicator> world(const std::string& name = "world");
+  // The group of this communicator's ranks that pass the same `color`, ordered by `key`
+  // (MPI_Comm_split). Collective over this communicator.
+  std::unique_ptr<MpiCommunicator> split(int color, int key, const std::string& name) const;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  std::string backend() const override { return "mpi"; }
+  bool supports(DType dtype, Device device) const override {
+    return device == Device::CPU && (dtype == DType::F32 || dtype == DType::F64);
+  }
+  MPI_Comm handle() const { return comm_; }
+
+ protected:
+  void do_all_reduce(Tensor& t, ReduceOp op) override;
+  void do_all_gather(const Tensor& in, Tensor& out, bool in_place) override;
+  void do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override;
+  void do_broadcast(Tensor& t, int root) override;
+  void do_send(const Tensor& t, int peer) override;
+  void do_recv(Tensor& t, int peer) override;
+  void do_barrier() override;
+
+ private:
+  void check(int code, const char* what) const;
+  MPI_Comm comm_;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace nsatron::parallel

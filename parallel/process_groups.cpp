@@ -1,0 +1,36 @@
+#include "parallel/process_groups.h"
+
+#include "parallel/mpi_communicator.h"
+#include "parallel/single_communicator.h"
+
+namespace nsatron::parallel {
+
+ProcessGroups make_process_groups(Backend backend, int tp, int pp) {
+  ProcessGroups g;
+  if (backend == Backend::Single) {
+    g.layout = ParallelLayout::make(1, tp, pp, 0);
+    g.world = std::make_shared<SingleCommunicator>("world");
+    g.tp = std::make_shared<SingleCommunicator>("tp");
+    g.dp = std::make_shared<SingleCommunicator>("dp");
+    g.pp = std::make_shared<SingleCommunicator>("pp");
+    return g;
+  }
+  std::shared_ptr<MpiCommunicator> world = MpiCommunicator::world("world");
+  g.layout = ParallelLayout::make(world->size(), tp, pp, world->rank());
+  const ParallelLayout& l = g.layout;
+  // MPI_Comm_split is collective over the world: every rank makes the three calls, in the same
+  // order, even where its own group has one rank (that communicator is then dropped).
+  auto group = [&](int color, int key, int size, const char* name) -> std::shared_ptr<Communicator> {
+    std::shared_ptr<MpiCommunicator> c = world->split(color, key, name);
+    if (size == 1) return std::make_shared<SingleCommunicator>(name);
+    return c;
+  };
+  g.tp = group(l.dp_rank + l.dp * l.pp_rank, l.tp_rank, l.tp, "tp");
+  g.dp = group(l.tp_rank + l.tp * l.pp_rank, l.dp_rank, l.dp, "dp");
+  g.pp = group(l.tp_rank + l.tp * l.dp_rank, l.pp_rank, l.pp, "pp");
+  g.world = world->size() == 1 ? std::shared_ptr<Communicator>(std::make_shared<SingleCommunicator>("world"))
+                               : std::shared_ptr<Communicator>(world);
+  return g;
+}
+
+}  // namespace nsatron::parallel
