@@ -13,47 +13,15 @@
 
 #include "core/device/device.h"
 #include "core/model/model.h"
-#include "core/model/rng.h"
+#include "tests/model/model_test_util.h"
 
 using namespace nsatron;
 
 namespace {
 
-ModelDims small_dims() {
-  ModelDims d{};
-  d.V = 97;
-  d.C = 64;
-  d.L = 2;
-  d.H = 4;
-  d.G = 2;
-  d.D = 16;
-  d.F = 96;
-  d.cmp_block = 8;
-  d.cmp_stride = 4;
-  d.sel_block = 16;
-  d.sel_count = 3;
-  d.window = 24;
-  d.rope_theta = 10000;
-  d.norm_eps = 1e-5;
-  d.init_std = 0.1;
-  d.tie_embeddings = true;
-  return d;
-}
-
-struct Batch {
-  std::int64_t B = 2, T = 75;  // T not a multiple of any block
-  std::vector<std::int32_t> tokens, targets;
-};
-
-Batch random_batch(std::uint64_t seed, std::int64_t V) {
-  Batch b;
-  SplitMix64 rng(seed);
-  for (std::int64_t i = 0; i < b.B * b.T; ++i) {
-    b.tokens.push_back(std::int32_t(rng.next() % std::uint64_t(V)));
-    b.targets.push_back(std::int32_t(rng.next() % std::uint64_t(V)));
-  }
-  return b;
-}
+using test::Batch;
+using test::mid_dims;
+using test::random_batch;
 
 std::uint64_t fresh_seed() {
   std::uint64_t s = std::uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -61,48 +29,47 @@ std::uint64_t fresh_seed() {
   return s;
 }
 
-void copy_weights(NsaTransformer& from, NsaTransformer& to) {
-  to.params().flat_weights().copy_from(from.params().flat_weights());
-  to.sync_compute_weights();
-}
+// The CPU fp32 model and a CUDA model of `dtype` on the same weights and batch (T = 75: not a
+// multiple of any block); returns both losses and leaves the gradients in the models.
+struct Pair {
+  NsaTransformer cpu, gpu;
+  double cpu_loss = 0, gpu_loss = 0, cpu_eval = 0, gpu_eval = 0;
+  Pair(DType dtype, std::uint64_t seed) : cpu(mid_dims(), DType::F32), gpu(mid_dims(), dtype, Device::CUDA) {
+    cpu.params().initialize(seed);
+    gpu.params().flat_weights().copy_from(cpu.params().flat_weights());
+    gpu.sync_compute_weights();
+    Batch b = random_batch(mid_dims().V, 2, 75, seed + 1);
+    cpu_loss = cpu.forward_backward(b.tokens, b.targets, b.B, b.T);
+    gpu_loss = gpu.forward_backward(b.tokens, b.targets, b.B, b.T);
+    cpu_eval = cpu.evaluate(b.tokens, b.targets, b.B, b.T);
+    gpu_eval = gpu.evaluate(b.tokens, b.targets, b.B, b.T);
+  }
+};
 
 }  // namespace
 
 TEST(ModelCuda, Fp32MatchesCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const ModelDims d = small_dims();
-  const std::uint64_t seed = fresh_seed();
-  NsaTransformer cpu(d, DType::F32), gpu(d, DType::F32, Device::CUDA);
-  cpu.params().initialize(seed);
-  copy_weights(cpu, gpu);
-  Batch b = random_batch(seed + 1, d.V);
-  const double lc = cpu.forward_backward(b.tokens, b.targets, b.B, b.T);
-  const double lg = gpu.forward_backward(b.tokens, b.targets, b.B, b.T);
-  EXPECT_NEAR(lg, lc, 1e-5 * std::abs(lc));
-  for (const auto& p : cpu.params().infos()) {
-    const auto gc = cpu.params().grad(p).to_vector(), gg = gpu.params().grad(p).to_vector();
+  Pair m(DType::F32, fresh_seed());
+  EXPECT_NEAR(m.gpu_loss, m.cpu_loss, 1e-5 * std::abs(m.cpu_loss));
+  EXPECT_NEAR(m.gpu_eval, m.cpu_eval, 1e-5 * std::abs(m.cpu_eval));
+  for (const auto& p : m.cpu.params().infos()) {
+    const auto gc = m.cpu.params().grad(p).to_vector(), gg = m.gpu.params().grad(p).to_vector();
     double rms = 0;
     for (double v : gc) rms += v * v;
     rms = std::sqrt(rms / double(gc.size()));
     for (std::size_t i = 0; i < gc.size(); ++i)
       ASSERT_LE(std::abs(gg[i] - gc[i]), 1e-4 * (std::abs(gc[i]) + rms)) << p.name << "[" << i << "]";
   }
-  EXPECT_NEAR(gpu.evaluate(b.tokens, b.targets, b.B, b.T), cpu.evaluate(b.tokens, b.targets, b.B, b.T), 1e-5 * lc);
 }
 
 TEST(ModelCuda, Bf16TracksCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const ModelDims d = small_dims();
-  const std::uint64_t seed = fresh_seed();
-  NsaTransformer cpu(d, DType::F32), gpu(d, DType::BF16, Device::CUDA);
-  cpu.params().initialize(seed);
-  copy_weights(cpu, gpu);
-  Batch b = random_batch(seed + 1, d.V);
-  const double lc = cpu.forward_backward(b.tokens, b.targets, b.B, b.T);
-  const double lg = gpu.forward_backward(b.tokens, b.targets, b.B, b.T);
-  EXPECT_NEAR(lg, lc, 1e-2 * std::abs(lc));
-  for (const auto& p : cpu.params().infos()) {
-    const auto gc = cpu.params().grad(p).to_vector(), gg = gpu.params().grad(p).to_vector();
+  Pair m(DType::BF16, fresh_seed());
+  EXPECT_NEAR(m.gpu_loss, m.cpu_loss, 1e-2 * std::abs(m.cpu_loss));
+  EXPECT_NEAR(m.gpu_eval, m.cpu_eval, 1e-2 * std::abs(m.cpu_eval));
+  for (const auto& p : m.cpu.params().infos()) {
+    const auto gc = m.cpu.params().grad(p).to_vector(), gg = m.gpu.params().grad(p).to_vector();
     double err = 0, ref = 0;
     for (std::size_t i = 0; i < gc.size(); ++i) err += (gg[i] - gc[i]) * (gg[i] - gc[i]), ref += gc[i] * gc[i];
     EXPECT_LE(std::sqrt(err), 5e-2 * std::sqrt(ref)) << p.name;
@@ -111,9 +78,9 @@ TEST(ModelCuda, Bf16TracksCpu) {
 
 TEST(ModelCuda, RecomputePoliciesGiveTheSameBits) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const ModelDims d = small_dims();
+  const ModelDims d = mid_dims();
   const std::uint64_t seed = fresh_seed();
-  Batch b = random_batch(seed + 1, d.V);
+  Batch b = random_batch(d.V, 2, 75, seed + 1);
   std::vector<double> reference;
   double reference_loss = 0;
   for (RecomputePolicy policy : {RecomputePolicy::None, RecomputePolicy::Selective, RecomputePolicy::Full}) {
