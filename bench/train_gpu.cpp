@@ -3,13 +3,15 @@
 // measured: it is a few memcpy per step).
 //
 //   build/bench/train_gpu [CONFIG] [--micro 8,16,32] [--policies none,selective,full]
-//                         [--seq N] [--steps N] [--set section.key=value]...
+//                         [--seq N] [--steps N] [--profile] [--set section.key=value]...
 //
 // Each configuration: the model in the config's dtype on CUDA, 2 warm-up steps, then --steps
 // timed optimizer steps of one micro-batch each (forward, backward, gradient norm, AdamW with
 // the bf16 weight copy); the loss is read back every step, as the trainer does for its log.
 // Peak memory is what the Tensor allocator and the NSA saved state held at most (cuBLAS
 // workspaces not included). MFU = tokens/s * flops_per_token / 989e12 (H100/H200 dense bf16).
+// --profile: after the timed steps, one more step with op_timer on, printing the time per op
+// family (CUDA events around each of the model's calls; the events add a little time).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -23,6 +25,7 @@
 #include "core/model/rng.h"
 #include "core/ops/adamw.h"
 #include "core/ops/grad_norm.h"
+#include "core/util/op_timer.h"
 
 using namespace nsatron;
 
@@ -39,6 +42,7 @@ std::vector<std::string> split(const std::string& s) {
 int main(int argc, char** argv) {
   std::string path = "configs/nsa_125m.toml", micro = "8,16,32", policies = "none", seq;
   int steps = 5;
+  bool profile = false;
   std::vector<std::string> overrides;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -47,6 +51,7 @@ int main(int argc, char** argv) {
     else if (a == "--policies" && i + 1 < argc) policies = argv[++i];
     else if (a == "--seq" && i + 1 < argc) seq = argv[++i];
     else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else if (a == "--profile") profile = true;
     else path = a;
   }
   if (!cuda_available()) {
@@ -87,7 +92,11 @@ int main(int argc, char** argv) {
           params.zero_grads();
           double loss = model.forward_backward(tokens, targets, B, T);
           std::vector<Tensor> g{params.flat_grads()};
-          global_norm(g, norm);
+          {
+            op_timer::Scope scope("gradient norm", Device::CUDA);
+            global_norm(g, norm);
+          }
+          op_timer::Scope scope("adamw", Device::CUDA);
           adamw_step(params.flat_weights(), params.flat_grads(), m1, m2, segs, {1e-4, 0.9, 0.95, 1e-8, 0.1}, t, 1.0,
                      extra);
           return loss;
@@ -104,6 +113,24 @@ int main(int argc, char** argv) {
         const double mfu = tok_s * model.flops_per_token(T) / 989e12;
         std::printf("%-10s %6lld %12.0f %7.1f%% %10.1f %12.2f\n", pol.c_str(), (long long)B, tok_s, 100 * mfu, sec * 1e3,
                     double(memory_stats(Device::CUDA).peak) / (1 << 30));
+        if (profile) {
+          op_timer::reset();
+          op_timer::enable(true);
+          auto p0 = std::chrono::steady_clock::now();
+          one_step(3 + steps);
+          cuda_synchronize();
+          const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
+          op_timer::enable(false);
+          double covered = 0;
+          std::printf("  time per op family in one step (%.1f ms):\n", step_ms);
+          for (const auto& [family, ms] : op_timer::totals_ms()) {
+            covered += ms;
+            std::printf("    %-26s %9.1f ms %6.1f%%\n", family.c_str(), ms, 100 * ms / step_ms);
+          }
+          std::printf("    %-26s %9.1f ms %6.1f%%\n", "(outside the scopes)", step_ms - covered,
+                      100 * (step_ms - covered) / step_ms);
+          op_timer::reset();
+        }
       } catch (const std::exception& e) {
         std::printf("%-10s %6lld  failed: %s\n", pol.c_str(), (long long)B, e.what());
       }

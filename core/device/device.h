@@ -31,6 +31,12 @@ void cuda_synchronize();
 void copy_rows_device(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
                       std::size_t row_bytes, std::size_t rows);
 
+// CUDA events on the default stream, for timing (op_timer); opaque handles.
+void* create_event();
+void record_event(void* event);
+double event_elapsed_ms(void* start, void* stop);  // waits for stop
+void destroy_event(void* event);
+
 // Bytes held by live Tensor storage on a device, and the peak since the last reset. Used to
 // report activation memory (the peak minus what parameters and optimizer state hold).
 struct MemoryStats {

@@ -124,6 +124,20 @@ void memset_device(void* dst, int value, std::size_t bytes) {
 }
 void cuda_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
+void* create_event() {
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreate(&e));
+  return e;
+}
+void record_event(void* event) { CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), 0)); }
+double event_elapsed_ms(void* start, void* stop) {
+  CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop)));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(stop)));
+  return ms;
+}
+void destroy_event(void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+
 void copy_rows_device(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
                       std::size_t row_bytes, std::size_t rows) {
   CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, 0));

@@ -11,6 +11,10 @@ std::string cuda_device_summary() { return "this build has no CUDA (NSATRON_CUDA
 void* cuda_alloc(std::size_t) { throw std::runtime_error("this build of nsatron has no CUDA"); }
 void cuda_free(void*) {}
 void cuda_release_cached() {}
+void* create_event() { throw std::runtime_error("this build of nsatron has no CUDA"); }
+void record_event(void*) {}
+double event_elapsed_ms(void*, void*) { return 0.0; }
+void destroy_event(void*) {}
 void memcpy_any(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
   if (kind != CopyKind::HostToHost) throw std::runtime_error("this build of nsatron has no CUDA");
   if (bytes) std::memcpy(dst, src, bytes);

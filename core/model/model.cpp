@@ -14,7 +14,13 @@
 #include "core/ops/rmsnorm.h"
 #include "core/ops/swiglu.h"
 #include "core/util/error.h"
+#include "core/util/op_timer.h"
 #include "nsa/nsa.h"
+
+// Time this statement's op under a family name when op_timer is on (benchmarks).
+#define NSA_TIMED_CONCAT2(a, b) a##b
+#define NSA_TIMED_CONCAT(a, b) NSA_TIMED_CONCAT2(a, b)
+#define TIMED(family) ::nsatron::op_timer::Scope NSA_TIMED_CONCAT(timed_scope_, __LINE__)(family, device_)
 
 namespace nsatron {
 
@@ -183,7 +189,7 @@ Tensor NsaTransformer::head_grad() const {
 
 Tensor NsaTransformer::embed(const Ids& tokens, std::int64_t N) const {
   Tensor x = act({N, dims_.C});
-  embedding_forward(tokens.span, weight("model/embedding"), x);
+  { TIMED("embedding"); embedding_forward(tokens.span, weight("model/embedding"), x); }
   return x;
 }
 
@@ -208,6 +214,7 @@ NsaTransformer::Keep NsaTransformer::keep_mode(std::int64_t l) const {
 
 void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, std::int64_t B,
                                   std::int64_t T) const {
+  TIMED("nsa core forward");
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   if (device_ == Device::CUDA) {
     a.nsa_saved = nsa_core_forward_cuda(core_dims(dims_, B, T), a, W, o, save);
@@ -223,6 +230,7 @@ void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o
 
 void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o,
                                    Tensor* const dparts[8], std::int64_t B, std::int64_t T) {
+  TIMED("nsa core backward");
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
   if (device_ == Device::CUDA) {
@@ -249,34 +257,34 @@ void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor& x_ou
   a.x = x;
   a.rstd1 = stat({N});
   a.xn = act({N, m.C});
-  rmsnorm_forward(x, W("attn_norm"), a.xn, a.rstd1, m.norm_eps);
+  { TIMED("rmsnorm"); rmsnorm_forward(x, W("attn_norm"), a.xn, a.rstd1, m.norm_eps); }
 
   Tensor p = act({N, m.G * m.group_width()});
-  linear_forward(a.xn, W("attn/wqkv"), nullptr, p);
+  { TIMED("matmul"); linear_forward(a.xn, W("attn/wqkv"), nullptr, p); }
   a.q = act({N, m.H * m.D});
   for (Tensor* t : {&a.k_cmp, &a.v_cmp, &a.k_slc, &a.v_slc, &a.k_win, &a.v_win}) *t = act({N, m.G * m.D});
   a.gate = act({N, m.H * 3});
   a.o = act({N, m.H * m.D});
   Tensor* parts[8] = {&a.q, &a.k_cmp, &a.v_cmp, &a.k_slc, &a.v_slc, &a.k_win, &a.v_win, &a.gate};
-  split_or_gather(m, N, p, parts, true);
+  { TIMED("split/gather projection"); split_or_gather(m, N, p, parts, true); }
   p = Tensor();
   core_forward(l, a, a.o, keep == Keep::All, B, T);
 
   Tensor attn_out = act({N, m.C});
-  linear_forward(a.o, W("attn/wo"), nullptr, attn_out);
+  { TIMED("matmul"); linear_forward(a.o, W("attn/wo"), nullptr, attn_out); }
   a.h = act({N, m.C});
   a.hn = act({N, m.C});
   a.rstd2 = stat({N});
-  add_rmsnorm_forward(x, attn_out, W("mlp_norm"), a.h, a.hn, a.rstd2, m.norm_eps);
+  { TIMED("rmsnorm"); add_rmsnorm_forward(x, attn_out, W("mlp_norm"), a.h, a.hn, a.rstd2, m.norm_eps); }
   attn_out = Tensor();
 
   a.u = act({N, 2 * m.F});
-  linear_forward(a.hn, W("mlp/w_in"), nullptr, a.u);
+  { TIMED("matmul"); linear_forward(a.hn, W("mlp/w_in"), nullptr, a.u); }
   a.act = act({N, m.F});
-  swiglu_forward(a.u, a.act);
+  { TIMED("swiglu"); swiglu_forward(a.u, a.act); }
   x_out = act({N, m.C});
-  linear_forward(a.act, W("mlp/w_out"), nullptr, x_out);
-  add(a.h, x_out, x_out);
+  { TIMED("matmul"); linear_forward(a.act, W("mlp/w_out"), nullptr, x_out); }
+  { TIMED("residual add"); add(a.h, x_out, x_out); }
 
   if (!acts) return;
   switch (keep) {
@@ -302,15 +310,15 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   if (!a.xn.defined()) {
     a.xn = act({N, m.C});
-    rmsnorm_forward(a.x, W("attn_norm"), a.xn, a.rstd1, m.norm_eps);
+    { TIMED("rmsnorm"); rmsnorm_forward(a.x, W("attn_norm"), a.xn, a.rstd1, m.norm_eps); }
   }
   if (!a.hn.defined()) {
     a.hn = act({N, m.C});
-    rmsnorm_forward(a.h, W("mlp_norm"), a.hn, a.rstd2, m.norm_eps);
+    { TIMED("rmsnorm"); rmsnorm_forward(a.h, W("mlp_norm"), a.hn, a.rstd2, m.norm_eps); }
   }
   if (!a.act.defined()) {
     a.act = act({N, m.F});
-    swiglu_forward(a.u, a.act);
+    { TIMED("swiglu"); swiglu_forward(a.u, a.act); }
   }
   if (!a.nsa_saved) {
     Tensor o = act({N, m.H * m.D});  // equals a.o bit for bit
@@ -329,22 +337,22 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   // MLP: x' = h + w_out(swiglu(w_in(rmsnorm(h))))
   Tensor dact = act({N, m.F});
   Tensor g_out = G("mlp/w_out"), g_in = G("mlp/w_in");
-  linear_backward(dx_out, a.act, W("mlp/w_out"), {&dact, &g_out, nullptr});
+  { TIMED("matmul"); linear_backward(dx_out, a.act, W("mlp/w_out"), {&dact, &g_out, nullptr}); }
   Tensor du = act({N, 2 * m.F});
-  swiglu_backward(dact, a.u, du);
+  { TIMED("swiglu"); swiglu_backward(dact, a.u, du); }
   dact = Tensor();
   Tensor dhn = act({N, m.C});
-  linear_backward(du, a.hn, W("mlp/w_in"), {&dhn, &g_in, nullptr});
+  { TIMED("matmul"); linear_backward(du, a.hn, W("mlp/w_in"), {&dhn, &g_in, nullptr}); }
   du = Tensor();
   Tensor dh = act({N, m.C});
   Tensor g_mlp_norm = G("mlp_norm");
-  rmsnorm_backward(dhn, a.h, W("mlp_norm"), a.rstd2, dh, g_mlp_norm, &dx_out);
+  { TIMED("rmsnorm"); rmsnorm_backward(dhn, a.h, W("mlp_norm"), a.rstd2, dh, g_mlp_norm, &dx_out); }
   dhn = Tensor();
 
   // Attention: h = x + wo(nsa(split(wqkv(rmsnorm(x)))))
   Tensor d_o = act({N, m.H * m.D});
   Tensor g_wo = G("attn/wo");
-  linear_backward(dh, a.o, W("attn/wo"), {&d_o, &g_wo, nullptr});
+  { TIMED("matmul"); linear_backward(dh, a.o, W("attn/wo"), {&d_o, &g_wo, nullptr}); }
   Tensor dp = act({N, m.G * m.group_width()});
   {
     Tensor dq = act({N, m.H * m.D}), dgate = act({N, m.H * 3});
@@ -352,17 +360,17 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
     for (auto& t : dkv) t = act({N, m.G * m.D});
     Tensor* dparts[8] = {&dq, &dkv[0], &dkv[1], &dkv[2], &dkv[3], &dkv[4], &dkv[5], &dgate};
     core_backward(l, a, d_o, dparts, B, T);
-    split_or_gather(m, N, dp, dparts, false);
+    { TIMED("split/gather projection"); split_or_gather(m, N, dp, dparts, false); }
   }
   d_o = Tensor();
   a.nsa_saved.reset();
   Tensor dxn = act({N, m.C});
   Tensor g_wqkv = G("attn/wqkv");
-  linear_backward(dp, a.xn, W("attn/wqkv"), {&dxn, &g_wqkv, nullptr});
+  { TIMED("matmul"); linear_backward(dp, a.xn, W("attn/wqkv"), {&dxn, &g_wqkv, nullptr}); }
   dp = Tensor();
   dx_in = act({N, m.C});
   Tensor g_attn_norm = G("attn_norm");
-  rmsnorm_backward(dxn, a.x, W("attn_norm"), a.rstd1, dx_in, g_attn_norm, &dh);
+  { TIMED("rmsnorm"); rmsnorm_backward(dxn, a.x, W("attn_norm"), a.rstd1, dx_in, g_attn_norm, &dh); }
 }
 
 double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
@@ -384,7 +392,7 @@ double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, st
     x = y;
   }
   Tensor rstdf = stat({N}), xf = act({N, m.C});
-  rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps);
+  { TIMED("rmsnorm"); rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps); }
 
   // LM head and loss, chunk by chunk, with the chunk's backward right away.
   Tensor loss = stat({1});
@@ -398,14 +406,14 @@ double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, st
     const std::int64_t r1 = std::min(N, r0 + head_chunk_);
     Tensor xc = xf.slice0(r0, r1), dxc = dxf.slice0(r0, r1);
     Tensor logits = act({r1 - r0, m.V});
-    linear_forward(xc, E, nullptr, logits);
-    cross_entropy_fused(logits, tgt.span.subspan(std::size_t(r0), std::size_t(r1 - r0)), loss, grad_scale, ce);
-    linear_backward(logits, xc, E, {&dxc, &dE, nullptr});
+    { TIMED("matmul"); linear_forward(xc, E, nullptr, logits); }
+    { TIMED("cross entropy"); cross_entropy_fused(logits, tgt.span.subspan(std::size_t(r0), std::size_t(r1 - r0)), loss, grad_scale, ce); }
+    { TIMED("matmul"); linear_backward(logits, xc, E, {&dxc, &dE, nullptr}); }
   }
   xf = Tensor();
   Tensor dx = act({N, m.C});
   Tensor g_final = params_.grad("model/final_norm");
-  rmsnorm_backward(dxf, x, weight("model/final_norm"), rstdf, dx, g_final);
+  { TIMED("rmsnorm"); rmsnorm_backward(dxf, x, weight("model/final_norm"), rstdf, dx, g_final); }
   dxf = Tensor();
   x = Tensor();
   for (std::int64_t l = m.L - 1; l >= 0; --l) {
@@ -415,7 +423,7 @@ double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, st
     dx = dx_in;
   }
   Tensor g_embed = params_.grad("model/embedding");
-  embedding_backward(ids.span, dx, g_embed);
+  { TIMED("embedding"); embedding_backward(ids.span, dx, g_embed); }
   const MemoryStats after = memory_stats(device_);
   last_activation_peak_ = after.peak > base ? after.peak - base : 0;
   return loss.to_vector()[0];
@@ -428,7 +436,7 @@ double NsaTransformer::evaluate(std::span<const std::int32_t> tokens, std::span<
   const Ids ids(tokens, device_), tgt(targets, device_);
   Tensor x = forward_layers(ids, B, T);
   Tensor rstdf = stat({N}), xf = act({N, m.C});
-  rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps);
+  { TIMED("rmsnorm"); rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps); }
   Tensor loss = stat({1});
   loss.zero_();
   CrossEntropyOptions ce;
@@ -437,8 +445,8 @@ double NsaTransformer::evaluate(std::span<const std::int32_t> tokens, std::span<
   for (std::int64_t r0 = 0; r0 < N; r0 += head_chunk_) {
     const std::int64_t r1 = std::min(N, r0 + head_chunk_);
     Tensor logits = act({r1 - r0, m.V}), lse = stat({r1 - r0});
-    linear_forward(xf.slice0(r0, r1), head_weight(), nullptr, logits);
-    cross_entropy_forward(logits, tgt.span.subspan(std::size_t(r0), std::size_t(r1 - r0)), loss, lse, ce);
+    { TIMED("matmul"); linear_forward(xf.slice0(r0, r1), head_weight(), nullptr, logits); }
+    { TIMED("cross entropy"); cross_entropy_forward(logits, tgt.span.subspan(std::size_t(r0), std::size_t(r1 - r0)), loss, lse, ce); }
   }
   return loss.to_vector()[0];
 }
@@ -450,9 +458,9 @@ Tensor NsaTransformer::last_logits(std::span<const std::int32_t> tokens, std::in
   Tensor last = act({B, m.C});
   for (std::int64_t b = 0; b < B; ++b) last.slice0(b, b + 1).copy_from(x.slice0(b * T + T - 1, b * T + T));
   Tensor rstd = stat({B}), xf = act({B, m.C});
-  rmsnorm_forward(last, weight("model/final_norm"), xf, rstd, m.norm_eps);
+  { TIMED("rmsnorm"); rmsnorm_forward(last, weight("model/final_norm"), xf, rstd, m.norm_eps); }
   Tensor logits = act({B, m.V});
-  linear_forward(xf, head_weight(), nullptr, logits);
+  { TIMED("matmul"); linear_forward(xf, head_weight(), nullptr, logits); }
   return logits;
 }
 

@@ -1,0 +1,32 @@
+// Time per op family inside a training step, for benchmarks: scopes placed around the
+// model's calls record elapsed time (CUDA events on the GPU, a steady clock on the CPU) under
+// a family name. Off by default and switched on only by a program's own call (never by an
+// environment variable); when off, a scope costs one flag test. The model's scopes do not
+// nest, so the families add up to the step's op time.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor/dtype.h"
+
+namespace nsatron::op_timer {
+
+void enable(bool on);
+bool enabled();
+void reset();
+// Milliseconds per family since the last reset, largest first (waits for the GPU).
+std::vector<std::pair<std::string, double>> totals_ms();
+
+class Scope {
+ public:
+  Scope(const char* family, Device device);
+  ~Scope();
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  int slot_ = -1;
+};
+
+}  // namespace nsatron::op_timer
