@@ -1,5 +1,7 @@
 // GPU benchmark of the NSA attention core (nsa/cuda/nsa_cuda.h): forward and backward time
-// in bf16 (fp32 math) with CUDA events after a warm-up.
+// in bf16 with CUDA events after a warm-up. Per-kernel times: run it under
+// `ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel`
+// with `--reps 1` (docs/performance.md, "NSA CUDA kernels: optimisation log").
 //
 //   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m] [--T 8192,32768,65536]
 //

@@ -19,8 +19,13 @@
 // (found by scanning sel_blocks 128 positions at a time and compacting with a ballot, which
 // keeps them in ascending order).
 //
+// For bf16 the row side of the selection and window branches runs the tensor-core kernel of
+// attention_tc.cuh instead (RowArgs::tck set). The compression key side is split over query
+// ranges (cmp_key_splits) whose partial sums split_sum_kernel adds in ascending order.
+//
 // Masks: window s in (t-w, t]; compression i*d+l-1 <= t; selection s <= t.
 #include <algorithm>
+#include <type_traits>
 
 #include "nsa/cuda/internal.cuh"
 
@@ -77,6 +82,8 @@ __device__ void load_key_tile(const Geo& g, int b, int gi, int s0, int cnt,
     Vs[kk * STR + dd] = vv;
   }
 }
+
+#include "nsa/cuda/attention_tc.cuh"
 
 __device__ __forceinline__ float dot4(const float4 a, const float4 b) {
   return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
@@ -355,6 +362,11 @@ __global__ void __launch_bounds__(KEY_THREADS) key_kernel(Geo g, KeyArgs a, int 
   } else if constexpr (BR == kCmp) {
     pbeg = s0 * g.d + g.l - 1;
     pend = g.T;
+    if (gridDim.y > 1) {  // this block's range of query positions
+      const int span = (g.T + gridDim.y - 1) / gridDim.y;
+      pbeg = max(pbeg, int(blockIdx.y) * span);
+      pend = min(pend, int(blockIdx.y + 1) * span);
+    }
   } else {
     pbeg = s0;
     pend = g.T;
@@ -489,13 +501,35 @@ __global__ void __launch_bounds__(KEY_THREADS) key_kernel(Geo g, KeyArgs a, int 
     const float dv = Tv[kk * STR + dd];
     if constexpr (BR == kCmp) {
       const std::int64_t o = ((std::int64_t(b) * g.N + s) * g.G + gi) * g.D + dd;
-      static_cast<float*>(a.dk)[o] = dk;
-      static_cast<float*>(a.dv)[o] = dv;
+      if (gridDim.y > 1) {
+        const std::int64_t so = std::int64_t(blockIdx.y) * g.B * g.N * g.G * g.D + o;
+        a.split_dk[so] = dk;
+        a.split_dv[so] = dv;
+      } else {
+        static_cast<float*>(a.dk)[o] = dk;
+        static_cast<float*>(a.dv)[o] = dv;
+      }
     } else {
       const std::int64_t o = ((std::int64_t(b) * g.T + s) * g.G + gi) * g.D + dd;
       static_cast<T*>(a.dk)[o] = stf<T>(dk);
       static_cast<T*>(a.dv)[o] = stf<T>(dv);
     }
+  }
+}
+
+// dk[i] = sum over the splits in ascending order of part_k[split][i] (and dv alike).
+__global__ void split_sum_kernel(const float* __restrict__ pk, const float* __restrict__ pv,
+                                 float* __restrict__ dk, float* __restrict__ dv, std::int64_t n,
+                                 int nsplit) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    float sk = 0.f, sv = 0.f;
+    for (int sp = 0; sp < nsplit; ++sp) {
+      sk += pk[sp * n + i];
+      sv += pv[sp * n + i];
+    }
+    dk[i] = sk;
+    dv[i] = sv;
   }
 }
 
@@ -506,6 +540,12 @@ void check_grid_z(const Geo& g) {
 
 template <class T, int DP, int BR, bool BWD>
 void row_impl(const Geo& g, const RowArgs& a, cudaStream_t s) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (a.tck) {
+      tc::row_launch<DP, BR, BWD>(g, a, s);
+      return;
+    }
+  }
   const int nch = (g.h + RMAX - 1) / RMAX;
   const int hc = (g.h + nch - 1) / nch;
   const int QT = BR == kSlc ? 1 : std::max(1, RMAX / hc);
@@ -532,9 +572,17 @@ void keys_impl(const Geo& g, const KeyArgs& a, cudaStream_t s) {
   constexpr std::size_t smem = key_smem_bytes<DP>();
   CUDA_CHECK(cudaFuncSetAttribute(key_kernel<T, DP, BR>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned(tiles), 1, unsigned(g.B * g.G));
+  const int nsplit = BR == kCmp ? cmp_key_splits(g) : 1;
+  const dim3 grid(unsigned(tiles), unsigned(nsplit), unsigned(g.B * g.G));
   key_kernel<T, DP, BR><<<grid, KEY_THREADS, smem, s>>>(g, a, subtiles);
   check_launch("key_kernel");
+  if (nsplit > 1) {
+    const std::int64_t n = std::int64_t(g.B) * g.N * g.G * g.D;
+    split_sum_kernel<<<grid1(n, 256), 256, 0, s>>>(a.split_dk, a.split_dv,
+                                                   static_cast<float*>(a.dk),
+                                                   static_cast<float*>(a.dv), n, nsplit);
+    check_launch("split_sum_kernel");
+  }
 }
 
 template <class T, int DP>
@@ -576,6 +624,21 @@ void launch_keys(const Geo& g, int branch, const KeyArgs& a, cudaStream_t s) {
     default: keys_dispatch_br<T, 128>(g, branch, a, s); break;
   }
 }
+
+template <class S>
+void launch_tc_pad(const Geo& g, const S* src, bf16* dst, const float2* rope, int NK,
+                   cudaStream_t s) {
+  const std::int64_t rows = std::int64_t(g.B) * NK * g.G;
+  if (rows == 0) return;
+  const int DP = padded_dim(g.D);
+  tc::pad_kernel<S><<<grid1(rows * (DP / 2), 256), 256, 0, s>>>(src, dst, rope, rows, NK, g.G,
+                                                                g.D, DP);
+  check_launch("tc::pad_kernel");
+}
+template void launch_tc_pad<float>(const Geo&, const float*, bf16*, const float2*, int,
+                                   cudaStream_t);
+template void launch_tc_pad<bf16>(const Geo&, const bf16*, bf16*, const float2*, int,
+                                  cudaStream_t);
 
 template void launch_row<float>(const Geo&, int, bool, const RowArgs&, cudaStream_t);
 template void launch_row<bf16>(const Geo&, int, bool, const RowArgs&, cudaStream_t);

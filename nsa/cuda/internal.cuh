@@ -141,7 +141,16 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   void* dgate;         // T [B,T,H,3] or null
   float* dq;           // fp32 [B,T,H,D], rotated space, or null
   bool accumulate;     // dq += (else =)
+  // bf16 only, optional: padded bf16 copies [B, NK, G, padded_dim(D)] of the branch keys
+  // (RoPE applied) and values (launch_tc_pad); when set, the tensor-core kernel runs.
+  const void* tck;
+  const void* tcv;
 };
+// Padded bf16 copy of src [B, NK, G, D] (S = bf16 or float) into dst [B, NK, G, padded_dim(D)],
+// rotated at position s (the row's key index) when rope is non-null; zeros past D.
+template <class S>
+void launch_tc_pad(const Geo& g, const S* src, __nv_bfloat16* dst, const float2* rope, int NK,
+                   cudaStream_t s);
 template <class T>
 void launch_row(const Geo& g, int branch, bool backward, const RowArgs& a, cudaStream_t s);
 
@@ -157,7 +166,17 @@ struct KeyArgs {  // key-side backward kernels
   const float* delta;
   void* dk;            // T [B,T,G,D] (slc, win) or fp32 [B,N,G,D] (cmp), unrotated
   void* dv;
+  // compression only: the queries are split into cmp_key_splits(g) position ranges; with
+  // more than one, each range writes its partial dK, dV to split_dk/split_dv
+  // [splits][B,N,G,D] and a second pass sums the ranges in ascending order.
+  float* split_dk;
+  float* split_dv;
 };
+inline int cmp_key_splits(const Geo& g) {
+  if (g.N == 0) return 1;
+  const int s = g.T / 512;
+  return s < 1 ? 1 : (s > 16 ? 16 : s);
+}
 template <class T>
 void launch_keys(const Geo& g, int branch, const KeyArgs& a, cudaStream_t s);
 

@@ -8,7 +8,9 @@
 //           hence delta_c = g_c (do . o_c), d gate and dq (fp32, rotated; inverse rotation
 //           after the three branches) -> key side of the window, selected and compressed
 //           keys -> compression backward (tokens, W, p).
+#include <algorithm>
 #include <map>
+#include <type_traits>
 #include <mutex>
 
 #include "core/util/error.h"
@@ -76,6 +78,7 @@ class Workspace {
  public:
   enum Slot : int {
     kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDq, kDkc, kDvc, kTokK, kTokV, kWt, kSum,
+    kTcK, kTcV, kSplit,
     kNumSlots
   };
   ~Workspace() {
@@ -136,6 +139,24 @@ void check_dims(const NsaDims& dims) {
     throw UserError("NSA attention on CUDA: tensor too large");
   if (dims.B * dims.G > 65535)
     throw UserError("NSA attention on CUDA: batch * model.n_kv_heads must be at most 65535");
+}
+
+// bf16: padded bf16 copies of a branch's keys (rotated) and values for the tensor-core row
+// kernels (RowArgs::tck, tcv); fp32: nothing (the fp32 kernels read the inputs).
+template <class T, class S>
+void tc_prepare(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v,
+                const float2* rope, int NK, cudaStream_t s) {
+  a.tck = a.tcv = nullptr;
+  if constexpr (std::is_same_v<T, bf16>) {
+    const std::size_t bytes =
+        std::size_t(std::max<std::int64_t>(1, std::int64_t(g.B) * NK * g.G * padded_dim(g.D))) * 2;
+    auto* kd = static_cast<bf16*>(ws.get(Workspace::kTcK, bytes, s));
+    auto* vd = static_cast<bf16*>(ws.get(Workspace::kTcV, bytes, s));
+    launch_tc_pad<S>(g, k, kd, rope, NK, s);
+    launch_tc_pad<S>(g, v, vd, nullptr, NK, s);
+    a.tck = kd;
+    a.tcv = vd;
+  }
 }
 
 }  // namespace
@@ -245,11 +266,13 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   launch_select<T>(g, in.q, rope, kc, lse, sel, stream);
   a.k = in.k_slc;
   a.v = in.v_slc;
+  tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
   a.o = o + BTH * dims.D;
   a.lse = lse + BTH;
   launch_row<T>(g, kSlc, false, a, stream);
   a.k = in.k_win;
   a.v = in.v_win;
+  tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream);
   a.o = o + 2 * BTH * dims.D;
   a.lse = lse + 2 * BTH;
   launch_row<T>(g, kWin, false, a, stream);
@@ -300,6 +323,14 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       a.gsig = gsig + br * BTH;
       a.delta = delta + br * BTH;
       a.accumulate = br != kCmp;
+      // The compression branch stays on the fp32 kernel: its delta feeds the fp32 key side
+      // and the compression maps, whose parity needs scores consistent with the fp32 lse.
+      if (br == kCmp)
+        a.tck = a.tcv = nullptr;
+      else if (br == kSlc)
+        tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
+      else
+        tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream);
       launch_row<T>(g, br, true, a, stream);
     }
   }
@@ -339,6 +370,13 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   if (need_k || need_v) {
     auto* dkc = static_cast<float*>(ws.get(Workspace::kDkc, kvn * 4 + 4, stream));
     auto* dvc = static_cast<float*>(ws.get(Workspace::kDvc, kvn * 4 + 4, stream));
+    const int nsplit = cmp_key_splits(g);
+    if (nsplit > 1) {
+      auto* part = static_cast<float*>(
+          ws.get(Workspace::kSplit, std::size_t(2 * nsplit) * kvn * 4 + 4, stream));
+      ka.split_dk = part;
+      ka.split_dv = part + std::size_t(nsplit) * kvn;
+    }
     key_pass(kCmp, saved.k_cmp_blocks, saved.v_cmp_blocks, dkc, dvc);
     auto* wt = static_cast<float*>(ws.get(
         Workspace::kWt, std::size_t(dims.G * dims.cmp_block * D * D) * 4, stream));

@@ -3,7 +3,9 @@
 // (NSATRON_WITH_CUDA); docs/nsa.md ("CUDA kernels") describes the kernels.
 //
 // Element type T: float (fp32 storage and math) or __nv_bfloat16 (bf16 storage of the
-// inputs, outputs and activation gradients; all arithmetic and accumulation in fp32).
+// inputs, outputs and activation gradients; accumulation in fp32; the row side of the
+// selection and window branches multiplies bf16 operands on the tensor cores, the rest is
+// fp32 arithmetic).
 // Layouts are those of nsa/nsa.h (contiguous, row-major): q, out, d_out [B,T,H,D];
 // k_*, v_* [B,T,G,D]; gate [B,T,H,3]; cmp_wk, cmp_wv [G,l*D,D]; cmp_pk, cmp_pv [G,l,D].
 //

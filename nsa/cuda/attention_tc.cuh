@@ -1,0 +1,483 @@
+// Tensor-core row side of the branch attention (bf16 storage only; included by attention.cu).
+//
+// One warp owns 16 query rows of one (batch, group) and runs the whole key range of those
+// rows on its own (no block-wide barrier): selection, the h heads of one position (in
+// chunks of 16; rows past h are zero); window and compression, 16 consecutive rows of the
+// flattened (position, head) order of the group, i.e. all heads of ceil(16/h)+1 positions
+// at most. Keys come from a padded bf16 copy [B, NK, G, DP] (RoPE already applied, zeros
+// past D: see tc_pad_kernel), streamed through the warp's shared memory in tiles of KTC keys
+// with cp.async, double buffered. Products are mma.sync m16n8k16 (bf16 in, fp32 accumulate):
+//   forward   S = Q K^T, online softmax in fp32 (exp2 domain), O += P V (P rounded to bf16),
+//             O / l and lse = m + log(l) written as the fp32 kernel does;
+//   backward  two passes over the keys. Pass 1: S = Q K^T, dP = dO V^T, p = exp(scale s -
+//             lse), lsum += p dP (fp32): lsum = do . o_c, hence delta = g lsum and dgate.
+//             Pass 2: the same S, dP, p; dS = p (dP - lsum) in fp32, rounded to bf16,
+//             A += dS K; dq (+)= scale g A. (One pass with A = sum p dP k and B = sum p k,
+//             dq ~ A - lsum B as the fp32 kernel does, cancels badly once P and dP are
+//             rounded to bf16: with one key, dq = 0 exactly but A - lsum B keeps the
+//             rounding error of dP.)
+// Every output element is written by one thread after a fixed sequence of mma's: the
+// results are deterministic.
+// Included inside namespace nsatron::nsa::cuda::detail::{anonymous} of attention.cu.
+#pragma once
+
+namespace tc {
+
+using bf16 = __nv_bfloat16;
+constexpr int kWarps = 4;
+
+template <int DP>
+struct Cfg {
+  static constexpr int KTC = 16;  // keys per tile
+  static constexpr int STR = DP + 8;               // bf16 per shared row (16 B pad: no conflicts)
+};
+
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<std::uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void mma(float* c, const std::uint32_t* a, std::uint32_t b0,
+                                    std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm4(std::uint32_t* r, const bf16* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldsm4t(std::uint32_t* r, const bf16* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void cp16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+// A fragments (16 rows x 16 dims at column k0) of a row-major [16][STR] shared array.
+template <int STR>
+__device__ __forceinline__ void frag_a(std::uint32_t* r, const bf16* base, int k0, int lane) {
+  ldsm4(r, base + (lane & 15) * STR + k0 + (lane >> 4) * 8);
+}
+// B fragments of X^T for two n-tiles (keys n0..n0+15) at dims k0..k0+15, X = [key][dim]:
+// r[0], r[1] for keys n0..n0+7, r[2], r[3] for n0+8..n0+15.
+template <int STR>
+__device__ __forceinline__ void frag_bt(std::uint32_t* r, const bf16* base, int n0, int k0,
+                                        int lane) {
+  ldsm4(r, base + (n0 + (lane >> 4) * 8 + (lane & 7)) * STR + k0 + ((lane >> 3) & 1) * 8);
+}
+// B fragments of X for keys k0..k0+15 and two n-tiles of dims n0..n0+15, X = [key][dim].
+template <int STR>
+__device__ __forceinline__ void frag_b(std::uint32_t* r, const bf16* base, int k0, int n0,
+                                       int lane) {
+  ldsm4t(r, base + (k0 + (lane & 15)) * STR + n0 + (lane >> 4) * 8);
+}
+
+// Padded bf16 copy: dst[row][0..DP) = (rope ? RoPE(src row, pos) : src row), zeros past D.
+// Rows are (b, s, g) with s < NK; the RoPE position of key s is s (tokens).
+template <class S>
+__global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
+                           const float2* __restrict__ rope, std::int64_t rows, int NK, int G,
+                           int D, int DP) {
+  const int half = D / 2, hp = DP / 2;
+  const std::int64_t total = rows * hp;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t row = idx / hp;
+    const int dd = int(idx % hp) * 2;
+    const S* x = src + row * D;
+    float v0 = 0.f, v1 = 0.f;
+    if (dd < D) {
+      if (rope) {
+        const int s = int((row / G) % NK);
+        const float2* cs = rope + std::int64_t(s) * half;
+        v0 = rope_elem(x, dd, half, cs);
+        v1 = rope_elem(x, dd + 1, half, cs);
+      } else {
+        v0 = ldf(x[dd]);
+        v1 = ldf(x[dd + 1]);
+      }
+    }
+    *reinterpret_cast<__nv_bfloat162*>(dst + row * DP + dd) = __floats2bfloat162_rn(v0, v1);
+  }
+}
+
+template <int DP, bool BWD>
+constexpr std::size_t smem_bytes() {
+  using C = Cfg<DP>;
+  return std::size_t(kWarps) * (16 * C::STR * (BWD ? 2 : 1) + 4 * C::KTC * C::STR) * 2;
+}
+
+template <int BR>
+__device__ __forceinline__ bool kmask(const Geo& g, int t, int s) {
+  if constexpr (BR == kWin) return s <= t && s > t - g.w;
+  if constexpr (BR == kCmp) return s * g.d + g.l - 1 <= t;
+  return s <= t;
+}
+
+template <int DP, int BR, bool BWD>
+__global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int nunits) {
+  using C = Cfg<DP>;
+  constexpr int KTC = C::KTC, STR = C::STR, NT = KTC / 8, DT = DP / 8;
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ float4 smem4[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int unit = blockIdx.x * kWarps + warp;
+  if (unit >= nunits) return;  // warp-uniform; no block-wide barriers below
+  bf16* Qs = reinterpret_cast<bf16*>(smem4) +
+             std::size_t(warp) * (16 * STR * (BWD ? 2 : 1) + 4 * KTC * STR);
+  bf16* Os = Qs + 16 * STR;                      // backward: d_out rows
+  bf16* Ks = Qs + 16 * STR * (BWD ? 2 : 1);      // [2][KTC][STR]
+  bf16* Vs = Ks + 2 * KTC * STR;                 // [2][KTC][STR]
+  const int b = blockIdx.y / g.G, gi = blockIdx.y % g.G;
+  const int NK = BR == kCmp ? g.N : g.T;
+  const bf16* kp = static_cast<const bf16*>(a.tck);
+  const bf16* vp = static_cast<const bf16*>(a.tcv);
+  const bf16* q = static_cast<const bf16*>(a.q);
+
+  // Rows of this warp: row i -> (t, head). Slc: one position; others: flattened order.
+  int tfirst, tlast;
+  auto row_of = [&](int i, int& t, int& head) -> bool {
+    if constexpr (BR == kSlc) {
+      const int nch = (g.h + 15) / 16;
+      t = unit / nch;
+      head = (unit % nch) * 16 + i;
+      return head < g.h;
+    } else {
+      const std::int64_t rho = std::int64_t(unit) * 16 + i;
+      t = int(rho / g.h);
+      head = int(rho % g.h);
+      return t < g.T;
+    }
+  };
+  {
+    int t, hd;
+    row_of(0, t, hd);
+    tfirst = t;
+    int i = 15;
+    while (!row_of(i, t, hd)) --i;  // row 0 is always valid
+    tlast = t;
+  }
+  // Stage the rotated queries (and d_out) as bf16.
+  for (int idx = lane; idx < 16 * (DP / 2); idx += 32) {
+    const int i = idx / (DP / 2), dd = (idx % (DP / 2)) * 2;
+    int t, hd;
+    const bool ok = row_of(i, t, hd) && dd < g.D;
+    float q0 = 0.f, q1 = 0.f, o0 = 0.f, o1 = 0.f;
+    if (ok) {
+      const std::int64_t row = (std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd;
+      const float2* cs = a.rope + std::int64_t(t) * g.half;
+      q0 = rope_elem(q + row * g.D, dd, g.half, cs);
+      q1 = rope_elem(q + row * g.D, dd + 1, g.half, cs);
+      if constexpr (BWD) {
+        const __nv_bfloat162 ov =
+            *reinterpret_cast<const __nv_bfloat162*>(static_cast<const bf16*>(a.dout) + row * g.D + dd);
+        o0 = __bfloat162float(ov.x);
+        o1 = __bfloat162float(ov.y);
+      }
+    }
+    *reinterpret_cast<std::uint32_t*>(Qs + i * STR + dd) = pack2(q0, q1);
+    if constexpr (BWD) *reinterpret_cast<std::uint32_t*>(Os + i * STR + dd) = pack2(o0, o1);
+  }
+  // This thread's two rows: r = lane/4 and lane/4 + 8.
+  const int gr = lane >> 2, gc = lane & 3;
+  int rt[2];
+  bool rv[2];
+  std::int64_t rowg[2];
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    int t, hd;
+    rv[h2] = row_of(gr + 8 * h2, t, hd);
+    rt[h2] = rv[h2] ? t : tfirst;
+    rowg[h2] = (std::int64_t(b) * g.T + rt[h2]) * g.H + gi * g.h + (rv[h2] ? hd : 0);
+  }
+
+  // Key tiles: tile k -> [s0, s0 + cnt).
+  const std::int32_t* selrow =
+      BR == kSlc ? a.sel + ((std::int64_t(b) * g.T + tfirst) * g.G + gi) * g.n : nullptr;
+  int ntiles, beg = 0, end = 0, tpb = 1;
+  if constexpr (BR == kSlc) {
+    tpb = (g.ls + KTC - 1) / KTC;
+    int nv = 0;
+    while (nv < g.n && selrow[nv] >= 0) ++nv;
+    ntiles = nv * tpb;
+  } else if constexpr (BR == kWin) {
+    beg = max(0, tfirst - g.w + 1);
+    end = tlast + 1;
+    ntiles = (end - beg + KTC - 1) / KTC;
+  } else {
+    end = visible_blocks(g, tlast);
+    ntiles = (end + KTC - 1) / KTC;
+  }
+  auto tile = [&](int k, int& s0, int& cnt) {
+    if constexpr (BR == kSlc) {
+      const int j = selrow[k / tpb];
+      s0 = j * g.ls + (k % tpb) * KTC;
+      cnt = min(KTC, min(j * g.ls + g.ls, tfirst + 1) - s0);
+    } else {
+      s0 = beg + k * KTC;
+      cnt = min(KTC, end - s0);
+    }
+  };
+  const int nsteps = BWD ? 2 * ntiles : ntiles;
+  auto issue = [&](int k) {
+    if (k < nsteps) {
+      int s0, cnt;
+      tile(k % ntiles, s0, cnt);
+      bf16* kd = Ks + (k & 1) * KTC * STR;
+      bf16* vd = Vs + (k & 1) * KTC * STR;
+      const std::int64_t base = (std::int64_t(b) * NK) * g.G + gi;
+      for (int idx = lane; idx < KTC * (DP / 8); idx += 32) {
+        const int kk = idx / (DP / 8), ch = (idx % (DP / 8)) * 8;
+        const bool ok = kk < cnt;
+        const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch : 0;
+        cp16(kd + kk * STR + ch, kp + off, ok);
+        cp16(vd + kk * STR + ch, vp + off, ok);
+      }
+    }
+    cp_commit();
+  };
+
+  const float sl2 = g.scale * kLog2e;
+  float m2[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
+  float acc[DT][4];
+  float dot[2] = {0.f, 0.f};  // backward: do . o_c per row, after pass 1
+#pragma unroll
+  for (int j = 0; j < DT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  float lrow2[2] = {0.f, 0.f};  // backward: lse in the exp2 domain
+  if constexpr (BWD) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) lrow2[h2] = rv[h2] ? a.lse_in[rowg[h2]] * kLog2e : 0.f;
+  }
+  std::uint32_t qf[BWD ? 1 : DP / 16][4];
+  __syncwarp();
+  if constexpr (!BWD) {
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk) frag_a<STR>(qf[kk], Qs, kk * 16, lane);
+  }
+
+  issue(0);
+  for (int k = 0; k < nsteps; ++k) {
+    const bool pass2 = BWD && k >= ntiles;
+    if (BWD && k == ntiles) {  // end of pass 1: full row sums (fixed xor order)
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        dot[h2] = ls[h2] + __shfl_xor_sync(0xffffffffu, ls[h2], 1);
+        dot[h2] += __shfl_xor_sync(0xffffffffu, dot[h2], 2);
+      }
+    }
+    issue(k + 1);
+    cp_wait1();
+    __syncwarp();
+    int s0, cnt;
+    tile(k % ntiles, s0, cnt);
+    const bf16* Kt = Ks + (k & 1) * KTC * STR;
+    const bf16* Vt = Vs + (k & 1) * KTC * STR;
+    float s[NT][4], dp[BWD ? NT : 1][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = 0.f;
+        if constexpr (BWD) dp[n][e] = 0.f;
+      }
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk) {
+      std::uint32_t qa[4], oa[4];
+      if constexpr (BWD) {
+        frag_a<STR>(qa, Qs, kk * 16, lane);
+        frag_a<STR>(oa, Os, kk * 16, lane);
+      }
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        std::uint32_t kb[4];
+        frag_bt<STR>(kb, Kt, np * 16, kk * 16, lane);
+        const std::uint32_t* qq = BWD ? qa : qf[kk];
+        mma(s[2 * np], qq, kb[0], kb[1]);
+        mma(s[2 * np + 1], qq, kb[2], kb[3]);
+        if constexpr (BWD) {
+          std::uint32_t vb[4];
+          frag_bt<STR>(vb, Vt, np * 16, kk * 16, lane);
+          mma(dp[2 * np], oa, vb[0], vb[1]);
+          mma(dp[2 * np + 1], oa, vb[2], vb[3]);
+        }
+      }
+    }
+    // Masks and probabilities (fp32).
+    bool ok[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
+        ok[n][e] = rv[h2] && kk < cnt && kmask<BR>(g, rt[h2], s0 + kk);
+      }
+    std::uint32_t pa[BWD ? 1 : NT / 2][4], ea[BWD ? NT / 2 : 1][4];
+    if constexpr (!BWD) {
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int ee = 2 * h2 + e;
+            s[n][ee] = ok[n][ee] ? s[n][ee] * sl2 : -INFINITY;
+            mx = fmaxf(mx, s[n][ee]);
+          }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m2[h2], mx);
+        float corr = 1.f;
+        if (mnew != -INFINITY) corr = exp2f(m2[h2] - mnew);
+        const float msub = mnew == -INFINITY ? 0.f : mnew;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int ee = 2 * h2 + e;
+            s[n][ee] = ok[n][ee] ? exp2f(s[n][ee] - msub) : 0.f;
+            sum += s[n][ee];
+          }
+        ls[h2] = ls[h2] * corr + sum;
+        m2[h2] = mnew;
+#pragma unroll
+        for (int j = 0; j < DT; ++j) {
+          acc[j][2 * h2] *= corr;
+          acc[j][2 * h2 + 1] *= corr;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h2 = e >> 1;
+          const float p = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[h2]) : 0.f;
+          if (pass2) {
+            dp[n][e] = p * (dp[n][e] - dot[h2]);  // dS / scale
+          } else {
+            ls[h2] += p * dp[n][e];
+          }
+        }
+      if (!pass2) {
+        __syncwarp();
+        continue;
+      }
+    }
+#pragma unroll
+    for (int k2 = 0; k2 < NT / 2; ++k2) {
+      if constexpr (!BWD) {
+        pa[k2][0] = pack2(s[2 * k2][0], s[2 * k2][1]);
+        pa[k2][1] = pack2(s[2 * k2][2], s[2 * k2][3]);
+        pa[k2][2] = pack2(s[2 * k2 + 1][0], s[2 * k2 + 1][1]);
+        pa[k2][3] = pack2(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
+      } else {
+        ea[k2][0] = pack2(dp[2 * k2][0], dp[2 * k2][1]);
+        ea[k2][1] = pack2(dp[2 * k2][2], dp[2 * k2][3]);
+        ea[k2][2] = pack2(dp[2 * k2 + 1][0], dp[2 * k2 + 1][1]);
+        ea[k2][3] = pack2(dp[2 * k2 + 1][2], dp[2 * k2 + 1][3]);
+      }
+    }
+    // forward: acc += P V; backward (pass 2): acc += dS K.
+#pragma unroll
+    for (int k2 = 0; k2 < NT / 2; ++k2)
+#pragma unroll
+      for (int jp = 0; jp < DT / 2; ++jp) {
+        std::uint32_t xb[4];
+        frag_b<STR>(xb, BWD ? Kt : Vt, k2 * 16, jp * 16, lane);
+        if constexpr (BWD) {
+          mma(acc[2 * jp], ea[k2], xb[0], xb[1]);
+          mma(acc[2 * jp + 1], ea[k2], xb[2], xb[3]);
+        } else {
+          mma(acc[2 * jp], pa[k2], xb[0], xb[1]);
+          mma(acc[2 * jp + 1], pa[k2], xb[2], xb[3]);
+        }
+      }
+    __syncwarp();  // the buffer of tile k is refilled by issue(k + 2)
+  }
+
+  // Row sums over the 4 threads of a row (fixed order of the xor tree).
+  if constexpr (!BWD) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      ls[h2] += __shfl_xor_sync(0xffffffffu, ls[h2], 1);
+      ls[h2] += __shfl_xor_sync(0xffffffffu, ls[h2], 2);
+    }
+  }
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    if (!rv[h2]) continue;
+    const std::int64_t row = rowg[h2];
+    if constexpr (!BWD) {
+      const bool any = ls[h2] > 0.f;
+      const float inv = any ? 1.f / ls[h2] : 0.f;
+      bf16* o = static_cast<bf16*>(a.o) + row * g.D;
+#pragma unroll
+      for (int j = 0; j < DT; ++j) {
+        const int dd = j * 8 + gc * 2;
+        if (dd < g.D)
+          *reinterpret_cast<__nv_bfloat162*>(o + dd) =
+              __floats2bfloat162_rn(acc[j][2 * h2] * inv, acc[j][2 * h2 + 1] * inv);
+      }
+      if (gc == 0)
+        a.lse[row] = any ? m2[h2] * 0.6931471805599453f + logf(ls[h2]) : -INFINITY;
+    } else {
+      const float gs =
+          1.f / (1.f + expf(-__bfloat162float(static_cast<const bf16*>(a.gate)[row * 3 + BR])));
+      const float dt = dot[h2];
+      if (gc == 0) {
+        a.gsig[row] = gs;
+        a.delta[row] = gs * dt;
+        if (a.dgate) static_cast<bf16*>(a.dgate)[row * 3 + BR] = __float2bfloat16_rn(dt * gs * (1.f - gs));
+      }
+      if (a.dq) {
+        float* dq = a.dq + row * g.D;
+        const float f = g.scale * gs;
+#pragma unroll
+        for (int j = 0; j < DT; ++j) {
+          const int dd = j * 8 + gc * 2;
+          if (dd < g.D) {
+            float2 v = make_float2(f * acc[j][2 * h2], f * acc[j][2 * h2 + 1]);
+            float2* p = reinterpret_cast<float2*>(dq + dd);
+            if (a.accumulate) {
+              const float2 o = *p;
+              v.x += o.x;
+              v.y += o.y;
+            }
+            *p = v;
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int DP, int BR, bool BWD>
+void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
+  const int nunits = BR == kSlc ? g.T * ((g.h + 15) / 16) : int((std::int64_t(g.T) * g.h + 15) / 16);
+  if (nunits == 0) return;
+  constexpr std::size_t smem = smem_bytes<DP, BWD>();
+  CUDA_CHECK(cudaFuncSetAttribute(row_kernel<DP, BR, BWD>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(unsigned((nunits + kWarps - 1) / kWarps), unsigned(g.B * g.G));
+  row_kernel<DP, BR, BWD><<<grid, kWarps * 32, smem, s>>>(g, a, nunits);
+  check_launch("tc::row_kernel");
+}
+
+}  // namespace tc
