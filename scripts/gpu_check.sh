@@ -23,9 +23,8 @@ fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   run_bench() { echo "== $*" | tee -a "$OUT/bench.log"; "$@" 2>&1 | tee -a "$OUT/bench.log"; }
   [ -x build-gpu/bench/bench_nsa_gpu ] && run_bench build-gpu/bench/bench_nsa_gpu
-  run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --micro 8,16,32,48,64 --policies none
+  run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --micro 16,32,64,96 --policies none
+  run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --micro 16 --policies none --profile
   run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --micro 16 --policies selective,full
-  for seq in 8192 32768; do
-    run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --seq $seq --micro 1 --policies full
-  done
+  run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --seq 32768 --micro 1 --policies full
 fi
