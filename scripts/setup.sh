@@ -17,4 +17,5 @@ $APT install -y -q --no-install-recommends \
   libgtest-dev libgmock-dev googletest libbenchmark-dev \
   libopenblas-dev \
   python3 python3-torch python3-h5py python3-numpy \
-  bible-kjv bible-kjv-text
+  bible-kjv bible-kjv-text \
+  slurm-wlm munge

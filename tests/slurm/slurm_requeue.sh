@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# A real single-node Slurm (munged, slurmctld, slurmd on loopback, in a scratch directory):
+#   1. an uninterrupted 2-rank run through `srun --mpi=pmix -n 2`;
+#   2. the same run submitted with launch/slurm/train.sbatch, sent SIGUSR1 mid-run (as
+#      Slurm's --signal=USR1@90 would), which checkpoints, exits 3 and requeues itself;
+#   3. the requeued job resumes from the checkpoint and finishes;
+# and checks that the interrupted job's loss at every step equals the uninterrupted run's.
+# Also checks that srun without PMIx is refused instead of training 2 copies.
+# usage: slurm_requeue.sh NSATRON SOURCE_DIR     (needs root: the daemons run as root)
+set -euo pipefail
+NSATRON=$(readlink -f "$1")
+SRC=$(readlink -f "$2")
+if [ "$(id -u)" != 0 ]; then echo "needs root to run slurmd"; exit 77; fi
+for tool in munged slurmctld slurmd sbatch srun scontrol; do
+  command -v $tool >/dev/null || { echo "missing $tool: run scripts/setup.sh"; exit 1; }
+done
+W=$(mktemp -d /tmp/nsatron_slurm_XXXXXX)
+PORT=$((20000 + ($$ % 2000) * 2))
+cleanup() {
+  for pidfile in "$W"/slurmd.pid "$W"/slurmctld.pid "$W"/munged.pid; do
+    [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+  done
+  sleep 1
+  rm -rf "$W"
+}
+trap cleanup EXIT
+cd "$W"
+mkdir -p state spool
+
+dd if=/dev/urandom of=munge.key bs=1024 count=1 2>/dev/null
+chmod 600 munge.key
+munged --force --socket="$W/munge.sock" --key-file="$W/munge.key" --log-file="$W/munge.log" \
+  --pid-file="$W/munged.pid" --seed-file="$W/munge.seed"
+cat > slurm.conf <<CONF
+ClusterName=nsatrontest
+SlurmctldHost=localhost
+SlurmctldPort=$PORT
+SlurmdPort=$((PORT + 1))
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$W/munge.sock
+StateSaveLocation=$W/state
+SlurmdSpoolDir=$W/spool
+SlurmctldPidFile=$W/slurmctld.pid
+SlurmdPidFile=$W/slurmd.pid
+SlurmctldLogFile=$W/slurmctld.log
+SlurmdLogFile=$W/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+ReturnToService=2
+JobRequeue=1
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+NodeName=localhost CPUs=$(nproc) RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+CONF
+export SLURM_CONF="$W/slurm.conf"
+slurmctld -f "$SLURM_CONF"
+slurmd -f "$SLURM_CONF"
+for i in $(seq 1 60); do
+  sinfo -h -o %t 2>/dev/null | grep -q idle && break
+  sleep 0.5
+done
+sinfo
+
+# A small corpus and a tiny NSA model.
+python_free_text() { for i in $(seq 1 1500); do echo "the cat sat on the mat. a dog ran in the park. we read at night."; done; }
+python_free_text > corpus.txt
+"$NSATRON" data prepare --input corpus.txt --output data --tokenizer bytes --val-fraction 0.1 >/dev/null
+cat > tiny.toml <<CONF
+[model]
+vocab_size = 256
+d_model = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+head_dim = 8
+ffn_hidden = 64
+[nsa]
+cmp_block = 8
+cmp_stride = 4
+sel_block = 8
+sel_count = 3
+window = 16
+[train]
+seq_len = 64
+micro_batch = 4
+global_batch = 8
+steps = 1500
+eval_every = 0
+[optim]
+lr = 1e-2
+min_lr = 1e-3
+warmup_steps = 5
+[data]
+train = "$W/data/train_*.bin"
+val = "$W/data/val_*.bin"
+[log]
+every = 500
+CONF
+export OMP_NUM_THREADS=1
+
+echo "== srun without PMIx is refused"
+set +e
+srun --mpi=none -n 2 "$NSATRON" train tiny.toml --set checkpoint.dir="$W/nopmix" >nopmix.log 2>&1
+rc=$?
+set -e
+grep -q "srun --mpi=pmix" nopmix.log || { cat nopmix.log; echo "FAIL: no PMIx refusal"; exit 1; }
+[ "$rc" -ne 0 ] || { echo "FAIL: srun without PMIx exited 0"; exit 1; }
+[ ! -d "$W/nopmix" ] || { echo "FAIL: srun without PMIx wrote checkpoints"; exit 1; }
+
+echo "== uninterrupted 2-rank run"
+srun --mpi=pmix -n 2 "$NSATRON" train tiny.toml --set checkpoint.dir="$W/ref" \
+  --set log.metrics="$W/ref.jsonl" >ref.log 2>&1 || { cat ref.log; exit 1; }
+
+echo "== the same run as a batch job, signalled mid-run"
+jid=$(NSATRON="$NSATRON" sbatch --parsable --ntasks=2 --output="$W/job-%j.out" \
+  "$SRC/launch/slurm/train.sbatch" "$W/tiny.toml" --set checkpoint.dir="$W/job" \
+  --set log.metrics="$W/job.jsonl")
+for i in $(seq 1 240); do
+  [ -f "$W/job.jsonl" ] && [ "$(grep -c '"loss"' "$W/job.jsonl")" -ge 200 ] && break
+  sleep 0.25
+done
+scancel -s USR1 "$jid"
+# The job checkpoints, exits 3, requeues itself; Slurm holds a requeued job ~2 minutes
+# before it may start again: release it now.
+for i in $(seq 1 120); do
+  scontrol show job "$jid" | grep -q "Restarts=1" && break
+  sleep 0.5
+done
+scontrol show job "$jid" | grep -q "Restarts=1" || { cat "$W"/job-*.out; echo "FAIL: the job did not requeue"; exit 1; }
+scontrol update jobid="$jid" StartTime=now
+for i in $(seq 1 240); do
+  state=$(scontrol show job "$jid" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+  [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
+  sleep 0.5
+done
+cat "$W"/job-*.out
+[ "$state" = COMPLETED ] || { echo "FAIL: job ended $state"; exit 1; }
+grep -q "signal 10 received: stopping after step" "$W"/job-*.out || { echo "FAIL: no signal stop in the log"; exit 1; }
+grep -q "resumed from" "$W"/job-*.out || { echo "FAIL: the requeued job did not resume"; exit 1; }
+
+echo "== the losses of the interrupted job equal the uninterrupted run's, step by step"
+grep -o '"step": [0-9]*, "loss": [-0-9.e+]*' "$W/ref.jsonl" >ref.loss
+grep -o '"step": [0-9]*, "loss": [-0-9.e+]*' "$W/job.jsonl" >job.loss
+[ "$(wc -l <ref.loss)" -eq 1500 ] || { echo "FAIL: reference has $(wc -l <ref.loss) steps"; exit 1; }
+diff ref.loss job.loss >/dev/null || { diff ref.loss job.loss | head; echo "FAIL: losses differ"; exit 1; }
+echo "final: $(tail -1 job.loss)"
+echo "1 passed, 0 failed"
