@@ -19,6 +19,12 @@ inline void require(bool ok, const std::string& op, const std::string& why) {
   if (!ok) fail(op, why);
 }
 
+// t has the shape of ref (`name` says which argument t is).
+inline void same_shape(const std::string& op, const Tensor& ref, const Tensor& t, const char* name) {
+  require(t.shape() == ref.shape(), op,
+          std::string(name) + " must have the shape of " + ref.describe() + ", got " + t.describe());
+}
+
 // All tensors share the dtype and device of the first.
 inline void same_dtype_device(const std::string& op, std::initializer_list<const Tensor*> ts) {
   const Tensor* first = *ts.begin();

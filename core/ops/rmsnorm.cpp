@@ -18,10 +18,6 @@ std::int64_t check_norm(const std::string& op, const Tensor& x, const Tensor& w,
               rstd.describe());
   return C;
 }
-void same_shape(const std::string& op, const Tensor& ref, const Tensor& t, const char* name) {
-  require(t.shape() == ref.shape(), op,
-          std::string(name) + " must have the shape of " + ref.describe() + ", got " + t.describe());
-}
 }  // namespace
 
 void rmsnorm_forward(const Tensor& x, const Tensor& w, Tensor& y, Tensor& rstd, double eps) {

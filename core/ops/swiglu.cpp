@@ -20,10 +20,6 @@ std::int64_t check_fused(const std::string& op, const Tensor& u, const Tensor& o
               out.describe());
   return F;
 }
-void same_shape(const std::string& op, const Tensor& ref, const Tensor& t, const char* name) {
-  require(t.shape() == ref.shape(), op,
-          std::string(name) + " must have the shape of " + ref.describe() + ", got " + t.describe());
-}
 }  // namespace
 
 void swiglu_forward(const Tensor& u, Tensor& out) {
