@@ -1,5 +1,7 @@
 #include "checkpoint/ckpt_command.h"
 
+#include "core/util/format.h"
+
 #include <hdf5.h>
 
 #include <algorithm>
@@ -84,15 +86,6 @@ Parsed parse(const std::string& cmd, const std::vector<std::string>& args, const
   if (p.dir.empty()) throw UserError("ckpt " + cmd + ": DIR missing (see --help)");
   if (!fs::exists(p.dir)) throw UserError(p.dir + ": no such file or directory");
   return p;
-}
-
-std::string human_bytes(double b) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (b >= 1024 && i < 4) b /= 1024, ++i;
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(i ? 1 : 0) << b << " " << unit[i];
-  return os.str();
 }
 
 std::string shown(const std::string& s) { return s.empty() ? "(none)" : s; }

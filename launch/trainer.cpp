@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/device/device.h"
+#include "core/util/format.h"
 #include "core/model/model.h"
 #include "core/ops/adamw.h"
 #include "core/ops/grad_norm.h"
@@ -39,35 +40,6 @@ std::string trimmed(std::string s) {
 }
 
 using Clock = std::chrono::steady_clock;
-
-std::string human_bytes(double b) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (b >= 1024 && i < 4) b /= 1024, ++i;
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(i ? 1 : 0) << b << " " << unit[i];
-  return os.str();
-}
-
-std::string human_count(double x) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(1);
-  if (x >= 1e9) os << x / 1e9 << "G";
-  else if (x >= 1e6) os << x / 1e6 << "M";
-  else if (x >= 1e3) os << x / 1e3 << "k";
-  else os << std::setprecision(0) << x;
-  return os.str();
-}
-
-std::string human_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
-  long t = long(s + 0.5);
-  std::ostringstream os;
-  if (t >= 3600) os << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t % 3600) / 60 << "m";
-  else if (t >= 60) os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
-  else os << t << "s";
-  return os.str();
-}
 
 // Entropy (nats) of the token frequencies of a dataset: the loss of the best model that
 // ignores context. Counted over at most the first 64M tokens.

@@ -1,0 +1,39 @@
+// Human-readable numbers for logs and tool output: "38.1 GiB", "62.9k", "1m30s".
+#pragma once
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+#include <string>
+
+namespace nsatron {
+
+inline std::string human_bytes(double b) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) b /= 1024, ++i;
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(i ? 1 : 0) << b << " " << unit[i];
+  return os.str();
+}
+
+inline std::string human_count(double x) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1);
+  if (x >= 1e9) os << x / 1e9 << "G";
+  else if (x >= 1e6) os << x / 1e6 << "M";
+  else if (x >= 1e3) os << x / 1e3 << "k";
+  else os << std::setprecision(0) << x;
+  return os.str();
+}
+
+inline std::string human_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  long t = long(s + 0.5);
+  std::ostringstream os;
+  if (t >= 3600) os << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t % 3600) / 60 << "m";
+  else if (t >= 60) os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
+  else os << t << "s";
+  return os.str();
+}
+
+}  // namespace nsatron
