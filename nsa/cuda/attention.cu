@@ -20,7 +20,9 @@
 // keeps them in ascending order).
 //
 // For bf16 the row side of the selection and window branches runs the tensor-core kernel of
-// attention_tc.cuh instead (RowArgs::tck set). The compression key side is split over query
+// attention_tc.cuh instead (RowArgs::tck set), and so does their key side (KeyArgs::tck set;
+// the selection's rows then come from the inverse index of launch_inverse_index rather than
+// from the sel_blocks scan below). The compression key side is split over query
 // ranges (cmp_key_splits) whose partial sums split_sum_kernel adds in ascending order.
 //
 // Masks: window s in (t-w, t]; compression i*d+l-1 <= t; selection s <= t.
@@ -561,6 +563,12 @@ void row_impl(const Geo& g, const RowArgs& a, cudaStream_t s) {
 
 template <class T, int DP, int BR>
 void keys_impl(const Geo& g, const KeyArgs& a, cudaStream_t s) {
+  if constexpr (std::is_same_v<T, bf16> && BR != kCmp) {
+    if (a.tck) {
+      tc::key_launch<DP, BR>(g, a, s);
+      return;
+    }
+  }
   int tiles = 0, subtiles = 1;
   if (BR == kWin) tiles = (g.T + KT - 1) / KT;
   if (BR == kCmp) tiles = (g.N + KT - 1) / KT;
@@ -625,20 +633,38 @@ void launch_keys(const Geo& g, int branch, const KeyArgs& a, cudaStream_t s) {
   }
 }
 
+void launch_inverse_index(const Geo& g, const std::int32_t* sel, std::uint32_t* mask, int* cnt,
+                          int* off, int* pos, cudaStream_t s) {
+  const std::int64_t U = std::int64_t(g.B) * g.G * g.NB;
+  const int W = (g.T + 31) / 32;
+  if (U == 0) return;
+  CUDA_CHECK(cudaMemsetAsync(mask, 0, std::size_t(U) * W * 4, s));
+  CUDA_CHECK(cudaMemsetAsync(cnt, 0, std::size_t(U) * 4, s));
+  const std::int64_t entries = std::int64_t(g.B) * g.T * g.G * g.n;
+  if (entries > 0) {
+    tc::inv_mark_kernel<<<grid1(entries, 256), 256, 0, s>>>(g, sel, mask, cnt, W);
+    check_launch("tc::inv_mark_kernel");
+  }
+  tc::inv_scan_kernel<<<1, 1024, 0, s>>>(cnt, off, int(U));
+  check_launch("tc::inv_scan_kernel");
+  tc::inv_fill_kernel<<<unsigned((U * 32 + 255) / 256), 256, 0, s>>>(g, mask, off, pos, W, U);
+  check_launch("tc::inv_fill_kernel");
+}
+
 template <class S>
 void launch_tc_pad(const Geo& g, const S* src, bf16* dst, const float2* rope, int NK,
-                   cudaStream_t s) {
+                   cudaStream_t s, bf16* dst_lo) {
   const std::int64_t rows = std::int64_t(g.B) * NK * g.G;
   if (rows == 0) return;
   const int DP = padded_dim(g.D);
-  tc::pad_kernel<S><<<grid1(rows * (DP / 2), 256), 256, 0, s>>>(src, dst, rope, rows, NK, g.G,
+  tc::pad_kernel<S><<<grid1(rows * (DP / 2), 256), 256, 0, s>>>(src, dst, dst_lo, rope, rows, NK, g.G,
                                                                 g.D, DP);
   check_launch("tc::pad_kernel");
 }
 template void launch_tc_pad<float>(const Geo&, const float*, bf16*, const float2*, int,
-                                   cudaStream_t);
+                                   cudaStream_t, bf16*);
 template void launch_tc_pad<bf16>(const Geo&, const bf16*, bf16*, const float2*, int,
-                                  cudaStream_t);
+                                  cudaStream_t, bf16*);
 
 template void launch_row<float>(const Geo&, int, bool, const RowArgs&, cudaStream_t);
 template void launch_row<bf16>(const Geo&, int, bool, const RowArgs&, cudaStream_t);

@@ -37,6 +37,15 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   return *reinterpret_cast<std::uint32_t*>(&v);
 }
 
+// hi = bf16(lo_in, hi_in) packed, lo = the rounding residuals packed.
+__device__ __forceinline__ void split2(float x0, float x1, std::uint32_t& hi, std::uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+  hi = *reinterpret_cast<const std::uint32_t*>(&h);
+  lo = *reinterpret_cast<const std::uint32_t*>(&l);
+}
+
 __device__ __forceinline__ void mma(float* c, const std::uint32_t* a, std::uint32_t b0,
                                     std::uint32_t b1) {
   asm volatile(
@@ -65,6 +74,7 @@ __device__ __forceinline__ void cp16(void* smem, const void* gmem, bool valid) {
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 // A fragments (16 rows x 16 dims at column k0) of a row-major [16][STR] shared array.
 template <int STR>
@@ -86,11 +96,12 @@ __device__ __forceinline__ void frag_b(std::uint32_t* r, const bf16* base, int k
 }
 
 // Padded bf16 copy: dst[row][0..DP) = (rope ? RoPE(src row, pos) : src row), zeros past D.
-// Rows are (b, s, g) with s < NK; the RoPE position of key s is s (tokens).
+// Rows are (b, s, g) with s < NK; the RoPE position of key s is s (tokens). With dst_lo, also
+// the rounding residual: dst_lo = bf16(x - float(dst)) (dst + dst_lo carries ~16 bits).
 template <class S>
 __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
-                           const float2* __restrict__ rope, std::int64_t rows, int NK, int G,
-                           int D, int DP) {
+                           bf16* __restrict__ dst_lo, const float2* __restrict__ rope,
+                           std::int64_t rows, int NK, int G, int D, int DP) {
   const int half = D / 2, hp = DP / 2;
   const std::int64_t total = rows * hp;
   for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -110,7 +121,13 @@ __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
         v1 = ldf(x[dd + 1]);
       }
     }
-    *reinterpret_cast<__nv_bfloat162*>(dst + row * DP + dd) = __floats2bfloat162_rn(v0, v1);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(v0, v1);
+    *reinterpret_cast<__nv_bfloat162*>(dst + row * DP + dd) = hi;
+    if (dst_lo) {
+      const float2 hf = __bfloat1622float2(hi);
+      *reinterpret_cast<__nv_bfloat162*>(dst_lo + row * DP + dd) =
+          __floats2bfloat162_rn(v0 - hf.x, v1 - hf.y);
+    }
   }
 }
 
@@ -478,6 +495,419 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
   const dim3 grid(unsigned((nunits + kWarps - 1) / kWarps), unsigned(g.B * g.G));
   row_kernel<DP, BR, BWD><<<grid, kWarps * 32, smem, s>>>(g, a, nunits);
   check_launch("tc::row_kernel");
+}
+
+// ---- Tensor-core key side (dK, dV) of the selection and window branches (bf16 only) --------
+//
+// A block owns KB = 64 consecutive keys of one (batch, group) (selection: of one selected
+// block j, in sub-tiles of 64 when l' > 64), one warp per 16 keys (keys are the M dimension
+// of every mma). The rows that see those keys, (position, head) in ascending position then
+// head order, are staged in shared memory RB = 64 at a time (cp.async, double buffered, from
+// padded bf16 copies: rotated q and d_out, [B, T, H, DP]); window: positions
+// [s0, min(T, s1 - 1 + w)); selection: the positions that chose j (inverse index, built once
+// per backward by launch_inverse_index: ascending). Per 16-row sub-batch a warp computes
+//   S^T = K Q^T, dP^T = V dO^T (fp32 accumulate), p = exp(scale s - lse) (fp32),
+//   dV += (g p)^T dO (g p rounded to bf16),
+//   dK += dS^T Q with dS = p (g dP - delta) and Q both split into bf16 hi + lo parts:
+//         dS_hi Q_hi + dS_lo Q_hi + dS_hi Q_lo (the rounding of dS and of the rotated q
+//         would otherwise each add ~2^-9 relative per term; with both, grad_k reached 1.04e-2
+//         of the bf16 bound 1e-2 at D=6),
+// skipping sub-batches whose positions cannot see its keys. A selection list of more than
+// kRS rows is split over blocks (grid y) of kRS rows each, whose fp32 partial sums are added
+// in split order by the unit's last block (see the epilogue): balance, block 0 is chosen by
+// every position. Every dK, dV element is owned by
+// one thread and summed over the rows in a fixed order (deterministic). At the end dK is
+// scaled, rotated back and both are stored as bf16.
+constexpr int kKeyWarps = 4;
+constexpr int kKB = 16 * kKeyWarps;  // keys per block
+constexpr int kRS = kKeyRowSplit;    // selection: rows per split of a block's row list
+template <int DP>
+constexpr int key_rows() {  // rows per staged batch (RB)
+  return DP > 64 ? 32 : 64;
+}
+
+template <int DP>
+constexpr std::size_t key_smem_bytes() {
+  constexpr int STR = DP + 8, kRB = key_rows<DP>();
+  return std::size_t(6 * kRB * STR + 2 * kKB * STR) * 2 + std::size_t(2 * 4 * kRB) * 4;
+}
+
+template <int DP, int BR>
+__global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, int nsub) {
+  constexpr int STR = DP + 8, DT = DP / 8, KS = DP / 16, CH = DP / 8, kRB = key_rows<DP>();
+  constexpr bool kHoist = DP <= 64;  // K, V fragments in registers
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ float4 smem4[];
+  bf16* Qb = reinterpret_cast<bf16*>(smem4);  // [2][RB][STR]
+  bf16* Ob = Qb + 2 * kRB * STR;              // [2][RB][STR]
+  bf16* Lb = Ob + 2 * kRB * STR;              // [2][RB][STR] q residuals
+  bf16* Ks = Lb + 2 * kRB * STR;              // [KB][STR]
+  bf16* Vs = Ks + kKB * STR;                  // [KB][STR]
+  float* rs = reinterpret_cast<float*>(Vs + kKB * STR);  // [2][3][RB] lse*log2e, g, delta
+  int* rtp = reinterpret_cast<int*>(rs + 6 * kRB);        // [2][RB] position, -1: none
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int b = blockIdx.z / g.G, gi = blockIdx.z % g.G;
+  int s0, s1, npos, p0 = 0, nsplit = 1, off = 0;
+  std::int64_t unit = 0;
+  const std::int32_t* list = nullptr;
+  if constexpr (BR == kWin) {
+    s0 = blockIdx.x * kKB;
+    s1 = min(g.T, s0 + kKB);
+    p0 = s0;
+    npos = min(g.T, s1 - 1 + g.w) - s0;
+  } else {
+    const int j = blockIdx.x / nsub;
+    s0 = j * g.ls + (blockIdx.x % nsub) * kKB;
+    s1 = min(min(g.T, j * g.ls + g.ls), s0 + kKB);
+    unit = (std::int64_t(b) * g.G + gi) * g.NB + j;
+    off = a.inv_off[unit];
+    npos = a.inv_off[unit + 1] - off;
+    list = a.inv_pos + off;
+    nsplit = max(1, (npos * g.h + kRS - 1) / kRS);
+  }
+  if (s0 >= s1 || int(blockIdx.y) >= nsplit) return;  // block-uniform
+  // This block's rows: [rbeg, rend) of the list's (position, head) rows.
+  const int rbeg = int(blockIdx.y) * kRS;
+  const int nrows = BR == kSlc ? min(npos * g.h, rbeg + kRS) : npos * g.h;  // rend
+  const int nbatch = (nrows - rbeg + kRB - 1) / kRB;
+  const bf16* kp = static_cast<const bf16*>(a.tck);
+  const bf16* vp = static_cast<const bf16*>(a.tcv);
+  const bf16* qp = static_cast<const bf16*>(a.tcq);
+  const bf16* op = static_cast<const bf16*>(a.tcdo);
+  const bf16* lp = static_cast<const bf16*>(a.tcql);
+
+  // Keys and values of the block.
+  for (int idx = tid; idx < kKB * CH; idx += blockDim.x) {
+    const int kk = idx / CH, ch = (idx % CH) * 8;
+    const bool ok = s0 + kk < s1;
+    const std::int64_t ko = ok ? ((std::int64_t(b) * g.T + s0 + kk) * g.G + gi) * DP + ch : 0;
+    cp16(Ks + kk * STR + ch, kp + ko, ok);
+    cp16(Vs + kk * STR + ch, vp + ko, ok);
+  }
+  auto issue = [&](int i) {
+    if (i < nbatch) {
+      bf16* qd = Qb + (i & 1) * kRB * STR;
+      bf16* od = Ob + (i & 1) * kRB * STR;
+      bf16* ld = Lb + (i & 1) * kRB * STR;
+      for (int idx = tid; idx < kRB * CH; idx += blockDim.x) {
+        const int r = idx / CH, ch = (idx % CH) * 8;
+        const int rho = rbeg + i * kRB + r;
+        const bool ok = rho < nrows;
+        std::int64_t go = 0;
+        if (ok) {
+          const int pi = rho / g.h;
+          const int t = BR == kWin ? p0 + pi : list[pi];
+          go = ((std::int64_t(b) * g.T + t) * g.H + gi * g.h + rho % g.h) * DP + ch;
+        }
+        cp16(qd + r * STR + ch, qp + go, ok);
+        cp16(od + r * STR + ch, op + go, ok);
+        cp16(ld + r * STR + ch, lp + go, ok);
+      }
+      float* rd = rs + (i & 1) * 3 * kRB;
+      int* td = rtp + (i & 1) * kRB;
+      for (int r = tid; r < kRB; r += blockDim.x) {
+        const int rho = rbeg + i * kRB + r;
+        int t = -1;
+        float L = 0.f, Gs = 0.f, Dl = 0.f;
+        if (rho < nrows) {
+          const int pi = rho / g.h;
+          t = BR == kWin ? p0 + pi : list[pi];
+          const std::int64_t row = (std::int64_t(b) * g.T + t) * g.H + gi * g.h + rho % g.h;
+          L = a.lse[row] * kLog2e;
+          Gs = a.gsig[row];
+          Dl = a.delta[row];
+        }
+        td[r] = t;
+        rd[r] = L;
+        rd[kRB + r] = Gs;
+        rd[2 * kRB + r] = Dl;
+      }
+    }
+    cp_commit();
+  };
+
+  const int gr = lane >> 2, gc = lane & 3;
+  const int ws0 = s0 + warp * 16;
+  const int wlast = min(s1, ws0 + 16) - 1;  // last valid key of the warp (< ws0: none)
+  const bool wact = ws0 < s1;
+  float dK[DT][4], dV[DT][4];
+#pragma unroll
+  for (int j = 0; j < DT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dK[j][e] = dV[j][e] = 0.f;
+  std::uint32_t kf[kHoist ? KS : 1][4], vf[kHoist ? KS : 1][4];
+  const bf16* Kw = Ks + warp * 16 * STR;
+  const bf16* Vw = Vs + warp * 16 * STR;
+  const float sl2 = g.scale * kLog2e;
+
+  issue(0);  // the key tile joins batch 0's group
+  for (int i = 0; i < nbatch; ++i) {
+    issue(i + 1);
+    cp_wait1();
+    __syncthreads();
+    if (i == 0 && kHoist) {
+#pragma unroll
+      for (int kk = 0; kk < (kHoist ? KS : 1); ++kk) {
+        frag_a<STR>(kf[kk], Kw, kk * 16, lane);
+        frag_a<STR>(vf[kk], Vw, kk * 16, lane);
+      }
+    }
+    const bf16* Qc = Qb + (i & 1) * kRB * STR;
+    const bf16* Oc = Ob + (i & 1) * kRB * STR;
+    const bf16* Lc = Lb + (i & 1) * kRB * STR;
+    const float* rd = rs + (i & 1) * 3 * kRB;
+    const int* td = rtp + (i & 1) * kRB;
+    if (wact) {
+      for (int r0 = 0; r0 < kRB; r0 += 16) {
+        const int tA = td[r0];
+        if (tA < 0) break;  // invalid rows only at the end
+        const int tB = td[r0 + 15] >= 0 ? td[r0 + 15] : g.T;
+        if (tB < ws0) continue;                           // every key after every row
+        if (BR == kWin && tA - g.w >= wlast) continue;    // every key left the window
+        float st[2][4], dpt[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+          std::uint32_t qb[4], ob[4];
+          frag_bt<STR>(qb, Qc + r0 * STR, 0, kk * 16, lane);
+          frag_bt<STR>(ob, Oc + r0 * STR, 0, kk * 16, lane);
+          if constexpr (kHoist) {
+            mma(st[0], kf[kk], qb[0], qb[1]);
+            mma(st[1], kf[kk], qb[2], qb[3]);
+            mma(dpt[0], vf[kk], ob[0], ob[1]);
+            mma(dpt[1], vf[kk], ob[2], ob[3]);
+          } else {
+            std::uint32_t ka[4], va[4];
+            frag_a<STR>(ka, Kw, kk * 16, lane);
+            frag_a<STR>(va, Vw, kk * 16, lane);
+            mma(st[0], ka, qb[0], qb[1]);
+            mma(st[1], ka, qb[2], qb[3]);
+            mma(dpt[0], va, ob[0], ob[1]);
+            mma(dpt[1], va, ob[2], ob[3]);
+          }
+        }
+        // p and dS / scale per (key, row); C layout: key gr (+8), row n*8 + 2gc (+1).
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int r = r0 + n * 8 + gc * 2 + c;
+            const int t = td[r];
+            const float L = rd[r], Gs = rd[kRB + r], Dl = rd[2 * kRB + r];
+#pragma unroll
+            for (int hk = 0; hk < 2; ++hk) {
+              const int e = 2 * hk + c;
+              const int s = ws0 + gr + 8 * hk;
+              const bool ok = t >= 0 && s <= wlast && kmask<BR>(g, t, s);
+              const float p = ok ? exp2f(st[n][e] * sl2 - L) : 0.f;
+              st[n][e] = p * Gs;
+              dpt[n][e] = p * (Gs * dpt[n][e] - Dl);
+            }
+          }
+        std::uint32_t pa[4], ea[4], el[4];
+        pa[0] = pack2(st[0][0], st[0][1]);
+        pa[1] = pack2(st[0][2], st[0][3]);
+        pa[2] = pack2(st[1][0], st[1][1]);
+        pa[3] = pack2(st[1][2], st[1][3]);
+        split2(dpt[0][0], dpt[0][1], ea[0], el[0]);
+        split2(dpt[0][2], dpt[0][3], ea[1], el[1]);
+        split2(dpt[1][0], dpt[1][1], ea[2], el[2]);
+        split2(dpt[1][2], dpt[1][3], ea[3], el[3]);
+#pragma unroll
+        for (int jp = 0; jp < DT / 2; ++jp) {
+          std::uint32_t xo[4], xq[4], xl[4];
+          frag_b<STR>(xo, Oc + r0 * STR, 0, jp * 16, lane);
+          frag_b<STR>(xq, Qc + r0 * STR, 0, jp * 16, lane);
+          frag_b<STR>(xl, Lc + r0 * STR, 0, jp * 16, lane);
+          mma(dV[2 * jp], pa, xo[0], xo[1]);
+          mma(dV[2 * jp + 1], pa, xo[2], xo[3]);
+          mma(dK[2 * jp], ea, xq[0], xq[1]);
+          mma(dK[2 * jp + 1], ea, xq[2], xq[3]);
+          mma(dK[2 * jp], el, xq[0], xq[1]);
+          mma(dK[2 * jp + 1], el, xq[2], xq[3]);
+          mma(dK[2 * jp], ea, xl[0], xl[1]);
+          mma(dK[2 * jp + 1], ea, xl[2], xl[3]);
+        }
+      }
+    }
+    __syncthreads();  // buffer i & 1 is refilled by issue(i + 2)
+  }
+  cp_wait0();
+  __syncthreads();
+
+  // dK (scaled) and dV to shared fp32 [KB][DP + 4], then rotate dK back and store.
+  constexpr int FS = DP + 4;
+  float* Tk = reinterpret_cast<float*>(smem4);
+  float* Tv = Tk + kKB * FS;
+  if (nsplit == 1) {
+#pragma unroll
+    for (int j = 0; j < DT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kk = warp * 16 + gr + 8 * (e >> 1), dd = j * 8 + gc * 2 + (e & 1);
+        Tk[kk * FS + dd] = dK[j][e] * g.scale;
+        Tv[kk * FS + dd] = dV[j][e];
+      }
+  } else {
+    // Selection, split list: partial sums to slot (off*h/RS + unit + split) [2][KB][DP] (the
+    // slots of a unit are distinct from every other unit's); the last block of the unit to
+    // finish adds the partials in split order (the result does not depend on which one).
+    const int sub = int(blockIdx.x) % nsub;
+    const std::int64_t slot0 = std::int64_t(off) * g.h / kRS + unit;
+    auto part = [&](int sp) {
+      return a.slc_part + ((slot0 + sp) * nsub + sub) * std::int64_t(2 * kKB * DP);
+    };
+    float* P = part(int(blockIdx.y));
+#pragma unroll
+    for (int j = 0; j < DT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kk = warp * 16 + gr + 8 * (e >> 1), dd = j * 8 + gc * 2 + (e & 1);
+        P[kk * DP + dd] = dK[j][e] * g.scale;
+        P[kKB * DP + kk * DP + dd] = dV[j][e];
+      }
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    int* ticket = a.slc_ticket + unit * nsub + sub;
+    if (tid == 0) last = atomicAdd(ticket, 1) == nsplit - 1;
+    __syncthreads();
+    if (!last) return;  // block-uniform
+    __threadfence();
+    for (int idx = tid; idx < kKB * DP; idx += blockDim.x) {
+      float sk = 0.f, sv = 0.f;
+      for (int sp = 0; sp < nsplit; ++sp) {
+        const float* Q2 = part(sp);
+        sk += __ldcg(Q2 + idx);
+        sv += __ldcg(Q2 + kKB * DP + idx);
+      }
+      Tk[(idx / DP) * FS + idx % DP] = sk;
+      Tv[(idx / DP) * FS + idx % DP] = sv;
+    }
+    if (tid == 0) *ticket = 0;  // ready for the next backward
+  }
+  __syncthreads();
+  const int cnt = s1 - s0;
+  for (int idx = tid; idx < cnt * DP; idx += blockDim.x) {
+    const int kk = idx / DP, dd = idx % DP;
+    if (dd >= g.D) continue;
+    const int s = s0 + kk;
+    const float dk = rope_back_elem(Tk + kk * FS, dd, g.half, a.rope + std::int64_t(s) * g.half);
+    const std::int64_t o = ((std::int64_t(b) * g.T + s) * g.G + gi) * g.D + dd;
+    static_cast<bf16*>(a.dk)[o] = __float2bfloat16_rn(dk);
+    static_cast<bf16*>(a.dv)[o] = __float2bfloat16_rn(Tv[kk * FS + dd]);
+  }
+}
+
+template <int DP, int BR>
+void key_launch(const Geo& g, const KeyArgs& a, cudaStream_t s) {
+  int tiles, nsub = 1;
+  if constexpr (BR == kWin) {
+    tiles = (g.T + kKB - 1) / kKB;
+  } else {
+    nsub = (g.ls + kKB - 1) / kKB;
+    tiles = g.NB * nsub;
+  }
+  if (tiles == 0) return;
+  constexpr std::size_t smem = key_smem_bytes<DP>();
+  static_assert(smem >= std::size_t(2 * kKB * (DP + 4)) * 4, "epilogue fits");
+  CUDA_CHECK(cudaFuncSetAttribute(key_kernel<DP, BR>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int ysplits = BR == kSlc ? key_max_splits(g) : 1;
+  const dim3 grid(unsigned(tiles), unsigned(ysplits), unsigned(g.B * g.G));
+  key_kernel<DP, BR><<<grid, kKeyWarps * 32, smem, s>>>(g, a, nsub);
+  check_launch("tc::key_kernel");
+}
+
+// ---- Inverse selection index -----------------------------------------------------------------
+// unit = (b, g, j). mark: for every entry j of sel[b, t, g, :] with j * l' <= t, set bit t of
+// mask[unit] (atomicOr; the count grows only where the bit was clear, so duplicates count
+// once); integer results, independent of the order. scan: off = exclusive prefix sum of the
+// counts (one block, ascending). fill: one warp per unit writes the set bits' positions in
+// ascending order from off[unit].
+__global__ void inv_mark_kernel(Geo g, const std::int32_t* __restrict__ sel,
+                                std::uint32_t* __restrict__ mask, int* __restrict__ cnt, int W) {
+  const std::int64_t total = std::int64_t(g.B) * g.T * g.G * g.n;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const int j = sel[idx];
+    if (j < 0 || j >= g.NB) continue;
+    const std::int64_t bt = idx / (std::int64_t(g.G) * g.n);
+    const int gi = int((idx / g.n) % g.G);
+    const int t = int(bt % g.T), b = int(bt / g.T);
+    if (j * g.ls > t) continue;
+    const std::int64_t unit = (std::int64_t(b) * g.G + gi) * g.NB + j;
+    const std::uint32_t bit = 1u << (t & 31);
+    if (!(atomicOr(mask + unit * W + (t >> 5), bit) & bit)) atomicAdd(cnt + unit, 1);
+  }
+}
+
+__global__ void __launch_bounds__(1024) inv_scan_kernel(const int* __restrict__ cnt,
+                                                        int* __restrict__ off, int U) {
+  __shared__ int wsum[32];
+  __shared__ int carry_s;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) carry_s = 0;
+  __syncthreads();
+  for (int base = 0; base < U; base += 1024) {
+    const int v = base + tid < U ? cnt[base + tid] : 0;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    if (lane == 31) wsum[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+      int w = wsum[lane];
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, w, o);
+        if (lane >= o) w += y;
+      }
+      wsum[lane] = w;  // inclusive over warps
+    }
+    __syncthreads();
+    const int carry = carry_s;
+    const int incl = x + (warp > 0 ? wsum[warp - 1] : 0);
+    if (base + tid < U) off[base + tid] = carry + incl - v;
+    __syncthreads();
+    if (tid == 1023) carry_s = carry + incl;
+    __syncthreads();
+  }
+  if (tid == 0) off[U] = carry_s;
+}
+
+__global__ void inv_fill_kernel(Geo g, const std::uint32_t* __restrict__ mask,
+                                const int* __restrict__ off, int* __restrict__ pos, int W,
+                                std::int64_t U) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t unit = (blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x) >> 5;
+  if (unit >= U) return;  // warp-uniform
+  const int j = int(unit % g.NB);
+  int base = off[unit];
+  for (int w0 = (j * g.ls) >> 5; w0 < W; w0 += 32) {
+    const int w = w0 + lane;
+    std::uint32_t m = w < W ? mask[unit * W + w] : 0u;
+    const int c = __popc(m);
+    int x = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    int p = base + x - c;
+    while (m) {
+      const int bit = __ffs(m) - 1;
+      pos[p++] = w * 32 + bit;
+      m &= m - 1;
+    }
+    base += __shfl_sync(0xffffffffu, x, 31);
+  }
 }
 
 }  // namespace tc

@@ -147,10 +147,11 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   const void* tcv;
 };
 // Padded bf16 copy of src [B, NK, G, D] (S = bf16 or float) into dst [B, NK, G, padded_dim(D)],
-// rotated at position s (the row's key index) when rope is non-null; zeros past D.
+// rotated at position s (the row's key index) when rope is non-null; zeros past D. With
+// dst_lo, also the bf16 rounding residuals (dst + dst_lo ~ 16 significant bits).
 template <class S>
 void launch_tc_pad(const Geo& g, const S* src, __nv_bfloat16* dst, const float2* rope, int NK,
-                   cudaStream_t s);
+                   cudaStream_t s, __nv_bfloat16* dst_lo = nullptr);
 template <class T>
 void launch_row(const Geo& g, int branch, bool backward, const RowArgs& a, cudaStream_t s);
 
@@ -171,7 +172,44 @@ struct KeyArgs {  // key-side backward kernels
   // [splits][B,N,G,D] and a second pass sums the ranges in ascending order.
   float* split_dk;
   float* split_dv;
+  // bf16 only, optional (selection and window): padded bf16 copies [B, T, G, DP] of the keys
+  // (rotated) and values, and [B, T, H, DP] of q (rotated; tcql: its rounding residuals) and
+  // d_out; the selection branch
+  // also needs the inverse index (inv_off [B*G*NB + 1], inv_pos: launch_inverse_index).
+  // When tck is set, the tensor-core kernel runs.
+  const void* tck;
+  const void* tcv;
+  const void* tcq;
+  const void* tcql;
+  const void* tcdo;
+  const int* inv_off;
+  const int* inv_pos;
+  // selection, tensor core: scratch for split row lists (key_split_floats(g) floats) and
+  // one zeroed ticket per (b, g, block, 64-key sub-tile) (key_tickets(g) ints).
+  float* slc_part;
+  int* slc_ticket;
 };
+// Tensor-core selection key side: row lists are split every kKeyRowSplit (position, head)
+// rows (a multiple of the kernel's row batches).
+constexpr int kKeyRowSplit = 8192;
+inline int key_max_splits(const Geo& g) {
+  return int((std::int64_t(g.T) * g.h + kKeyRowSplit - 1) / kKeyRowSplit);
+}
+inline int key_subtiles(const Geo& g) { return (g.ls + 63) / 64; }
+inline std::int64_t key_tickets(const Geo& g) {
+  return std::int64_t(g.B) * g.G * g.NB * key_subtiles(g);
+}
+inline std::int64_t key_split_floats(const Geo& g, int DP) {
+  // slots: total rows / kKeyRowSplit + units + 1, each [subtiles][2][64][DP]
+  const std::int64_t rows = std::int64_t(g.B) * g.T * g.G * g.n * g.h;
+  const std::int64_t slots = rows / kKeyRowSplit + std::int64_t(g.B) * g.G * g.NB + 1;
+  return slots * key_subtiles(g) * 2 * 64 * DP;
+}
+// Inverse selection index: for each unit (b, g, j) of B*G*NB, the positions t >= j*l' whose
+// selected blocks contain j, ascending, at pos[off[unit] .. off[unit+1]). mask needs
+// B*G*NB*ceil(T/32) words and cnt B*G*NB ints of scratch; pos at most B*T*G*n ints.
+void launch_inverse_index(const Geo& g, const std::int32_t* sel, std::uint32_t* mask, int* cnt,
+                          int* off, int* pos, cudaStream_t s);
 inline int cmp_key_splits(const Geo& g) {
   if (g.N == 0) return 1;
   const int s = g.T / 512;

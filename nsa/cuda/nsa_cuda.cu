@@ -78,7 +78,7 @@ class Workspace {
  public:
   enum Slot : int {
     kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDq, kDkc, kDvc, kTokK, kTokV, kWt, kSum,
-    kTcK, kTcV, kSplit,
+    kTcK, kTcV, kSplit, kTcQ, kTcO, kInvMask, kInvCnt, kInvOff, kInvPos, kSlcPart, kTicket,
     kNumSlots
   };
   ~Workspace() {
@@ -305,6 +305,8 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   auto* delta = static_cast<float*>(ws.get(Workspace::kDelta, std::size_t(3 * BTH) * 4, stream));
   float* dq = grads.q ? static_cast<float*>(ws.get(Workspace::kDq, std::size_t(BTH * D) * 4, stream))
                       : nullptr;
+  const void* win_tck = nullptr;  // bf16: padded window keys/values left by the row side
+  const void* win_tcv = nullptr;
   {
     RowArgs a{};
     a.q = in.q;
@@ -333,6 +335,8 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
         tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream);
       launch_row<T>(g, br, true, a, stream);
     }
+    win_tck = a.tck;
+    win_tcv = a.tcv;
   }
   if (grads.q) {
     dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(grads.q, dq, rope, BTH,
@@ -345,6 +349,48 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   ka.dout = d_out;
   ka.rope = rope;
   ka.sel = saved.sel_blocks;
+  const bool need_win = grads.k_win || grads.v_win, need_slc = grads.k_slc || grads.v_slc;
+  if constexpr (std::is_same_v<T, bf16>) {
+    // Tensor-core key side (selection, window): padded bf16 q (rotated, hi and lo parts) and
+    // d_out, rows [B, T, H, DP]; d_out is used as it is when D is already padded (and 16-byte aligned).
+    if (need_win || need_slc) {
+      const int DP = padded_dim(g.D);
+      Geo gq = g;
+      gq.G = g.H;
+      const std::size_t bytes = std::size_t(std::max<std::int64_t>(1, BTH * DP)) * 2;
+      auto* qd = static_cast<bf16*>(ws.get(Workspace::kTcQ, 2 * bytes, stream));
+      launch_tc_pad<T>(gq, in.q, qd, rope, g.T, stream, qd + bytes / 2);
+      ka.tcq = qd;
+      ka.tcql = qd + bytes / 2;
+      if (DP == g.D && reinterpret_cast<std::uintptr_t>(d_out) % 16 == 0) {
+        ka.tcdo = d_out;
+      } else {
+        auto* od = static_cast<bf16*>(ws.get(Workspace::kTcO, bytes, stream));
+        launch_tc_pad<T>(gq, d_out, od, nullptr, g.T, stream);
+        ka.tcdo = od;
+      }
+    }
+    if (need_slc) {
+      const std::int64_t U = std::int64_t(g.B) * g.G * g.NB;
+      const std::int64_t W = (g.T + 31) / 32;
+      auto* mask = static_cast<std::uint32_t*>(
+          ws.get(Workspace::kInvMask, std::size_t(std::max<std::int64_t>(1, U * W)) * 4, stream));
+      auto* cnt = static_cast<int*>(
+          ws.get(Workspace::kInvCnt, std::size_t(std::max<std::int64_t>(1, U)) * 4, stream));
+      auto* off = static_cast<int*>(ws.get(Workspace::kInvOff, std::size_t(U + 1) * 4, stream));
+      auto* pos = static_cast<int*>(ws.get(
+          Workspace::kInvPos,
+          std::size_t(std::max<std::int64_t>(1, std::int64_t(g.B) * g.T * g.G * g.n)) * 4, stream));
+      launch_inverse_index(g, saved.sel_blocks, mask, cnt, off, pos, stream);
+      ka.inv_off = off;
+      ka.inv_pos = pos;
+      ka.slc_part = static_cast<float*>(ws.get(
+          Workspace::kSlcPart, std::size_t(key_split_floats(g, padded_dim(g.D))) * 4, stream));
+      const std::size_t tb = std::size_t(std::max<std::int64_t>(1, key_tickets(g))) * 4;
+      ka.slc_ticket = static_cast<int*>(ws.get(Workspace::kTicket, tb, stream));
+      CUDA_CHECK(cudaMemsetAsync(ka.slc_ticket, 0, tb, stream));
+    }
+  }
   auto key_pass = [&](int br, const void* k, const void* v, void* dk, void* dv) {
     ka.k = k;
     ka.v = v;
@@ -358,12 +404,21 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   auto tok_or_scratch = [&](T* p, Workspace::Slot slot) -> void* {
     return p ? static_cast<void*>(p) : ws.get(slot, tokn * sizeof(T), stream);
   };
-  if (grads.k_win || grads.v_win)
+  if (need_win) {
+    ka.tck = win_tck;  // still the window's copies (the row side did the window last)
+    ka.tcv = win_tcv;
     key_pass(kWin, in.k_win, in.v_win, tok_or_scratch(grads.k_win, Workspace::kTokK),
              tok_or_scratch(grads.v_win, Workspace::kTokV));
-  if (grads.k_slc || grads.v_slc)
+  }
+  if (need_slc) {
+    RowArgs pa{};
+    tc_prepare<T>(g, ws, pa, in.k_slc, in.v_slc, rope, g.T, stream);  // bf16 only
+    ka.tck = pa.tck;
+    ka.tcv = pa.tcv;
     key_pass(kSlc, in.k_slc, in.v_slc, tok_or_scratch(grads.k_slc, Workspace::kTokK),
              tok_or_scratch(grads.v_slc, Workspace::kTokV));
+  }
+  ka.tck = ka.tcv = nullptr;
 
   const bool need_k = grads.k_cmp || grads.cmp_wk || grads.cmp_pk;
   const bool need_v = grads.v_cmp || grads.cmp_wv || grads.cmp_pv;

@@ -334,6 +334,16 @@ TEST(NsaCuda, Deterministic) {
   EXPECT_TRUE(bit_equal(run_gpu<bf16>(p), run_gpu<bf16>(p)));
 }
 
+// The same with selection row lists long enough to be split over blocks on the bf16
+// tensor-core key side (block 0 is chosen by all 2048 positions x 16 heads = 32768 rows,
+// four splits whose partial sums the last block to finish adds in split order).
+TEST(NsaCuda, DeterministicSplitLists) {
+  if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
+  const NsaDims dm = make_dims(1, 2048, 16, 1, 64, 32, 16, 64, 16, 512);
+  const Problem<float> p = test::random_problem<float>(dm, base_seed() + 11);
+  EXPECT_TRUE(bit_equal(run_gpu<bf16>(p), run_gpu<bf16>(p)));
+}
+
 // Activation gradients are assigned (the initial contents do not matter), parameter
 // gradients accumulated; null pointers skip outputs without changing the others.
 TEST(NsaCuda, GradientConvention) {
