@@ -270,7 +270,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
   if (device == Device::CUDA)
     out << "device       cuda: " << cuda_device_summary() << "; " << cfg.train.dtype << " compute, fp32 master weights, "
         << "gradients and AdamW state\n"
-        << "matmul       cuBLAS (core/ops/cuda/matmul.cu), fp32 accumulation\n"
+        << "matmul       cuBLASLt (core/ops/cuda/matmul.cu), fp32 accumulation\n"
         << "nsa core     CUDA kernels (nsa/cuda)\n"
         << "other ops    CUDA: rmsnorm, swiglu, embedding, chunked cross entropy, fused AdamW (core/ops/cuda)\n";
   else

@@ -1,7 +1,7 @@
 // Matrix products, the op family that shows the pattern every op follows:
 //   this header   - the math and the Tensor-level entry point (shape checks, dispatch)
 //   cpu/matmul.cpp - the CPU implementation (OpenBLAS; bf16 through an fp32-accumulating loop)
-//   cuda/matmul.cu - the CUDA implementation (cuBLAS, fp32 accumulation for bf16 and fp32)
+//   cuda/matmul.cu - the CUDA implementation (cuBLASLt; cuBLAS for fp64), fp32 accumulation
 //
 // Math (row-major): C[M,N] = alpha * op(A) @ op(B) + beta * C,
 //   op(A) = A [M,K] or A^T with A stored [K,M]; op(B) = B [K,N] or B^T with B stored [N,K].

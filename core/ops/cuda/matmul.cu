@@ -1,56 +1,127 @@
-// CUDA matrix products through cuBLAS. cuBLAS is column-major; a row-major C = op(A) op(B)
-// is the column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped.
+// CUDA matrix products. fp32 and bf16 (into bf16 or fp32) go through cuBLASLt, with the
+// algorithm chosen once per shape by cuBLASLt's heuristic and cached; fp64 (tests only) goes
+// through cublasGemmEx. Both libraries are column-major: a row-major C = op(A) op(B) is the
+// column-major C^T = op(B)^T op(A)^T, so the operands are passed swapped. fp32 products use
+// plain fp32 math (no TF32), so they match the CPU to fp32 rounding.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "core/device/cuda_check.h"
+#include "core/device/device.h"
 #include "core/ops/matmul.h"
 
 namespace nsatron::cuda {
 
 namespace {
-cublasHandle_t handle() {
+
+void check_lt(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuBLASLt ") + what + " failed with status " + std::to_string(int(st)));
+}
+
+cublasHandle_t blas_handle() {
   thread_local cublasHandle_t h = [] {
     cublasHandle_t created = nullptr;
-    if (cublasCreate(&created) != CUBLAS_STATUS_SUCCESS)
-      throw std::runtime_error("cublasCreate failed");
+    if (cublasCreate(&created) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
     return created;
   }();
   return h;
 }
+
+// One cuBLASLt plan per problem: descriptors and the chosen algorithm.
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+using PlanKey = std::tuple<int, int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                           std::int64_t>;
+
+constexpr std::size_t kWorkspaceBytes = 32u << 20;
+
+struct LtState {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::mutex mutex;
+  std::map<PlanKey, Plan> plans;
+};
+
+LtState& lt() {
+  static LtState* s = [] {
+    auto* st = new LtState();
+    check_lt(cublasLtCreate(&st->handle), "create");
+    st->workspace = cuda_alloc(kWorkspaceBytes);
+    return st;
+  }();
+  return *s;
+}
+
+const Plan& plan_for(cudaDataType_t ab, cudaDataType_t c_type, bool ta, bool tb, std::int64_t M, std::int64_t N,
+                     std::int64_t K, std::int64_t lda, std::int64_t ldb, std::int64_t ldc) {
+  LtState& s = lt();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  PlanKey key{int(ab), int(c_type), ta, tb, M, N, K, lda, ldb, ldc};
+  if (auto it = s.plans.find(key); it != s.plans.end()) return it->second;
+  Plan p;
+  check_lt(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+  // Column-major view: first operand is our B (op = tb), second is our A (op = ta).
+  cublasOperation_t op_first = tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_second = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first), "transa");
+  check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second), "transb");
+  // Stored (column-major) shapes: B is [N, K] (or [K, N] when transposed), A is [K, M] (or [M, K]).
+  check_lt(cublasLtMatrixLayoutCreate(&p.a, ab, tb ? K : N, tb ? N : K, ldb), "layout B");
+  check_lt(cublasLtMatrixLayoutCreate(&p.b, ab, ta ? M : K, ta ? K : M, lda), "layout A");
+  check_lt(cublasLtMatrixLayoutCreate(&p.c, c_type, N, M, ldc), "layout C");
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  std::size_t ws = kWorkspaceBytes;
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "ws");
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  check_lt(cublasLtMatmulAlgoGetHeuristic(s.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found), "heuristic");
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0) throw std::runtime_error("cuBLASLt found no algorithm for this matrix product");
+  p.algo = result.algo;
+  return s.plans.emplace(key, p).first->second;
+}
+
 }  // namespace
 
 void gemm(DType dtype, DType c_dtype, bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K,
           double alpha, const void* A, std::int64_t lda, const void* B, std::int64_t ldb,
           double beta, void* C, std::int64_t ldc) {
   if (M == 0 || N == 0) return;
-  cudaDataType_t type;
-  cublasComputeType_t compute;
-  float alpha32 = float(alpha), beta32 = float(beta);
-  const void* pa = &alpha32;
-  const void* pb = &beta32;
-  switch (dtype) {
-    case DType::F32: type = CUDA_R_32F; compute = CUBLAS_COMPUTE_32F; break;
-    case DType::BF16: type = CUDA_R_16BF; compute = CUBLAS_COMPUTE_32F; break;
-    case DType::F64:
-      type = CUDA_R_64F; compute = CUBLAS_COMPUTE_64F;
-      pa = &alpha; pb = &beta;
-      break;
-    default: throw std::logic_error("gemm: bad dtype");
+  if (c_dtype != dtype && !(dtype == DType::BF16 && c_dtype == DType::F32))
+    throw std::logic_error("gemm: bad output dtype");
+  if (dtype == DType::F64) {
+    cublasStatus_t st = cublasGemmEx(blas_handle(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                     int(N), int(M), int(K), &alpha, B, CUDA_R_64F, int(ldb), A, CUDA_R_64F, int(lda),
+                                     &beta, C, CUDA_R_64F, int(ldc), CUBLAS_COMPUTE_64F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      throw std::runtime_error("cublasGemmEx failed with status " + std::to_string(int(st)));
+    return;
   }
-  cudaDataType_t c_type = type;
-  if (c_dtype != dtype) {
-    if (!(dtype == DType::BF16 && c_dtype == DType::F32)) throw std::logic_error("gemm: bad output dtype");
-    c_type = CUDA_R_32F;
+  const cudaDataType_t ab = dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t c_type = c_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  if (K == 0) {  // C = beta C: cuBLASLt wants K >= 1
+    if (beta == 0.0) CUDA_CHECK(cudaMemset2DAsync(C, std::size_t(ldc) * (c_dtype == DType::BF16 ? 2 : 4), 0,
+                                                  std::size_t(N) * (c_dtype == DType::BF16 ? 2 : 4), std::size_t(M), 0));
+    else if (beta != 1.0) throw std::logic_error("gemm: K = 0 with beta other than 0 or 1");
+    return;
   }
-  cublasStatus_t st = cublasGemmEx(
-      handle(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, int(N), int(M),
-      int(K), pa, B, type, int(ldb), A, type, int(lda), pb, C, c_type, int(ldc), compute,
-      CUBLAS_GEMM_DEFAULT);
-  if (st != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error("cublasGemmEx failed with status " + std::to_string(int(st)));
+  const Plan& p = plan_for(ab, c_type, ta, tb, M, N, K, lda, ldb, ldc);
+  const float alpha32 = float(alpha), beta32 = float(beta);
+  LtState& s = lt();
+  check_lt(cublasLtMatmul(s.handle, p.op, &alpha32, B, p.a, A, p.b, &beta32, C, p.c, C, p.c, &p.algo, s.workspace,
+                          kWorkspaceBytes, 0),
+           "matmul");
 }
 
 }  // namespace nsatron::cuda
