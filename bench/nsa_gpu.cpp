@@ -4,6 +4,7 @@
 // with `--reps 1` (docs/performance.md, "NSA CUDA kernels: optimisation log").
 //
 //   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m] [--T 8192,32768,65536]
+//                 [--no-dense]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
 // "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); both with
@@ -13,7 +14,15 @@
 // (query head, key) pairs the three branches attend (T/d + n*l' + w per query at most) and
 // TFLOP/s counts 4*D flops per pair in the forward (QK and PV) and 10*D in the backward
 // (QK, dO.V recomputed twice: query side and key side, plus dq, dk, dv), both over the
-// forward time of that pass. No dense-attention baseline is included here.
+// forward time of that pass.
+//
+// Dense baseline (unless --no-dense): the NSA window branch alone with w = T, which is dense
+// causal attention (RoPE, GQA) through the same flash-style bf16 tensor-core kernels
+// (nsa/cuda/window_bench.h): forward = padded K/V copies + row kernel; backward = row side
+// (dq) + dq rotation + padded q/d_out copies + key side (dk, dv). Timed the same way
+// (median of up to 5 runs after one warm-up, fewer when a run takes over 1 s). "x" columns:
+// dense time / NSA time; dTF/s counts 4*D (forward) and 10*D (backward) flops per causal
+// pair, B*H*T*(T+1)/2 pairs, over the dense forward and backward times.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +37,7 @@
 #include "core/device/cuda_check.h"
 #include "core/device/device.h"
 #include "nsa/cuda/nsa_cuda.h"
+#include "nsa/cuda/window_bench.h"
 
 using namespace nsatron::nsa;
 
@@ -77,7 +87,7 @@ static double median(std::vector<double> v) {
 }
 
 template <class T>
-static void run(const Shape& sh, int reps_arg) {
+static void run(const Shape& sh, int reps_arg, bool dense) {
   const NsaDims& dm = sh.dims;
   const std::size_t nq = std::size_t(dm.B * dm.T * dm.H * dm.D);
   const std::size_t nk = std::size_t(dm.B * dm.T * dm.G * dm.D);
@@ -143,10 +153,50 @@ static void run(const Shape& sh, int reps_arg) {
   const double pairs = attended_pairs(dm);
   const double tf_f = 4.0 * dm.D * pairs / (fm * 1e-3) / 1e12;
   const double tf_b = 10.0 * dm.D * pairs / (bm * 1e-3) / 1e12;
-  std::printf("| %-6s | %2lld | %6lld | %2lld | %lld | %3lld | %5s | %10.3f | %10.3f | %10.3f | %5.1f | %5.1f | %3d |\n",
+  std::printf("| %-6s | %2lld | %6lld | %2lld | %lld | %3lld | %5s | %10.3f | %10.3f | %10.3f | %5.1f | %5.1f | %3d |",
               sh.name.c_str(), (long long)dm.B, (long long)dm.T, (long long)dm.H, (long long)dm.G,
               (long long)dm.D, sizeof(T) == 2 ? "bf16" : "fp32", fm, bm, fm + bm, tf_f, tf_b,
               int(fs.size()));
+  if (dense) {
+    // Dense causal baseline: the window branch alone with w = T (inputs: q, k_win, v_win,
+    // gate, d_out of the NSA run; outputs into the NSA output/gradient buffers).
+    NsaDims dd = dm;
+    dd.window = dm.T;
+    float* lse = static_cast<float*>(alloc(std::size_t(dm.B * dm.T * dm.H) * 4));
+    auto donce = [&](double* f_ms, double* b_ms) {
+      CUDA_CHECK(cudaEventRecord(e0));
+      cuda::bench::window_forward<T>(dd, x[0], x[5], x[6], out, lse);
+      CUDA_CHECK(cudaEventRecord(e1));
+      cuda::bench::window_backward<T>(dd, x[0], x[5], x[6], x[7], lse, dout, g.q, g.k_win,
+                                      g.v_win);
+      CUDA_CHECK(cudaEventRecord(e2));
+      CUDA_CHECK(cudaEventSynchronize(e2));
+      float a = 0, b = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&a, e0, e1));
+      CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
+      *f_ms = a;
+      *b_ms = b;
+    };
+    double df0, db0;
+    donce(&df0, &db0);  // warm-up
+    donce(&df0, &db0);
+    const int dreps =
+        reps_arg > 0 ? std::min(reps_arg, 5) : int(std::clamp(1000.0 / (df0 + db0), 1.0, 5.0));
+    std::vector<double> dfs{df0}, dbs{db0};
+    for (int r = 1; r < dreps; ++r) {
+      double f, b;
+      donce(&f, &b);
+      dfs.push_back(f);
+      dbs.push_back(b);
+    }
+    const double dfm = median(dfs), dbm = median(dbs);
+    const double dpairs = double(dm.B * dm.H) * double(dm.T) * double(dm.T + 1) / 2;
+    std::printf(" %10.3f | %10.3f | %10.3f | %5.2f | %5.2f | %5.2f | %5.1f | %5.1f | %3d |",
+                dfm, dbm, dfm + dbm, dfm / fm, dbm / bm, (dfm + dbm) / (fm + bm),
+                4.0 * dm.D * dpairs / (dfm * 1e-3) / 1e12,
+                10.0 * dm.D * dpairs / (dbm * 1e-3) / 1e12, int(dfs.size()));
+  }
+  std::printf("\n");
   std::fflush(stdout);
   CUDA_CHECK(cudaEventDestroy(e0));
   CUDA_CHECK(cudaEventDestroy(e1));
@@ -166,6 +216,7 @@ int main(int argc, char** argv) {
   std::string dtype = "bf16", which = "paper,125m";
   std::vector<std::int64_t> Ts = {8192, 32768, 65536};
   int reps = 0;
+  bool dense = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -179,10 +230,11 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::stoi(val());
     else if (a == "--shapes") which = val();
     else if (a == "--T") Ts = parse_list(val());
+    else if (a == "--no-dense") dense = false;
     else {
       std::fprintf(stderr,
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m] "
-                   "[--T 8192,32768,65536]\n");
+                   "[--T 8192,32768,65536] [--no-dense]\n");
       return 2;
     }
   }
@@ -192,8 +244,12 @@ int main(int argc, char** argv) {
   }
   std::printf("NSA core on %s, l=32 d=16 l'=64 n=16 w=512, times in ms (median)\n",
               nsatron::cuda_device_summary().c_str());
-  std::printf("| shape  |  B |      T |  H | G |   D | dtype |    fwd ms  |    bwd ms  |  total ms  | fTF/s | bTF/s | reps |\n");
-  std::printf("|--------|----|--------|----|---|-----|-------|------------|------------|------------|-------|-------|-----|\n");
+  std::printf("| shape  |  B |      T |  H | G |   D | dtype |    fwd ms  |    bwd ms  |  total ms  | fTF/s | bTF/s | reps |");
+  if (dense)
+    std::printf(" dense fwd ms | dense bwd ms | dense tot ms | fwd x | bwd x | tot x | dfTF/s | dbTF/s | dreps |");
+  std::printf("\n|--------|----|--------|----|---|-----|-------|------------|------------|------------|-------|-------|-----|");
+  if (dense) std::printf("------------|------------|------------|-------|-------|-------|-------|-------|-----|");
+  std::printf("\n");
   std::vector<Shape> shapes;
   auto dims = [](std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t G, std::int64_t D) {
     NsaDims d;
@@ -214,8 +270,8 @@ int main(int argc, char** argv) {
   if (which.find("paper") != std::string::npos)
     for (auto T : Ts) shapes.push_back({"paper", dims(1, T, 64, 4, 128)});
   for (const auto& s : shapes) {
-    if (dtype == "fp32") run<float>(s, reps);
-    else run<cuda::bf16>(s, reps);
+    if (dtype == "fp32") run<float>(s, reps, dense);
+    else run<cuda::bf16>(s, reps, dense);
   }
   return 0;
 }

@@ -15,6 +15,7 @@
 
 #include "core/util/error.h"
 #include "nsa/cuda/internal.cuh"
+#include "nsa/cuda/window_bench.h"
 
 namespace nsatron::nsa::cuda {
 
@@ -453,5 +454,101 @@ template void nsa_backward<float>(const NsaDims&, const NsaInputs<float>&, const
                                   const float*, const NsaGradsCuda<float>&, cudaStream_t);
 template void nsa_backward<bf16>(const NsaDims&, const NsaInputs<bf16>&, const NsaSavedCuda&,
                                  const bf16*, const NsaGradsCuda<bf16>&, cudaStream_t);
+
+
+// ---- benchmark hook (window_bench.h): the window branch alone ---------------------------------
+namespace bench {
+
+template <class T>
+void window_forward(const NsaDims& dims, const T* q, const T* k, const T* v, T* o, float* lse,
+                    cudaStream_t stream) {
+  check_dims(dims);
+  const Geo g = make_geo(dims);
+  Workspace& ws = workspace();
+  const float2* rope = ws.rope(dims, stream);
+  RowArgs a{};
+  a.q = q;
+  a.rope = rope;
+  a.k = k;
+  a.v = v;
+  a.o = o;
+  a.lse = lse;
+  tc_prepare<T>(g, ws, a, k, v, rope, g.T, stream);
+  launch_row<T>(g, kWin, false, a, stream);
+}
+
+template <class T>
+void window_backward(const NsaDims& dims, const T* q, const T* k, const T* v, const T* gate,
+                     const float* lse, const T* d_out, T* dq, T* dk, T* dv, cudaStream_t stream) {
+  check_dims(dims);
+  const Geo g = make_geo(dims);
+  Workspace& ws = workspace();
+  const float2* rope = ws.rope(dims, stream);
+  const std::int64_t BTH = dims.B * dims.T * dims.H, D = dims.D;
+  auto* gsig = static_cast<float*>(ws.get(Workspace::kGsig, std::size_t(BTH) * 4, stream));
+  auto* delta = static_cast<float*>(ws.get(Workspace::kDelta, std::size_t(BTH) * 4, stream));
+  auto* dqf = static_cast<float*>(ws.get(Workspace::kDq, std::size_t(BTH * D) * 4, stream));
+  RowArgs a{};
+  a.q = q;
+  a.rope = rope;
+  a.k = k;
+  a.v = v;
+  a.dout = d_out;
+  a.gate = gate;
+  a.lse_in = lse;
+  a.gsig = gsig;
+  a.delta = delta;
+  a.dq = dqf;
+  a.accumulate = false;
+  tc_prepare<T>(g, ws, a, k, v, rope, g.T, stream);
+  launch_row<T>(g, kWin, true, a, stream);
+  dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(dq, dqf, rope, BTH, int(dims.T),
+                                                                int(dims.H), int(D));
+  check_launch("dq_rotate_kernel");
+  KeyArgs ka{};
+  ka.q = q;
+  ka.dout = d_out;
+  ka.rope = rope;
+  ka.k = k;
+  ka.v = v;
+  ka.lse = lse;
+  ka.gsig = gsig;
+  ka.delta = delta;
+  ka.dk = dk;
+  ka.dv = dv;
+  if constexpr (std::is_same_v<T, bf16>) {
+    const int DP = padded_dim(g.D);
+    Geo gq = g;
+    gq.G = g.H;
+    const std::size_t bytes = std::size_t(std::max<std::int64_t>(1, BTH * DP)) * 2;
+    auto* qd = static_cast<bf16*>(ws.get(Workspace::kTcQ, 2 * bytes, stream));
+    launch_tc_pad<T>(gq, q, qd, rope, g.T, stream, qd + bytes / 2);
+    ka.tcq = qd;
+    ka.tcql = qd + bytes / 2;
+    if (DP == g.D && reinterpret_cast<std::uintptr_t>(d_out) % 16 == 0) {
+      ka.tcdo = d_out;
+    } else {
+      auto* od = static_cast<bf16*>(ws.get(Workspace::kTcO, bytes, stream));
+      launch_tc_pad<T>(gq, d_out, od, nullptr, g.T, stream);
+      ka.tcdo = od;
+    }
+    ka.tck = a.tck;
+    ka.tcv = a.tcv;
+  }
+  launch_keys<T>(g, kWin, ka, stream);
+}
+
+template void window_forward<float>(const NsaDims&, const float*, const float*, const float*,
+                                    float*, float*, cudaStream_t);
+template void window_forward<bf16>(const NsaDims&, const bf16*, const bf16*, const bf16*, bf16*,
+                                   float*, cudaStream_t);
+template void window_backward<float>(const NsaDims&, const float*, const float*, const float*,
+                                     const float*, const float*, const float*, float*, float*,
+                                     float*, cudaStream_t);
+template void window_backward<bf16>(const NsaDims&, const bf16*, const bf16*, const bf16*,
+                                    const bf16*, const float*, const bf16*, bf16*, bf16*, bf16*,
+                                    cudaStream_t);
+
+}  // namespace bench
 
 }  // namespace nsatron::nsa::cuda
