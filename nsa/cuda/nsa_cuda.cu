@@ -160,6 +160,28 @@ void tc_prepare(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v,
   }
 }
 
+// bf16 key-side backward: padded bf16 copies of q (rotated, hi and lo parts) and of d_out,
+// rows [B, T, H, DP], into KeyArgs::tcq, tcql, tcdo; d_out is used as it is when D is already
+// padded and it is 16-byte aligned.
+inline void tc_prepare_keys(const Geo& g, Workspace& ws, KeyArgs& ka, const bf16* q, const bf16* d_out,
+                            const float2* rope, std::int64_t BTH, cudaStream_t stream) {
+  const int DP = padded_dim(g.D);
+  Geo gq = g;
+  gq.G = g.H;
+  const std::size_t bytes = std::size_t(std::max<std::int64_t>(1, BTH * DP)) * 2;
+  auto* qd = static_cast<bf16*>(ws.get(Workspace::kTcQ, 2 * bytes, stream));
+  launch_tc_pad<bf16>(gq, q, qd, rope, g.T, stream, qd + bytes / 2);
+  ka.tcq = qd;
+  ka.tcql = qd + bytes / 2;
+  if (DP == g.D && reinterpret_cast<std::uintptr_t>(d_out) % 16 == 0) {
+    ka.tcdo = d_out;
+  } else {
+    auto* od = static_cast<bf16*>(ws.get(Workspace::kTcO, bytes, stream));
+    launch_tc_pad<bf16>(gq, d_out, od, nullptr, g.T, stream);
+    ka.tcdo = od;
+  }
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -352,25 +374,8 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   ka.sel = saved.sel_blocks;
   const bool need_win = grads.k_win || grads.v_win, need_slc = grads.k_slc || grads.v_slc;
   if constexpr (std::is_same_v<T, bf16>) {
-    // Tensor-core key side (selection, window): padded bf16 q (rotated, hi and lo parts) and
-    // d_out, rows [B, T, H, DP]; d_out is used as it is when D is already padded (and 16-byte aligned).
-    if (need_win || need_slc) {
-      const int DP = padded_dim(g.D);
-      Geo gq = g;
-      gq.G = g.H;
-      const std::size_t bytes = std::size_t(std::max<std::int64_t>(1, BTH * DP)) * 2;
-      auto* qd = static_cast<bf16*>(ws.get(Workspace::kTcQ, 2 * bytes, stream));
-      launch_tc_pad<T>(gq, in.q, qd, rope, g.T, stream, qd + bytes / 2);
-      ka.tcq = qd;
-      ka.tcql = qd + bytes / 2;
-      if (DP == g.D && reinterpret_cast<std::uintptr_t>(d_out) % 16 == 0) {
-        ka.tcdo = d_out;
-      } else {
-        auto* od = static_cast<bf16*>(ws.get(Workspace::kTcO, bytes, stream));
-        launch_tc_pad<T>(gq, d_out, od, nullptr, g.T, stream);
-        ka.tcdo = od;
-      }
-    }
+    // Tensor-core key side (selection, window).
+    if (need_win || need_slc) tc_prepare_keys(g, ws, ka, in.q, d_out, rope, BTH, stream);
     if (need_slc) {
       const std::int64_t U = std::int64_t(g.B) * g.G * g.NB;
       const std::int64_t W = (g.T + 31) / 32;
@@ -517,21 +522,7 @@ void window_backward(const NsaDims& dims, const T* q, const T* k, const T* v, co
   ka.dk = dk;
   ka.dv = dv;
   if constexpr (std::is_same_v<T, bf16>) {
-    const int DP = padded_dim(g.D);
-    Geo gq = g;
-    gq.G = g.H;
-    const std::size_t bytes = std::size_t(std::max<std::int64_t>(1, BTH * DP)) * 2;
-    auto* qd = static_cast<bf16*>(ws.get(Workspace::kTcQ, 2 * bytes, stream));
-    launch_tc_pad<T>(gq, q, qd, rope, g.T, stream, qd + bytes / 2);
-    ka.tcq = qd;
-    ka.tcql = qd + bytes / 2;
-    if (DP == g.D && reinterpret_cast<std::uintptr_t>(d_out) % 16 == 0) {
-      ka.tcdo = d_out;
-    } else {
-      auto* od = static_cast<bf16*>(ws.get(Workspace::kTcO, bytes, stream));
-      launch_tc_pad<T>(gq, d_out, od, nullptr, g.T, stream);
-      ka.tcdo = od;
-    }
+    tc_prepare_keys(g, ws, ka, q, d_out, rope, BTH, stream);
     ka.tck = a.tck;
     ka.tcv = a.tcv;
   }
