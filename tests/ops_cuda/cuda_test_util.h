@@ -60,7 +60,9 @@ inline void expect_close_rms(const std::vector<double>& got, const std::vector<d
                              double rtol, const std::string& what,
                              const std::vector<double>* terms = nullptr) {
   ASSERT_EQ(got.size(), want.size()) << what;
-  if (terms) ASSERT_EQ(terms->size(), want.size()) << what;
+  if (terms) {
+    ASSERT_EQ(terms->size(), want.size()) << what;
+  }
   const double r = rms(want);
   int bad = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
