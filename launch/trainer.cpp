@@ -220,7 +220,6 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     start_step = state.step;
     optimizer_step = state.optimizer_step;
     world.together([&] { data.sampler->restore(data::SamplerPosition::deserialize(state.sampler_position)); });
-    model.sync_compute_weights();
     out << "resumed from " << resume_from->string() << " (step " << start_step << ", "
         << state.consumed_tokens << " tokens)\n";
     const auto before = config_entries(state.config_toml), now = config_entries(to_toml(cfg));
@@ -234,7 +233,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
           << ": nothing left to do\n";
   }
 
-  model.sync_compute_weights();
+  model.sync_compute_weights();  // the compute copy of the initial or the loaded weights
   const std::int64_t T = cfg.train.seq_len;
   const double flops = model.flops_per_token(T);
   const double peak_flops = device == Device::CUDA ? peak_bf16_flops(cuda_device_summary()) : 0.0;
