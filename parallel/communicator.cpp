@@ -66,6 +66,23 @@ void Communicator::recv(Tensor& t, int peer) {
   if (t.numel() > 0) do_recv(t, peer);
 }
 
+void Communicator::send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) {
+  check_tensor(send, "send_recv");
+  check_tensor(recv, "send_recv");
+  NSA_CHECK(send_peer >= 0 && send_peer < size() && recv_peer >= 0 && recv_peer < size(), name(),
+            ".send_recv: peers ", send_peer, " and ", recv_peer, " at rank ", rank(), " of ", size());
+  NSA_CHECK((send_peer == rank()) == (recv_peer == rank()), name(), ".send_recv: rank ", rank(), " sends to ",
+            send_peer, " and receives from ", recv_peer, " (itself only for both)");
+  if (send_peer == rank())
+    NSA_CHECK(send.dtype() == recv.dtype() && send.numel() == recv.numel(), name(), ".send_recv to itself: ",
+              send.describe(), " into ", recv.describe());
+  const char* a = static_cast<const char*>(send.raw());
+  const char* b = static_cast<const char*>(recv.raw());
+  NSA_CHECK(send.numel() == 0 || recv.numel() == 0 || a + send.nbytes() <= b || b + recv.nbytes() <= a, name(),
+            ".send_recv: send and recv overlap");
+  if (send.numel() > 0 || recv.numel() > 0) do_send_recv(send, send_peer, recv, recv_peer);
+}
+
 void Communicator::barrier() { do_barrier(); }
 
 double all_reduce_value(Communicator& comm, double value, ReduceOp op) {

@@ -5,8 +5,9 @@
 //   (the GPU issue adds an NCCL backend for device tensors behind the same calls)
 //
 // Contract of every call, whatever the backend:
-//   - It is collective over the group (send/recv: over the two peers): every rank of the group
-//     makes the same calls in the same order, with tensors of the same dtype and element count.
+//   - It is collective over the group (send/recv/send_recv: over the peers): every rank of the
+//     group makes the same calls in the same order, with tensors of the same dtype and element
+//     count.
 //   - Tensors are contiguous (every Tensor is), of a dtype and device the backend takes
 //     (supports()). They are read and written in place; nothing is allocated behind the caller.
 //   - Results are the same bits on every rank of the group: a reduced element is computed once
@@ -62,6 +63,16 @@ class Communicator {
   // order they were sent (no tags: NCCL has none).
   void send(const Tensor& t, int peer);
   void recv(Tensor& t, int peer);
+  // Sends `send` to group rank send_peer and receives `recv` from recv_peer, both at once: it
+  // cannot deadlock when two ranks exchange against each other (each calling send_recv with
+  // the other as both peers), nor around a ring (send to the next, receive from the previous),
+  // whatever the message size (a send then a recv would, once messages are too large for MPI
+  // to buffer). The send half is matched by send_peer's recv (or the receive half of its
+  // send_recv), in order with every other message from this rank to it; likewise the receive
+  // half. The peers may differ. A peer equal to rank() is allowed only when both are (a local
+  // copy: the only exchange in a group of one); send and recv do not overlap. An empty tensor
+  // sends or receives nothing (as send and recv, so either half may pair with a plain call).
+  void send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer);
   void barrier();
 
  protected:
@@ -72,6 +83,9 @@ class Communicator {
   virtual void do_broadcast(Tensor& t, int root) = 0;
   virtual void do_send(const Tensor& t, int peer) = 0;
   virtual void do_recv(Tensor& t, int peer) = 0;
+  // At least one of send and recv is non-empty; an empty one is no message. Both peers are
+  // rank() (then send and recv have the same dtype and count) or neither is.
+  virtual void do_send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) = 0;
   virtual void do_barrier() = 0;
 
  private:

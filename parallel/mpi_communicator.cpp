@@ -1,5 +1,6 @@
 #include "parallel/mpi_communicator.h"
 
+#include <algorithm>
 #include <climits>
 #include <stdexcept>
 
@@ -105,12 +106,40 @@ void MpiCommunicator::do_recv(Tensor& t, int peer) {
     const int n = int(std::min(kMaxCount, t.numel() - at));
     MPI_Status status;
     check(MPI_Recv(p + std::size_t(at) * esize, n, mpi_type(t.dtype()), peer, 0, comm_, &status), "MPI_Recv");
-    int got = 0;
-    MPI_Get_count(&status, mpi_type(t.dtype()), &got);
-    if (got != n)
-      throw std::runtime_error(name_ + ".recv from rank " + std::to_string(peer) + ": expected " + std::to_string(n) +
-                               " elements, got " + std::to_string(got));
+    check_count(status, t.dtype(), n, peer, "recv");
   }
+}
+
+void MpiCommunicator::do_send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) {
+  const char* s = static_cast<const char*>(send.raw());
+  char* r = static_cast<char*>(recv.raw());
+  const std::size_t s_esize = dtype_size(send.dtype()), r_esize = dtype_size(recv.dtype());
+  // Piece k of each half is piece k of the matching send / recv (the same cuts at INT_MAX).
+  for (std::int64_t at = 0; at < std::max(send.numel(), recv.numel()); at += kMaxCount) {
+    const int ns = int(std::clamp(send.numel() - at, std::int64_t(0), kMaxCount));
+    const int nr = int(std::clamp(recv.numel() - at, std::int64_t(0), kMaxCount));
+    MPI_Status status;
+    if (ns > 0 && nr > 0) {
+      check(MPI_Sendrecv(s + std::size_t(at) * s_esize, ns, mpi_type(send.dtype()), send_peer, 0,
+                         r + std::size_t(at) * r_esize, nr, mpi_type(recv.dtype()), recv_peer, 0, comm_, &status),
+            "MPI_Sendrecv");
+      check_count(status, recv.dtype(), nr, recv_peer, "send_recv");
+    } else if (ns > 0) {
+      check(MPI_Send(s + std::size_t(at) * s_esize, ns, mpi_type(send.dtype()), send_peer, 0, comm_), "MPI_Send");
+    } else {
+      check(MPI_Recv(r + std::size_t(at) * r_esize, nr, mpi_type(recv.dtype()), recv_peer, 0, comm_, &status),
+            "MPI_Recv");
+      check_count(status, recv.dtype(), nr, recv_peer, "send_recv");
+    }
+  }
+}
+
+void MpiCommunicator::check_count(const MPI_Status& status, DType dtype, int n, int peer, const char* op) const {
+  int got = 0;
+  MPI_Get_count(&status, mpi_type(dtype), &got);
+  if (got != n)
+    throw std::runtime_error(name_ + "." + op + " from rank " + std::to_string(peer) + ": expected " +
+                             std::to_string(n) + " elements, got " + std::to_string(got));
 }
 
 void MpiCommunicator::do_barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }

@@ -3,7 +3,9 @@
 // Errors return to us (MPI_ERRORS_RETURN on the communicator) and throw std::runtime_error
 // "MPI_Allreduce on the dp group (rank 1 of 2) failed: <MPI's error text>".
 // Messages longer than INT_MAX elements are sent in pieces (all_reduce, broadcast, send,
-// recv); all_gather and reduce_scatter take blocks of up to INT_MAX elements.
+// recv, send_recv: each half cut the same way as send and recv cut it, so that they pair);
+// all_gather and reduce_scatter take blocks of up to INT_MAX elements. send_recv is
+// MPI_Sendrecv (MPI_Send or MPI_Recv for the pieces where only one half has data left).
 #pragma once
 #include <mpi.h>
 
@@ -42,10 +44,13 @@ class MpiCommunicator final : public Communicator {
   void do_broadcast(Tensor& t, int root) override;
   void do_send(const Tensor& t, int peer) override;
   void do_recv(Tensor& t, int peer) override;
+  void do_send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) override;
   void do_barrier() override;
 
  private:
   void check(int code, const char* what) const;
+  // Throws unless `status` reports n elements of `dtype` received from `peer`.
+  void check_count(const MPI_Status& status, DType dtype, int n, int peer, const char* op) const;
   MPI_Comm comm_;
   std::string name_;
   int rank_ = 0, size_ = 1;

@@ -13,12 +13,13 @@ ProcessGroups make_process_groups(Backend backend, int tp, int pp) {
     g.tp = std::make_shared<SingleCommunicator>("tp");
     g.dp = std::make_shared<SingleCommunicator>("dp");
     g.pp = std::make_shared<SingleCommunicator>("pp");
+    g.embedding = std::make_shared<SingleCommunicator>("embedding");
     return g;
   }
   std::shared_ptr<MpiCommunicator> world = MpiCommunicator::world("world");
   g.layout = ParallelLayout::make(world->size(), tp, pp, world->rank());
   const ParallelLayout& l = g.layout;
-  // MPI_Comm_split is collective over the world: every rank makes the three calls, in the same
+  // MPI_Comm_split is collective over the world: every rank makes the four calls, in the same
   // order, even where its own group has one rank (that communicator is then dropped).
   auto group = [&](int color, int key, int size, const char* name) -> std::shared_ptr<Communicator> {
     std::shared_ptr<MpiCommunicator> c = world->split(color, key, name);
@@ -28,6 +29,10 @@ ProcessGroups make_process_groups(Backend backend, int tp, int pp) {
   g.tp = group(l.dp_rank + l.dp * l.pp_rank, l.tp_rank, l.tp, "tp");
   g.dp = group(l.tp_rank + l.tp * l.pp_rank, l.dp_rank, l.dp, "dp");
   g.pp = group(l.tp_rank + l.tp * l.dp_rank, l.pp_rank, l.pp, "pp");
+  // Embedding: colours [0, tp * dp) pair the first and last stage of each pipeline (key
+  // pp_rank: the first stage is rank 0); every other rank takes a colour of its own.
+  const bool tied = l.pp > 1 && (l.first_stage() || l.last_stage());
+  g.embedding = group(tied ? l.tp_rank + l.tp * l.dp_rank : l.tp * l.dp + l.rank, l.pp_rank, tied ? 2 : 1, "embedding");
   g.world = world->size() == 1 ? std::shared_ptr<Communicator>(std::make_shared<SingleCommunicator>("world"))
                                : std::shared_ptr<Communicator>(world);
   return g;

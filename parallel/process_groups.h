@@ -23,6 +23,12 @@ enum class Backend {
 struct ProcessGroups {
   ParallelLayout layout;
   std::shared_ptr<Communicator> world, tp, dp, pp;
+  // The tied embedding's group: with pp > 1, on the first stage (pp_rank 0) and the last
+  // (pp_rank pp - 1), the 2 ranks of those two stages with this rank's (tp_rank, dp_rank),
+  // the first stage as its rank 0. Both stages hold the token embedding (the first to embed,
+  // the last as the LM head), so its gradient is all-reduced over this group. On a middle
+  // stage, or with pp == 1, a group of one (SingleCommunicator "embedding").
+  std::shared_ptr<Communicator> embedding;
 };
 
 // This rank's groups for tp and pp (dp = world / (tp * pp)). Single: a world of one, so tp = pp

@@ -1,7 +1,8 @@
 // A group of one rank (a single-process run, or a TP/PP/DP group of size 1 in a larger world):
 // all_reduce and broadcast leave the tensor as it is, all_gather and reduce_scatter copy `in`
 // to `out` (nothing when in place), barrier returns. Takes any dtype on any device. send and
-// recv have no peer to talk to (the argument checks refuse them).
+// recv have no peer to talk to (the argument checks refuse them); send_recv with both peers 0
+// (itself) copies send into recv.
 #pragma once
 #include "parallel/communicator.h"
 
@@ -27,6 +28,7 @@ class SingleCommunicator final : public Communicator {
   void do_broadcast(Tensor&, int) override {}
   void do_send(const Tensor&, int) override {}
   void do_recv(Tensor&, int) override {}
+  void do_send_recv(const Tensor& send, int, Tensor& recv, int) override { recv.copy_from(send); }
   void do_barrier() override {}
 
  private:

@@ -113,6 +113,15 @@ TEST(SingleCommunicator, IsAGroupOfOne) {
   EXPECT_EQ(rs.to_vector(), t.to_vector());
   EXPECT_THROW(c.send(t, 0), std::logic_error);
   EXPECT_EQ(broadcast_string(c, "hello", 0), "hello");
+  // send_recv with itself (peers 0) is a copy; any other peer is refused.
+  Tensor got = Tensor::zeros({3}, DType::F32);
+  c.send_recv(t, 0, got, 0);
+  EXPECT_EQ(got.to_vector(), t.to_vector());
+  EXPECT_THROW(c.send_recv(t, 1, got, 0), std::logic_error);
+  EXPECT_THROW(c.send_recv(t, 0, got, 1), std::logic_error);
+  EXPECT_THROW(c.send_recv(t, 0, t, 0), std::logic_error);  // overlapping
+  Tensor four = Tensor::zeros({4}, DType::F32);
+  EXPECT_THROW(c.send_recv(t, 0, four, 0), std::logic_error);
 }
 
 class Mpi : public ::testing::Test {
@@ -211,6 +220,71 @@ TEST_F(Mpi, SendRecvAroundARing) {
   EXPECT_THROW(comm_->send(out, r), std::logic_error);
 }
 
+// send_recv around the ring (send to the next rank, receive from the previous) and between
+// pairs (0 <-> 1, 2 <-> 3), every rank calling it at once with 4M floats (16 MiB, far past
+// MPI's eager limit: a send then a recv on every rank would deadlock). With one rank the
+// ring is this rank to itself (a copy).
+TEST_F(Mpi, SendRecvExchangesLargeTensorsWithoutDeadlock) {
+  const int n = comm_->size(), r = comm_->rank();
+  const std::int64_t count = std::int64_t(4) << 20;
+  auto pattern = [&](int from, std::int64_t i) { return float((i * 7 + from * 13) % 65536); };
+  Tensor out = Tensor::empty({count}, DType::F32), in = Tensor::empty({count}, DType::F32);
+  for (std::int64_t i = 0; i < count; ++i) out.data<float>()[i] = pattern(r, i);
+  auto received_from = [&](int from) {
+    for (std::int64_t i = 0; i < count; ++i)
+      if (in.data<float>()[i] != pattern(from, i)) return false;
+    return true;
+  };
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  in.zero_();
+  comm_->send_recv(out, next, in, prev);
+  EXPECT_TRUE(received_from(prev)) << "ring";
+  if (n % 2 == 0) {
+    const int partner = r ^ 1;
+    in.zero_();
+    comm_->send_recv(out, partner, in, partner);
+    EXPECT_TRUE(received_from(partner)) << "pairs";
+  }
+}
+
+// Each half of a send_recv pairs with a plain send or recv; the two halves may differ in size,
+// and an empty half sends or receives nothing.
+TEST_F(Mpi, SendRecvPairsWithSendAndRecv) {
+  const int n = comm_->size(), r = comm_->rank();
+  if (n == 1) GTEST_SKIP() << "one rank: no peer";
+  if (r >= n - n % 2) return;  // pairs only
+  const int partner = r ^ 1;
+  const bool even = r % 2 == 0;
+  // Uneven sizes: the even rank sends 3 fp64 and receives 5; the odd rank, a plain recv then
+  // a plain send.
+  Tensor three = Tensor::from_vector({1, 2, 3}, {3}, DType::F64), five = Tensor::from_vector({4, 5, 6, 7, 8}, {5}, DType::F64);
+  if (even) {
+    Tensor got = Tensor::zeros({5}, DType::F64);
+    comm_->send_recv(three, partner, got, partner);
+    EXPECT_EQ(got.to_vector(), five.to_vector());
+  } else {
+    Tensor got = Tensor::zeros({3}, DType::F64);
+    comm_->recv(got, partner);
+    comm_->send(five, partner);
+    EXPECT_EQ(got.to_vector(), three.to_vector());
+  }
+  // An empty half: the even rank only receives, the odd rank only sends (then the reverse).
+  Tensor empty = Tensor::zeros({0}, DType::F32), got = Tensor::zeros({2}, DType::F32);
+  Tensor mine = Tensor::from_vector({double(r), 0.5}, {2}, DType::F32);
+  if (even) {
+    comm_->send_recv(empty, partner, got, partner);
+    comm_->send_recv(mine, partner, empty, partner);
+  } else {
+    comm_->send_recv(mine, partner, empty, partner);
+    comm_->send_recv(empty, partner, got, partner);
+  }
+  EXPECT_EQ(got.to_vector(), (std::vector<double>{double(partner), 0.5}));
+  // Argument errors: a peer outside the group, itself for one half only, overlapping tensors.
+  EXPECT_THROW(comm_->send_recv(mine, n, got, partner), std::logic_error);
+  EXPECT_THROW(comm_->send_recv(mine, r, got, partner), std::logic_error);
+  EXPECT_THROW(comm_->send_recv(mine, partner, mine, partner), std::logic_error);
+}
+
 TEST_F(Mpi, ControlValues) {
   const int n = comm_->size(), r = comm_->rank();
   EXPECT_EQ(all_reduce_value(*comm_, r + 1.0, ReduceOp::Sum), n * (n + 1) / 2.0);
@@ -246,6 +320,37 @@ TEST(ProcessGroups, EveryLayoutOfThisWorld) {
     }
   EXPECT_THROW(make_process_groups(Backend::Single, 2, 1), UserError);
   EXPECT_EQ(make_process_groups(Backend::Single, 1, 1).dp->backend(), "single");
+  EXPECT_EQ(make_process_groups(Backend::Single, 1, 1).embedding->name(), "embedding");
+}
+
+// The tied-embedding group: with pp > 1, the first- and last-stage ranks of each (tp_rank,
+// dp_rank) pair up (first stage = rank 0); the middle stages and pp == 1 get a group of one.
+// All-reducing the rank numbers gives the pair's sum (or this rank's own).
+TEST(ProcessGroups, EmbeddingGroupPairsTheFirstAndLastStage) {
+  const int world = world_size();
+  for (int tp = 1; tp <= world; ++tp)
+    for (int pp = 1; pp <= world; ++pp) {
+      if (world % (tp * pp) != 0) continue;
+      ProcessGroups g = make_process_groups(Backend::Mpi, tp, pp);
+      const ParallelLayout& l = g.layout;
+      const std::string where = "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " " + l.describe_rank();
+      ASSERT_TRUE(g.embedding) << where;
+      EXPECT_EQ(g.embedding->name(), "embedding") << where;
+      const double sum = all_reduce_value(*g.embedding, double(l.rank));
+      if (pp > 1 && (l.first_stage() || l.last_stage())) {
+        const int first = l.rank_of(l.tp_rank, l.dp_rank, 0), last = l.rank_of(l.tp_rank, l.dp_rank, pp - 1);
+        EXPECT_EQ(g.embedding->size(), 2) << where;
+        EXPECT_EQ(g.embedding->rank(), l.first_stage() ? 0 : 1) << where;
+        EXPECT_EQ(g.embedding->backend(), "mpi") << where;
+        EXPECT_EQ(sum, double(first + last)) << where;
+        EXPECT_EQ(all_gather_values(*g.embedding, {double(l.rank)}), (std::vector<double>{double(first), double(last)}))
+            << where;
+      } else {
+        EXPECT_EQ(g.embedding->size(), 1) << where;
+        EXPECT_EQ(g.embedding->backend(), "single") << where;
+        EXPECT_EQ(sum, double(l.rank)) << where;
+      }
+    }
 }
 
 TEST(DataParallel, PartitionIsWholeSegmentsAndBalanced) {
