@@ -330,6 +330,40 @@ fs::path commit_checkpoint(const fs::path& dir, const fs::path& staging, std::in
   return final_dir;
 }
 
+std::vector<ShardSpec> param_shards(const ParamStore& params, const float* weights, const float* m, const float* v,
+                                    std::int64_t m_begin, std::int64_t begin, std::int64_t end) {
+  if (begin < 0 || end > params.total() || begin > end)
+    throw std::invalid_argument("param_shards: range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                ") outside the " + std::to_string(params.total()) + " elements of the parameters");
+  if (!weights && params.total() > 0) throw std::invalid_argument("param_shards: no weights");
+  if ((m == nullptr) != (v == nullptr)) throw std::invalid_argument("param_shards: give both moments or neither");
+  if (m && m_begin > begin)
+    throw std::invalid_argument("param_shards: the moments start at " + std::to_string(m_begin) +
+                                ", after the range's begin " + std::to_string(begin));
+  std::vector<const ParamInfo*> mine;
+  for (const auto& p : params.infos()) {
+    if (p.name.rfind("optim/", 0) == 0) throw std::invalid_argument("parameter name '" + p.name + "' is reserved");
+    if (p.replica || p.offset < begin || p.offset >= end) continue;
+    if (p.offset + p.numel > end)
+      throw std::invalid_argument("param_shards: " + p.name + " (elements [" + std::to_string(p.offset) + ", " +
+                                  std::to_string(p.offset + p.numel) + ")) straddles the end of the range " +
+                                  std::to_string(end));
+    mine.push_back(&p);
+  }
+  std::vector<ShardSpec> shards;
+  shards.reserve(mine.size() * (m ? 3 : 1));
+  auto add = [&](const std::string& prefix, const float* base, std::int64_t base_offset) {
+    for (const ParamInfo* p : mine)
+      shards.push_back({prefix + p->name, p->global_shape, p->global_offset, p->shape, base + (p->offset - base_offset)});
+  };
+  add("", weights, 0);
+  if (m) {
+    add(kMomentM, m, m_begin);
+    add(kMomentV, v, m_begin);
+  }
+  return shards;
+}
+
 fs::path save_checkpoint(const fs::path& dir, const ParamStore& params, const Tensor& m, const Tensor& v,
                          const TrainState& state, int keep) {
   const Tensor& w = params.flat_weights();
@@ -343,12 +377,7 @@ fs::path save_checkpoint(const fs::path& dir, const ParamStore& params, const Te
   const float* pw = static_cast<const float*>(hw.raw());
   const float* pm = static_cast<const float*>(hm.raw());
   const float* pv = static_cast<const float*>(hv.raw());
-  std::vector<ShardSpec> shards;
-  for (const auto& [prefix, base] : {std::pair<std::string, const float*>{"", pw}, {kMomentM, pm}, {kMomentV, pv}})
-    for (const auto& p : params.infos()) {
-      if (p.name.rfind("optim/", 0) == 0) throw std::invalid_argument("parameter name '" + p.name + "' is reserved");
-      shards.push_back({prefix + p.name, p.shape, Shape(p.shape.size(), 0), p.shape, base + p.offset});
-    }
+  const std::vector<ShardSpec> shards = param_shards(params, pw, pm, pv, 0, 0, params.total());
   const fs::path staging = stage_checkpoint(dir, state.step);
   try {
     write_checkpoint_file(staging / rank_file_name(0), shards, state, FileLayout{});
@@ -385,7 +414,7 @@ FullTensor read_full_tensor(const std::vector<fs::path>& files, const std::strin
 namespace {
 
 // Loads the weights and, when m and v are given, the moments.
-TrainState load_into(const fs::path& path, ParamStore& params, Tensor* m, Tensor* v) {
+TrainState load_into(const fs::path& path, ParamStore& params, Tensor* m, Tensor* v, LoadScope scope) {
   const fs::path step_dir = resolve_checkpoint(path);
   OpenCheckpoint oc = open_checkpoint(step_dir);
   Tensor& w = params.flat_weights();
@@ -409,11 +438,13 @@ TrainState load_into(const fs::path& path, ParamStore& params, Tensor* m, Tensor
         continue;
       }
       const Shape& g = it->second.front().info.global_shape;
-      if (g != p.shape)
-        problems.push_back(name + ": checkpoint shape " + shape_str(g) + " but the config gives " + shape_str(p.shape));
+      if (g != p.global_shape)
+        problems.push_back(name + ": checkpoint shape " + shape_str(g) + " but the config gives " +
+                           shape_str(p.global_shape));
     }
-  for (const auto& [name, refs] : oc.shards)
-    if (!expected.count(name)) problems.push_back(name + ": in the checkpoint but not in the config's model");
+  if (scope == LoadScope::WholeModel)
+    for (const auto& [name, refs] : oc.shards)
+      if (!expected.count(name)) problems.push_back(name + ": in the checkpoint but not in the config's model");
   if (!problems.empty()) {
     std::string msg = step_dir.string() + " does not match the model:";
     for (const auto& p : problems) msg += "\n  " + p;
@@ -423,11 +454,21 @@ TrainState load_into(const fs::path& path, ParamStore& params, Tensor* m, Tensor
   auto host = [](Tensor& t) { return t.is_cpu() ? t : Tensor::empty(t.shape(), t.dtype(), Device::CPU); };
   Tensor hw = host(w);
   Tensor hm = moments ? host(*m) : Tensor(), hv = moments ? host(*v) : Tensor();
+  std::vector<float> full;  // a block's whole tensor
   for (const auto& p : params.infos()) {
-    assemble(p.name, oc.shards[p.name], p.shape, static_cast<float*>(hw.raw()) + p.offset);
+    // A whole parameter is assembled in place; a block via the whole tensor.
+    auto load = [&](const std::string& name, Tensor& flat) {
+      float* dst = static_cast<float*>(flat.raw()) + p.offset;
+      // (is_whole(p), spelled out: nsatron_checkpoint does not link the model library.)
+      if (p.global_shape == p.shape) return assemble(name, oc.shards[name], p.global_shape, dst);
+      full.resize(std::size_t(shape_numel(p.global_shape)));
+      assemble(name, oc.shards[name], p.global_shape, full.data());
+      extract_box(full.data(), p.global_shape, p.global_offset, p.shape, dst);
+    };
+    load(p.name, hw);
     if (!moments) continue;
-    assemble(kMomentM + p.name, oc.shards[kMomentM + p.name], p.shape, static_cast<float*>(hm.raw()) + p.offset);
-    assemble(kMomentV + p.name, oc.shards[kMomentV + p.name], p.shape, static_cast<float*>(hv.raw()) + p.offset);
+    load(kMomentM + p.name, hm);
+    load(kMomentV + p.name, hv);
   }
   if (!w.is_cpu()) w.copy_from(hw);
   if (moments && !m->is_cpu()) m->copy_from(hm);
@@ -437,11 +478,13 @@ TrainState load_into(const fs::path& path, ParamStore& params, Tensor* m, Tensor
 
 }  // namespace
 
-TrainState load_checkpoint(const fs::path& path, ParamStore& params, Tensor& m, Tensor& v) {
-  return load_into(path, params, &m, &v);
+TrainState load_checkpoint(const fs::path& path, ParamStore& params, Tensor& m, Tensor& v, LoadScope scope) {
+  return load_into(path, params, &m, &v, scope);
 }
 
-TrainState load_weights(const fs::path& path, ParamStore& params) { return load_into(path, params, nullptr, nullptr); }
+TrainState load_weights(const fs::path& path, ParamStore& params, LoadScope scope) {
+  return load_into(path, params, nullptr, nullptr, scope);
+}
 
 void for_each_tensor(const fs::path& path,
                      const std::function<void(const std::string& name, const FullTensor&)>& fn) {

@@ -51,11 +51,12 @@ struct TrainState {
 
 // ---- saving -------------------------------------------------------------------------------
 
-// Saves a single-process run: the full tensors of `params` (weights), `m` and `v` (AdamW
+// Saves a single-process run: the tensors of `params` (weights), `m` and `v` (AdamW
 // moments, flat fp32 buffers laid out like params.flat_weights()) and `state` as
 // dir/step_<state.step>/rank_00000.h5, committed atomically (stage_checkpoint, write,
-// commit_checkpoint). Keeps the newest `keep` checkpoints (0: all). Returns the committed
-// step directory. Tensors on a GPU are copied to the host first.
+// commit_checkpoint), with the shards of param_shards(params, ..., 0, 0, params.total()).
+// Keeps the newest `keep` checkpoints (0: all). Returns the committed step directory.
+// Tensors on a GPU are copied to the host first.
 fs::path save_checkpoint(const fs::path& dir, const ParamStore& params, const Tensor& m, const Tensor& v,
                          const TrainState& state, int keep);
 
@@ -80,6 +81,24 @@ struct FileLayout {
   std::int64_t num_files = 1;  // files in the checkpoint directory
   std::string layout = "tp=1 pp=1 dp=1";  // the writing run's parallel layout (informational)
 };
+
+// The shards a rank writes for its parameters: for every parameter of `params` that is not a
+// replica (ParamInfo::replica) and whose offset lies in [begin, end) of the flat buffers,
+//   - the weights:  {name, global_shape, global_offset, shape, weights + offset},
+//   - the moments:  {"optim/m/" + name, ..., m + (offset - m_begin)} and the same for "optim/v/",
+// all the weights first, then all m, then all v (parameter order within each). `weights` is
+// the whole flat buffer (params.flat_weights()); `m` and `v` hold the moments of the flat
+// range starting at m_begin: m_begin = 0 when they are whole like the weights, m_begin =
+// begin with ZeRO-1 where a rank keeps only its range [begin, end). With m = v = nullptr the
+// moments are left out. The pointers must be host memory holding fp32, and stay valid until
+// write_checkpoint_file has used the shards (the specs point into them, nothing is copied).
+// Every layout writes through it: one process (0, total), data parallelism (the rank that
+// writes, (0, total)), ZeRO-1 (each DP rank its range), tensor and pipeline parallelism (each
+// rank its blocks: shape, global_shape and global_offset from ParamStore::declare). Throws
+// std::invalid_argument when a parameter straddles `end` (ZeRO-1 ranges hold whole tensors),
+// when the range is outside [0, params.total()], or when a name starts with "optim/".
+std::vector<ShardSpec> param_shards(const ParamStore& params, const float* weights, const float* m, const float* v,
+                                    std::int64_t m_begin, std::int64_t begin, std::int64_t end);
 
 std::string rank_file_name(std::int64_t rank);  // "rank_00000.h5"
 std::string step_dir_name(std::int64_t step);   // "step_00001000"
@@ -119,17 +138,29 @@ std::vector<fs::path> list_checkpoints(const fs::path& dir);
 // none or when some rank's file is missing.
 std::vector<fs::path> checkpoint_files(const fs::path& step_dir);
 
-// Loads `path` (resolve_checkpoint) into params, m and v (flat buffers like save's) and
-// returns the state. Every tensor of params must be in the checkpoint with the same shape
-// and vice versa ("model/layers.3/attn/wqkv: checkpoint shape [..] but the config gives
-// [..]"); every checksum is checked. Works for any set of shards covering each tensor (a
-// checkpoint from another parallel layout). On error the contents of params, m and v are
-// unspecified.
-TrainState load_checkpoint(const fs::path& path, ParamStore& params, Tensor& m, Tensor& v);
+// What part of the checkpoint's model a ParamStore holds.
+enum class LoadScope {
+  WholeModel,    // every tensor: the checkpoint may hold no tensor that params lacks
+  PartialModel,  // some tensors (a pipeline stage's layers): the checkpoint's others are ignored
+};
+
+// Loads `path` (resolve_checkpoint) into params, m and v (flat buffers laid out like
+// params.flat_weights(), each parameter's moments at its offset) and returns the state.
+// Every tensor of params must be in the checkpoint with its global shape (ParamInfo::
+// global_shape; "model/layers.3/attn/wqkv: checkpoint shape [..] but the config gives [..]")
+// and, with LoadScope::WholeModel, every tensor of the checkpoint must be one of params
+// ("...: in the checkpoint but not in the config's model"). Each full tensor is assembled
+// from whatever shards the files hold (a checkpoint from any parallel layout), checksums
+// checked; a whole parameter is read straight into the flat buffer, a block (a tensor-
+// parallel shard, !is_whole(p)) is assembled into a temporary buffer and its block
+// (global_offset, shape) copied out. Replicas load like any other parameter. On error the
+// contents of params, m and v are unspecified.
+TrainState load_checkpoint(const fs::path& path, ParamStore& params, Tensor& m, Tensor& v,
+                           LoadScope scope = LoadScope::WholeModel);
 
 // Loads only the model weights (not the moments), e.g. to sample from a checkpoint; the
 // same checks as load_checkpoint for the weights. Returns the state.
-TrainState load_weights(const fs::path& path, ParamStore& params);
+TrainState load_weights(const fs::path& path, ParamStore& params, LoadScope scope = LoadScope::WholeModel);
 
 // The state of a checkpoint (from its first file), without reading the tensors.
 TrainState read_train_state(const fs::path& path);

@@ -13,6 +13,7 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <type_traits>
 
 namespace nsatron {
@@ -27,7 +28,7 @@ ConfigError::ConfigError(std::vector<std::string> msgs)
 
 namespace {
 
-enum class Kind { Int, Float, Bool, String, StringList };
+enum class Kind { Int, Float, Bool, String, StringList, IntList };
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 std::string kind_name(Kind k) {
@@ -37,8 +38,14 @@ std::string kind_name(Kind k) {
     case Kind::Bool: return "boolean";
     case Kind::String: return "string";
     case Kind::StringList: return "string or array of strings";
+    case Kind::IntList: return "array of integers";
   }
   return "?";
+}
+
+// "an integer", "a float", "an array of integers".
+std::string with_article(const std::string& noun) {
+  return (std::string("aeiou").find(noun.front()) != std::string::npos ? "an " : "a ") + noun;
 }
 
 struct Key {
@@ -56,6 +63,7 @@ struct Key {
   Key below(double v) { hi = v; hi_open = true; return *this; }
   Key one_of(std::vector<std::string> c) { choices = std::move(c); return *this; }
   bool has_range() const { return lo != -kInf || hi != kInf; }
+  // For an array key the range applies to each entry.
   std::string range_text() const {
     if (!choices.empty()) {
       std::string s;
@@ -85,7 +93,9 @@ Key key(const char* section, const char* name, S RunConfig::*s, F S::*f, const c
   else if constexpr (std::is_same_v<F, double>) k.kind = Kind::Float;
   else if constexpr (std::is_same_v<F, bool>) k.kind = Kind::Bool;
   else if constexpr (std::is_same_v<F, std::string>) k.kind = Kind::String;
-  else k.kind = Kind::StringList;
+  else if constexpr (std::is_same_v<F, std::vector<std::int64_t>>) k.kind = Kind::IntList;
+  else if constexpr (std::is_same_v<F, std::vector<std::string>>) k.kind = Kind::StringList;
+  else static_assert(sizeof(F) == 0, "no config Kind for this field type");
   k.field = [s, f](RunConfig& c) -> void* { return &((c.*s).*f); };
   return k;
 }
@@ -171,9 +181,16 @@ const std::vector<Key>& keys() {
           "Clip the global gradient L2 norm to this; 0: no clipping.").at_least(0),
 
       key("parallel", "tp", &R::parallel, &ParallelConfig::tp,
-          "Tensor-parallel ranks; divides n_kv_heads (NSA is sharded by KV group).").at_least(1),
+          "Tensor-parallel ranks; divides n_kv_heads (NSA is sharded by KV group, at least one "
+          "group per rank) and ffn_hidden (the MLP is sharded by hidden columns).")
+          .at_least(1),
       key("parallel", "pp", &R::parallel, &ParallelConfig::pp,
-          "Pipeline stages; divides n_layers. Data-parallel ranks dp = world size / (tp * pp).")
+          "Pipeline stages; divides n_layers unless pp_layers is given. Data-parallel ranks "
+          "dp = world size / (tp * pp).")
+          .at_least(1),
+      key("parallel", "pp_layers", &R::parallel, &ParallelConfig::pp_layers,
+          "Layers of each pipeline stage, first stage first (e.g. [3, 5] for pp = 2, n_layers = 8): "
+          "pp entries summing to n_layers. Empty: an even split, n_layers / pp per stage.")
           .at_least(1),
       key("parallel", "zero1", &R::parallel, &ParallelConfig::zero1,
           "Shard the AdamW moments over the data-parallel ranks (ZeRO stage 1): gradients are "
@@ -278,6 +295,12 @@ std::string value_text(const Key& k, RunConfig& c) {
       for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + quote(v[i]);
       return s + "]";
     }
+    case Kind::IntList: {
+      std::string s = "[";
+      const auto& v = *static_cast<std::vector<std::int64_t>*>(f);
+      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+      return s + "]";
+    }
   }
   return "";
 }
@@ -340,9 +363,8 @@ struct Validator {
   void assign(const Key& k, const toml::node& n, const std::string& loc, RunConfig& c) {
     void* f = k.field(c);
     auto wrong = [&] {
-      error_at(loc, k.path(), "expected " + std::string(k.kind == Kind::Int ? "an " : "a ") +
-                                  kind_name(k.kind) + ", got " + node_type_name(n) + " (" +
-                                  node_text(n) + ")");
+      error_at(loc, k.path(), "expected " + with_article(kind_name(k.kind)) + ", got " + node_type_name(n) +
+                                  " (" + node_text(n) + ")");
     };
     switch (k.kind) {
       case Kind::Int:
@@ -382,16 +404,34 @@ struct Validator {
         }
         break;
       }
+      case Kind::IntList: {
+        if (!n.is_array()) return wrong();
+        std::vector<std::int64_t> items;
+        for (const auto& e : *n.as_array()) {
+          if (!e.is_integer()) return wrong();
+          items.push_back(e.as_integer()->get());
+        }
+        *static_cast<std::vector<std::int64_t>*>(f) = std::move(items);
+        break;
+      }
     }
     where[k.path()] = loc;
   }
 
   void check_range(const Key& k, RunConfig& c) {
     void* f = k.field(c);
+    auto in_range = [&](double v) {
+      return !std::isnan(v) && (k.lo_open ? v > k.lo : v >= k.lo) && (k.hi_open ? v < k.hi : v <= k.hi);
+    };
     if (k.kind == Kind::Int || k.kind == Kind::Float) {
       double v = k.kind == Kind::Int ? double(*static_cast<std::int64_t*>(f)) : *static_cast<double*>(f);
-      bool ok = !std::isnan(v) && (k.lo_open ? v > k.lo : v >= k.lo) && (k.hi_open ? v < k.hi : v <= k.hi);
-      if (!ok) error(k.path(), "value " + value_text(k, c) + " is out of range (must be " + k.range_text() + ")");
+      if (!in_range(v)) error(k.path(), "value " + value_text(k, c) + " is out of range (must be " + k.range_text() + ")");
+    } else if (k.kind == Kind::IntList) {
+      const auto& items = *static_cast<std::vector<std::int64_t>*>(f);
+      for (std::size_t i = 0; i < items.size(); ++i)
+        if (!in_range(double(items[i])))
+          error(k.path(), "the entry at index " + std::to_string(i) + " is " + std::to_string(items[i]) +
+                              ", out of range (each entry must be " + k.range_text() + ")");
     } else if (k.kind == Kind::String && !k.choices.empty()) {
       const auto& s = *static_cast<std::string*>(f);
       if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end())
@@ -515,13 +555,35 @@ void check_rules(Validator& v, RunConfig& c) {
     v.error(at({"optim.min_lr", "optim.lr"}), "min_lr = " + format_float(c.optim.min_lr) +
                                                   " exceeds lr = " + format_float(c.optim.lr));
 
-  if (m.n_kv_heads % p.tp != 0)
+  if (p.tp > m.n_kv_heads)
+    v.error(at({"parallel.tp", "model.n_kv_heads"}),
+            "tp = " + n(p.tp) + " exceeds n_kv_heads = " + n(m.n_kv_heads) +
+                ": NSA is sharded by KV group, so each tensor-parallel rank needs at least one KV group "
+                "(tp > n_kv_heads is not supported)");
+  else if (m.n_kv_heads % p.tp != 0)
     v.error(at({"parallel.tp", "model.n_kv_heads"}),
             "tp = " + n(p.tp) + " must divide n_kv_heads = " + n(m.n_kv_heads) +
                 " (NSA is sharded by KV group; see docs/parallel.md)");
-  if (m.n_layers % p.pp != 0)
-    v.error(at({"parallel.pp", "model.n_layers"}),
-            "pp = " + n(p.pp) + " must divide n_layers = " + n(m.n_layers));
+  if (m.ffn_hidden % p.tp != 0)
+    v.error(at({"parallel.tp", "model.ffn_hidden"}),
+            "tp = " + n(p.tp) + " must divide ffn_hidden = " + n(m.ffn_hidden) +
+                " (the MLP is sharded by hidden columns; see docs/parallel.md)");
+  if (p.pp_layers.empty()) {
+    if (m.n_layers % p.pp != 0)
+      v.error(at({"parallel.pp", "model.n_layers"}),
+              "pp = " + n(p.pp) + " must divide n_layers = " + n(m.n_layers) +
+                  " (or give each stage's layers in parallel.pp_layers)");
+  } else if (std::int64_t(p.pp_layers.size()) != p.pp) {
+    v.error("parallel.pp_layers", "has " + n(std::int64_t(p.pp_layers.size())) + " entries but pp = " + n(p.pp) +
+                                      " (one entry per pipeline stage)");
+  } else {
+    std::int64_t sum = 0;
+    bool overflow = false;
+    for (auto l : p.pp_layers) overflow = overflow || __builtin_add_overflow(sum, l, &sum);
+    if (overflow || sum != m.n_layers)
+      v.error("parallel.pp_layers", "entries sum to " + (overflow ? std::string("more than 2^63") : n(sum)) +
+                                        " but n_layers = " + n(m.n_layers) + " (each layer belongs to exactly one stage)");
+  }
   if (c.world_size % (p.tp * p.pp) != 0) {
     v.error(at({"parallel.tp", "parallel.pp"}), "the world size " + n(c.world_size) +
                                                     " is not a multiple of tp * pp = " + n(p.tp * p.pp));
@@ -561,6 +623,22 @@ RunConfig parse_config(std::string_view text, const std::string& source_name,
   return c;
 }
 
+std::pair<std::int64_t, std::int64_t> RunConfig::stage_layers(std::int64_t pp_rank) const {
+  const std::int64_t pp = parallel.pp;
+  if (pp_rank < 0 || pp_rank >= pp)
+    throw std::out_of_range("stage_layers: pipeline stage " + std::to_string(pp_rank) + " of pp = " + std::to_string(pp));
+  if (parallel.pp_layers.empty()) {
+    const std::int64_t per = model.n_layers / pp;
+    return {pp_rank * per, (pp_rank + 1) * per};
+  }
+  if (std::int64_t(parallel.pp_layers.size()) != pp)
+    throw std::out_of_range("stage_layers: parallel.pp_layers has " + std::to_string(parallel.pp_layers.size()) +
+                            " entries but pp = " + std::to_string(pp));
+  std::int64_t begin = 0;
+  for (std::int64_t s = 0; s < pp_rank; ++s) begin += parallel.pp_layers[std::size_t(s)];
+  return {begin, begin + parallel.pp_layers[std::size_t(pp_rank)]};
+}
+
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides, std::int64_t world_size) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError({path + ": cannot open the config file"});
@@ -573,7 +651,8 @@ std::string to_toml(const RunConfig& config) {
   RunConfig c = config;
   std::string out;
   for (const auto& sec : section_order()) {
-    out += (out.empty() ? "" : "\n") + ("[" + sec + "]\n");
+    if (!out.empty()) out += '\n';
+    out += "[" + sec + "]\n";
     for (const auto& k : keys())
       if (k.section == sec) out += k.name + " = " + value_text(k, c) + "\n";
   }
@@ -595,6 +674,8 @@ std::string config_reference_markdown() {
       "  float key (`rope_theta = 10000`), since the value is exact either way;\n"
       "- a value out of range, or not one of the listed choices, is an error;\n"
       "- the rules between keys below are checked after that.\n\n"
+      "An array-of-integers key takes a TOML array (`pp_layers = [3, 5]`, on the command line\n"
+      "`--set parallel.pp_layers=[3,5]`); its range applies to each entry.\n\n"
       "Each problem is reported on stderr as `FILE:LINE:COL: section.key: what is wrong` (all of\n"
       "them, not only the first) and the program exits with code 2. A rule broken by values\n"
       "left at their defaults points at the section header, or at `FILE:1:1`.\n\n"
@@ -607,7 +688,10 @@ std::string config_reference_markdown() {
       "- `model.head_dim` is even; when 0, `model.d_model` is a multiple of `model.n_heads`.\n"
       "- NSA (see NSA_SPEC): `nsa.cmp_stride` divides `nsa.cmp_block` and `nsa.sel_block`;\n"
       "  `nsa.cmp_block <= nsa.sel_block`; `nsa.sel_count >= 3`; `nsa.window >= 1`.\n"
-      "- `parallel.tp` divides `model.n_kv_heads`; `parallel.pp` divides `model.n_layers`.\n"
+      "- `parallel.tp` divides `model.n_kv_heads` (NSA is sharded by KV group: `tp > n_kv_heads`\n"
+      "  is not supported) and `model.ffn_hidden` (the MLP is sharded by hidden columns).\n"
+      "- `parallel.pp_layers` empty: `parallel.pp` divides `model.n_layers` (an even split).\n"
+      "  Given: it has `parallel.pp` entries, each >= 1, summing to `model.n_layers`.\n"
       "- The world size (number of ranks) is a multiple of `tp * pp`; `dp = world / (tp * pp)`,\n"
       "  and `train.global_batch` is a multiple of `train.micro_batch * dp`.\n"
       "  `nsatron config check` assumes one rank unless given `--world-size N`.\n"
@@ -619,7 +703,8 @@ std::string config_reference_markdown() {
     for (const auto& k : keys()) {
       if (k.section != sec) continue;
       std::string def = value_text(k, defaults);
-      md += "| `" + k.name + "` | " + kind_name(k.kind) + " | `" + def + "` | " + k.range_text() + " | " + k.doc + " |\n";
+      const std::string allowed = k.kind == Kind::IntList && k.has_range() ? "each " + k.range_text() : k.range_text();
+      md += "| `" + k.name + "` | " + kind_name(k.kind) + " | `" + def + "` | " + allowed + " | " + k.doc + " |\n";
     }
   }
   return md;

@@ -4,11 +4,13 @@
 // config.cpp; docs/config.md is generated from that table (`nsatron config docs`) and a test
 // keeps the two in step. Defaults are the member initialisers below. A value of 0 in
 // model.head_dim, model.ffn_hidden and -1 in recompute.layers means "derive it"; the resolved
-// config holds the derived value.
+// config holds the derived value. An empty parallel.pp_layers (an even pipeline split) stays
+// empty; stage_layers() gives each stage's layers either way.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/util/error.h"
@@ -66,6 +68,9 @@ struct OptimConfig {
 struct ParallelConfig {
   std::int64_t tp = 1;
   std::int64_t pp = 1;
+  // Layers of each pipeline stage, in order (one entry per stage, summing to n_layers).
+  // Empty: an even split, n_layers / pp each. RunConfig::stage_layers resolves either.
+  std::vector<std::int64_t> pp_layers;
   bool zero1 = false;  // shard the AdamW state over the data-parallel ranks
 };
 
@@ -108,6 +113,10 @@ struct RunConfig {
 
   std::int64_t dp() const { return world_size / (parallel.tp * parallel.pp); }
   std::int64_t grad_accum_steps() const { return train.global_batch / (train.micro_batch * dp()); }
+  // The layers [begin, end) of pipeline stage pp_rank (0 <= pp_rank < parallel.pp): the
+  // parallel.pp_layers split when given, else an even one. Needs a validated config; throws
+  // std::out_of_range for a pp_rank outside [0, pp).
+  std::pair<std::int64_t, std::int64_t> stage_layers(std::int64_t pp_rank) const;
 };
 
 // A config that failed validation: one "FILE:LINE:COL: section.key: what is wrong" per

@@ -5,6 +5,7 @@
 // Names are paths ("model/layers.3/attn/wqkv"): checkpoints store one dataset per name.
 #pragma once
 #include <cstdint>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -12,9 +13,26 @@
 
 namespace nsatron {
 
+// Where a parameter's local tensor sits in the full ("global") tensor. Tensor parallelism
+// keeps a block of a tensor on each rank: rows (column-parallel weights, the vocabulary of the
+// embedding and head, the KV groups of the compression maps) or columns (row-parallel
+// weights). Each rank holds one block; checkpoints store it with its offset, so any layout
+// can read it back.
+struct ShardPlacement {
+  Shape global_shape;   // empty: the parameter is whole (global_shape = shape, offset 0)
+  Shape offset;         // index of the block's first element in the global tensor
+  // Another rank holds the same values and counts them: the tensor-parallel copies of the
+  // norm gains (on tp_rank > 0) and the last pipeline stage's copy of a tied embedding. A
+  // replica is left out of the gradient norm and of checkpoints.
+  bool replica = false;
+};
+
 struct ParamInfo {
   std::string name;
-  Shape shape;
+  Shape shape;          // this rank's block
+  Shape global_shape;   // the full tensor (== shape when whole)
+  Shape global_offset;  // the block's first index in it (zeros when whole)
+  bool replica = false; // ShardPlacement::replica
   std::int64_t offset = 0;  // elements into the flat buffers
   std::int64_t numel = 0;
   bool decay = true;        // AdamW weight decay applies (not to norms or position embeddings)
@@ -22,13 +40,24 @@ struct ParamInfo {
   bool init_one = false;
 };
 
+bool is_whole(const ParamInfo& p);
+
+// Copies the block at `offset` of shape `box` out of a row-major tensor of shape `full_shape`
+// into a dense row-major buffer (and back, with insert_box).
+template <class T>
+void extract_box(const T* full, const Shape& full_shape, const Shape& offset, const Shape& box, T* out);
+template <class T>
+void insert_box(T* full, const Shape& full_shape, const Shape& offset, const Shape& box, const T* in);
+
 class ParamStore {
  public:
   // Declares a parameter; all declarations come before allocate().
-  void declare(const std::string& name, const Shape& shape, bool decay, double init_std, bool init_one = false);
+  void declare(const std::string& name, const Shape& shape, bool decay, double init_std, bool init_one = false,
+               const ShardPlacement& placement = {});
   void allocate(DType dtype, Device device = Device::CPU);
   // Fills every weight from (seed, name): a parameter's values do not depend on which others
-  // exist or their order. Gradients are zeroed.
+  // exist or their order, and a block is the same block of the whole tensor's values (a
+  // sharded model starts from the single-process model's weights). Gradients are zeroed.
   void initialize(std::uint64_t seed);
 
   const std::vector<ParamInfo>& infos() const { return infos_; }
@@ -49,5 +78,40 @@ class ParamStore {
   std::int64_t total_ = 0;
   Tensor weights_, grads_;
 };
+
+namespace detail {
+// Calls copy(full_index, box_index, n) for each contiguous run of the block (a run along the
+// last dimension).
+template <class F>
+void for_each_box_run(const Shape& full_shape, const Shape& offset, const Shape& box, F&& copy) {
+  const std::size_t r = box.size();
+  if (r == 0) return copy(std::int64_t(0), std::int64_t(0), std::int64_t(1));
+  const std::int64_t run = box[r - 1];
+  std::int64_t outer = 1;
+  for (std::size_t d = 0; d + 1 < r; ++d) outer *= box[d];
+  for (std::int64_t o = 0; o < outer; ++o) {
+    std::int64_t rest = o, at_full = 0, stride = 1;
+    for (std::size_t d = r - 1; d-- > 0;) {  // the block index of o, dimension by dimension
+      stride *= full_shape[d + 1];
+      at_full += (offset[d] + rest % box[d]) * stride;
+      rest /= box[d];
+    }
+    copy(at_full + offset[r - 1], o * run, run);
+  }
+}
+}  // namespace detail
+
+template <class T>
+void extract_box(const T* full, const Shape& full_shape, const Shape& offset, const Shape& box, T* out) {
+  detail::for_each_box_run(full_shape, offset, box, [&](std::int64_t f, std::int64_t b, std::int64_t n) {
+    std::copy(full + f, full + f + n, out + b);
+  });
+}
+template <class T>
+void insert_box(T* full, const Shape& full_shape, const Shape& offset, const Shape& box, const T* in) {
+  detail::for_each_box_run(full_shape, offset, box, [&](std::int64_t f, std::int64_t b, std::int64_t n) {
+    std::copy(in + b, in + b + n, full + f);
+  });
+}
 
 }  // namespace nsatron

@@ -96,12 +96,97 @@ TEST(Config, NsaSpecConstraints) {
 TEST(Config, HeadsAndParallelRules) {
   EXPECT_NE(errors_of("[model]\nn_heads = 12\nn_kv_heads = 5\n").find("run.toml:3:1: model.n_kv_heads: n_heads = 12 is not divisible by n_kv_heads = 5"),
             std::string::npos);
-  EXPECT_NE(errors_of("[model]\nn_kv_heads = 2\n[parallel]\ntp = 4\n", {}, 4).find("run.toml:4:1: parallel.tp: tp = 4 must divide n_kv_heads = 2"),
+  EXPECT_NE(errors_of("[model]\nn_kv_heads = 3\n[parallel]\ntp = 2\n", {}, 2).find("run.toml:4:1: parallel.tp: tp = 2 must divide n_kv_heads = 3"),
             std::string::npos);
   EXPECT_NE(errors_of("[parallel]\npp = 5\n", {}, 5).find("run.toml:2:1: parallel.pp: pp = 5 must divide n_layers = 12"),
             std::string::npos);
+  EXPECT_NE(errors_of("[model]\nn_kv_heads = 4\n[parallel]\ntp = 8\n", {}, 8)
+                .find("run.toml:4:1: parallel.tp: tp = 8 exceeds n_kv_heads = 4: NSA is sharded by KV group, so each "
+                      "tensor-parallel rank needs at least one KV group (tp > n_kv_heads is not supported)"),
+            std::string::npos);
+  EXPECT_EQ(errors_of("[model]\nn_kv_heads = 4\n[parallel]\ntp = 8\n", {}, 8).find("must divide n_kv_heads"),
+            std::string::npos);
   EXPECT_NE(errors_of("[parallel]\ntp = 2\n", {}, 3).find("parallel.tp: the world size 3 is not a multiple of tp * pp = 2"),
             std::string::npos);
+}
+
+TEST(Config, TensorParallelDividesFfnHidden) {
+  // n_kv_heads = 6, tp = 3: the KV groups split, ffn_hidden = 512 does not.
+  const std::string heads = "[model]\nd_model = 384\nn_heads = 6\nn_kv_heads = 6\n";
+  std::string e = errors_of(heads + "ffn_hidden = 512\n[parallel]\ntp = 3\n", {}, 3);
+  EXPECT_NE(e.find("run.toml:7:1: parallel.tp: tp = 3 must divide ffn_hidden = 512 (the MLP is sharded by hidden columns"),
+            std::string::npos) << e;
+  // The derived ffn_hidden (8/3 * 384 = 1024) is what is checked.
+  e = errors_of(heads + "[parallel]\ntp = 3\n", {}, 3);
+  EXPECT_NE(e.find("run.toml:6:1: parallel.tp: tp = 3 must divide ffn_hidden = 1024"), std::string::npos) << e;
+  EXPECT_EQ(errors_of(heads + "ffn_hidden = 768\n[parallel]\ntp = 3\n", {}, 3), "");
+  EXPECT_EQ(errors_of(heads + "ffn_hidden = 768\n[parallel]\ntp = 6\n", {}, 6), "");
+  // With the default tp, set through --set: the message names the override.
+  e = errors_of(heads + "ffn_hidden = 512\n", {"parallel.tp=3"}, 3);
+  EXPECT_NE(e.find("--set parallel.tp=3: parallel.tp: tp = 3 must divide ffn_hidden = 512"), std::string::npos) << e;
+}
+
+TEST(Config, PipelineStageLayers) {
+  RunConfig c = parse_config("[model]\nn_layers = 8\n[parallel]\npp = 2\npp_layers = [3, 5]\n", "run.toml", {}, 2);
+  EXPECT_EQ(c.parallel.pp_layers, (std::vector<std::int64_t>{3, 5}));
+  EXPECT_EQ(c.stage_layers(0), (std::pair<std::int64_t, std::int64_t>{0, 3}));
+  EXPECT_EQ(c.stage_layers(1), (std::pair<std::int64_t, std::int64_t>{3, 8}));
+  EXPECT_THROW(c.stage_layers(2), std::out_of_range);
+  EXPECT_THROW(c.stage_layers(-1), std::out_of_range);
+
+  // Empty: an even split.
+  RunConfig even = parse_config("[model]\nn_layers = 12\n[parallel]\npp = 3\n", "run.toml", {}, 3);
+  EXPECT_TRUE(even.parallel.pp_layers.empty());
+  EXPECT_EQ(even.stage_layers(0), (std::pair<std::int64_t, std::int64_t>{0, 4}));
+  EXPECT_EQ(even.stage_layers(1), (std::pair<std::int64_t, std::int64_t>{4, 8}));
+  EXPECT_EQ(even.stage_layers(2), (std::pair<std::int64_t, std::int64_t>{8, 12}));
+  EXPECT_EQ(parse_config("", "run.toml").stage_layers(0), (std::pair<std::int64_t, std::int64_t>{0, 12}));
+
+  // An uneven split is allowed where pp does not divide n_layers; an override works too.
+  RunConfig odd = parse_config("[model]\nn_layers = 7\n[parallel]\npp = 3\n", "run.toml", {"parallel.pp_layers=[1,3,3]"}, 3);
+  EXPECT_EQ(odd.stage_layers(0), (std::pair<std::int64_t, std::int64_t>{0, 1}));
+  EXPECT_EQ(odd.stage_layers(2), (std::pair<std::int64_t, std::int64_t>{4, 7}));
+  // The stages tile the layers.
+  std::int64_t next = 0;
+  for (std::int64_t s = 0; s < 3; ++s) {
+    EXPECT_EQ(odd.stage_layers(s).first, next);
+    next = odd.stage_layers(s).second;
+  }
+  EXPECT_EQ(next, 7);
+}
+
+TEST(Config, PipelineStageLayersErrors) {
+  // Length differs from pp.
+  std::string e = errors_of("[model]\nn_layers = 8\n[parallel]\npp = 2\npp_layers = [2, 3, 3]\n", {}, 2);
+  EXPECT_NE(e.find("run.toml:5:1: parallel.pp_layers: has 3 entries but pp = 2 (one entry per pipeline stage)"),
+            std::string::npos) << e;
+  // Sum differs from n_layers.
+  e = errors_of("[model]\nn_layers = 8\n[parallel]\npp = 2\npp_layers = [3, 4]\n", {}, 2);
+  EXPECT_NE(e.find("run.toml:5:1: parallel.pp_layers: entries sum to 7 but n_layers = 8"), std::string::npos) << e;
+  e = errors_of("[model]\nn_layers = 8\n[parallel]\npp = 2\npp_layers = [9223372036854775807, 2]\n", {}, 2);
+  EXPECT_NE(e.find("run.toml:5:1: parallel.pp_layers: entries sum to more than 2^63 but n_layers = 8"), std::string::npos) << e;
+  // An entry below 1.
+  e = errors_of("[model]\nn_layers = 8\n[parallel]\npp = 2\npp_layers = [8, 0]\n", {}, 2);
+  EXPECT_NE(e.find("run.toml:5:1: parallel.pp_layers: the entry at index 1 is 0, out of range (each entry must be >= 1)"),
+            std::string::npos) << e;
+  // Not an array of integers.
+  e = errors_of("[parallel]\npp_layers = [6, 6.5]\n");
+  EXPECT_NE(e.find("run.toml:2:1: parallel.pp_layers: expected an array of integers, got an array"),
+            std::string::npos) << e;
+  e = errors_of("[parallel]\npp_layers = 12\n");
+  EXPECT_NE(e.find("run.toml:2:1: parallel.pp_layers: expected an array of integers, got an integer (12)"),
+            std::string::npos) << e;
+  // Without pp_layers, pp still divides n_layers; the message points to pp_layers.
+  e = errors_of("[model]\nn_layers = 7\n[parallel]\npp = 3\n", {}, 3);
+  EXPECT_NE(e.find("run.toml:4:1: parallel.pp: pp = 3 must divide n_layers = 7 (or give each stage's layers in "
+                   "parallel.pp_layers)"),
+            std::string::npos) << e;
+  // Overrides name themselves.
+  e = errors_of("[model]\nn_layers = 8\n", {"parallel.pp=2", "parallel.pp_layers=[4,5]"}, 2);
+  EXPECT_NE(e.find("--set parallel.pp_layers=[4,5]: parallel.pp_layers: entries sum to 9 but n_layers = 8"),
+            std::string::npos) << e;
+  e = errors_of("", {"parallel.pp_layers=x"});
+  EXPECT_NE(e.find("--set parallel.pp_layers=x: parallel.pp_layers: 'x' is not a valid TOML value"), std::string::npos) << e;
 }
 
 TEST(Config, GlobalBatchMustSplitOverMicroBatchesAndDataParallelRanks) {
@@ -168,14 +253,21 @@ TEST(Config, OverridesAreValidatedTheSameWay) {
 }
 
 TEST(Config, ResolvedTomlRoundTrips) {
-  RunConfig c = parse_config("[model]\nd_model = 256\nn_heads = 8\n[optim]\nlr = 0.0007\n[data]\ntrain = [\"x\", \"y\\\"z\"]\n",
-                             "run.toml");
+  RunConfig c = parse_config("[model]\nd_model = 256\nn_heads = 8\nn_layers = 5\n[optim]\nlr = 0.0007\n"
+                             "[data]\ntrain = [\"x\", \"y\\\"z\"]\n[parallel]\npp = 2\npp_layers = [2, 3]\n",
+                             "run.toml", {}, 2);
   std::string text = to_toml(c);
-  RunConfig again = parse_config(text, "resolved.toml");
+  EXPECT_NE(text.find("\npp_layers = [2, 3]\n"), std::string::npos) << text;
+  RunConfig again = parse_config(text, "resolved.toml", {}, 2);
   EXPECT_EQ(to_toml(again), text);
   EXPECT_EQ(again.model.head_dim, 32);
   EXPECT_DOUBLE_EQ(again.optim.lr, 0.0007);
   EXPECT_EQ(again.data.train[1], "y\"z");
+  EXPECT_EQ(again.parallel.pp_layers, (std::vector<std::int64_t>{2, 3}));
+  // The default, empty, round trips too.
+  const std::string plain = to_toml(parse_config("", "run.toml"));
+  EXPECT_NE(plain.find("\npp_layers = []\n"), std::string::npos) << plain;
+  EXPECT_TRUE(parse_config(plain, "resolved.toml").parallel.pp_layers.empty());
 }
 
 TEST(Config, ShippedConfigsAreValid) {
