@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -13,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "core/device/device.h"
@@ -28,6 +30,7 @@
 #include "launch/world.h"
 #include "checkpoint/checkpoint.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pipeline.h"
 #include "parallel/process_groups.h"
 
 namespace nsatron {
@@ -86,25 +89,37 @@ class ProgressBar {
   bool enabled_;
 };
 
-// The mean validation loss over the global eval batches: each DP rank evaluates its slice,
-// the sums and counts are added over DP.
-double evaluate(NsaTransformer& model, data::RunData& data, const RunConfig& cfg, parallel::Communicator& dp) {
+// The mean validation loss over the global eval batches: each DP rank evaluates its slice
+// (with pipeline parallelism, stage by stage; the last stage has the losses), the sums and
+// counts are added over DP.
+double evaluate(NsaTransformer& model, data::RunData& data, const RunConfig& cfg, const parallel::ProcessGroups& g) {
   if (!data.val) return -1;
   data::TokenBatch batch;
   double sum = 0;
   std::int64_t count = 0;
+  const std::int64_t A = data.layout.micro_batches();
+  auto forward = [&](std::int64_t b, std::int64_t m, const Tensor* input) {
+    data.val->fill(b, data.layout, m, batch);
+    double loss = 0;
+    Tensor out = model.stage_evaluate(batch.inputs, batch.targets, input, batch.rows, batch.seq_len, &loss);
+    sum += loss;
+    ++count;
+    return out;
+  };
   for (std::int64_t b = 0; b < cfg.train.eval_batches; ++b) {
-    for (std::int64_t m = 0; m < data.layout.micro_batches(); ++m) {
-      data.val->fill(b, data.layout, m, batch);
-      sum += model.evaluate(batch.inputs, batch.targets, batch.rows, batch.seq_len);
-      ++count;
+    if (g.pp->size() == 1) {
+      for (std::int64_t m = 0; m < A; ++m) forward(b, m, nullptr);
+    } else {
+      parallel::run_pipeline_forward(*g.pp, A, [&](std::int64_t m, const Tensor* input) { return forward(b, m, input); },
+                                     Shape{cfg.train.micro_batch * cfg.train.seq_len, cfg.model.d_model}, DType::F32);
     }
   }
-  if (dp.size() > 1) {
-    const std::vector<double> both = parallel::all_gather_values(dp, {sum, double(count)});
+  if (g.pp->size() > 1) sum = parallel::all_reduce_value(*g.pp, model.last_stage() ? sum : 0.0, parallel::ReduceOp::Sum);
+  if (g.dp->size() > 1) {
+    const std::vector<double> both = parallel::all_gather_values(*g.dp, {sum, double(count)});
     sum = 0;
     double total = 0;
-    for (int r = 0; r < dp.size(); ++r) sum += both[std::size_t(2 * r)], total += both[std::size_t(2 * r + 1)];
+    for (int r = 0; r < g.dp->size(); ++r) sum += both[std::size_t(2 * r)], total += both[std::size_t(2 * r + 1)];
     return sum / total;
   }
   return sum / double(count);
@@ -140,11 +155,6 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     if (device == Device::CUDA && !cuda_available())
       throw UserError(cfg.source + ": train.device: \"cuda\", but " + cuda_device_summary());
     if (cfg.data.train.empty()) throw UserError(cfg.source + ": data.train: required to train (a glob of token shards)");
-    if (cfg.parallel.tp > 1 || cfg.parallel.pp > 1)
-      throw UserError(cfg.source + ": parallel.tp = " + std::to_string(cfg.parallel.tp) + ", parallel.pp = " +
-                      std::to_string(cfg.parallel.pp) +
-                      ": tensor and pipeline parallelism are not implemented yet; this build trains with data "
-                      "parallelism only (tp = pp = 1; docs/parallel.md)");
     if (device == Device::CUDA && world.size() > 1)
       throw UserError(cfg.source + ": train.device: \"cuda\" on " + std::to_string(world.size()) +
                       " ranks needs the NCCL communicator, which is not built yet; train on one rank "
@@ -155,6 +165,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
                                          int(cfg.parallel.tp), int(cfg.parallel.pp));
   });
   const int dp = groups.layout.dp, dp_rank = groups.layout.dp_rank;
+  const int tp = groups.layout.tp, pp = groups.layout.pp;
   out << "nsatron " << kVersion << " train " << cfg.source << "\n\n# resolved config\n" << to_toml(cfg) << "\n";
 
   // Data first: a bad shard should stop the run before any work. Each DP rank opens its slice.
@@ -164,7 +175,12 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
   const ModelDims dims = ModelDims::from_config(cfg);
   world.together([&] {
     data = data::open_run_data(cfg, dp_rank);
-    model_ptr = std::make_unique<NsaTransformer>(dims, dtype, device);
+    ModelShard shard;
+    shard.tp = tp;
+    shard.tp_rank = groups.layout.tp_rank;
+    shard.tp_group = groups.tp;
+    std::tie(shard.layer_begin, shard.layer_end) = cfg.stage_layers(groups.layout.pp_rank);
+    model_ptr = std::make_unique<NsaTransformer>(dims, dtype, device, shard);
     model_ptr->set_recompute(parse_recompute_policy(cfg.recompute.policy), cfg.recompute.layers);
     model_ptr->params().initialize(std::uint64_t(cfg.train.seed));
     std::vector<ParamSegment> segments;
@@ -172,6 +188,9 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     dpo_ptr = std::make_unique<parallel::DataParallelOptimizer>(groups.dp, model_ptr->params().flat_weights(),
                                                                 model_ptr->params().flat_grads(), segments,
                                                                 cfg.parallel.zero1);
+    std::vector<bool> counted;
+    for (const auto& p : model_ptr->params().infos()) counted.push_back(!p.replica);
+    dpo_ptr->set_norm_scope({groups.tp, groups.pp}, counted);
   });
   NsaTransformer& model = *model_ptr;
   parallel::DataParallelOptimizer& dpo = *dpo_ptr;
@@ -208,11 +227,13 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
   std::int64_t start_step = 0, optimizer_step = 0;
   if (resume_from) {
     const ckpt::TrainState state = world.together([&] {
-      if (!sharded_state) return ckpt::load_checkpoint(*resume_from, params, dpo.m(), dpo.v());
+      // A pipeline stage holds some of the checkpoint's tensors (and TP ranks blocks of them).
+      const ckpt::LoadScope scope = pp > 1 ? ckpt::LoadScope::PartialModel : ckpt::LoadScope::WholeModel;
+      if (!sharded_state) return ckpt::load_checkpoint(*resume_from, params, dpo.m(), dpo.v(), scope);
       // ZeRO-1: the full moments, then this rank's range of them.
       Tensor m_full = Tensor::zeros({params.total()}, DType::F32, device);
       Tensor v_full = Tensor::zeros({params.total()}, DType::F32, device);
-      ckpt::TrainState st = ckpt::load_checkpoint(*resume_from, params, m_full, v_full);
+      ckpt::TrainState st = ckpt::load_checkpoint(*resume_from, params, m_full, v_full, scope);
       dpo.m().copy_from(m_full.slice0(dpo.owned_begin(), dpo.owned_end()));
       dpo.v().copy_from(v_full.slice0(dpo.owned_begin(), dpo.owned_end()));
       return st;
@@ -239,9 +260,15 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
   const double peak_flops = device == Device::CUDA ? peak_bf16_flops(cuda_device_summary()) : 0.0;
   const std::int64_t tokens_per_step = cfg.train.global_batch * T;
   const std::int64_t A = data.layout.micro_batches();
+  // The whole model's parameter count: every shard counted once, over the ranks of DP group 0.
+  std::int64_t own_params = 0;
+  for (const auto& p : params.infos())
+    if (!p.replica) own_params += p.numel;
+  const std::int64_t num_params = std::int64_t(
+      parallel::all_reduce_value(world.comm(), dp_rank == 0 ? double(own_params) : 0.0, parallel::ReduceOp::Sum));
   if (root) {
     out << "# run\n"
-        << "model        " << human_count(double(model.num_params())) << " parameters (" << model.num_params()
+        << "model        " << human_count(double(num_params)) << " parameters (" << num_params
         << "), " << dims.L << " layers, d_model " << dims.C << ", heads " << dims.H << "/" << dims.G
         << " (query/KV), head_dim " << dims.D << ", ffn " << dims.F << "\n"
         << "nsa          cmp " << dims.cmp_block << "/" << dims.cmp_stride << ", sel " << dims.sel_block << " x "
@@ -258,6 +285,17 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     out << "parallel     " << groups.layout.describe() << ", world " << world.size();
     if (world.size() > 1) out << " (MPI, launched by " << world.launch().launcher << ")";
     else out << " (one process)";
+    if (tp > 1)
+      out << "; TP: per rank " << dims.G / tp << " KV group(s) with " << dims.H / tp << " query heads, "
+          << dims.F / tp << " MLP units, about " << dims.V / tp << " vocabulary rows; vocab-parallel cross entropy";
+    if (pp > 1) {
+      out << "; PP: 1F1B over " << A << " micro-batches, stage layers";
+      for (int s = 0; s < pp; ++s) {
+        const auto [b, e] = cfg.stage_layers(s);
+        out << (s ? ", " : " ") << "[" << b << ", " << e << ")";
+      }
+      if (dims.tie_embeddings) out << ", tied embedding gradients summed between the first and last stages";
+    }
     if (dp > 1 && !dpo.zero1())
       out << "; DP gradients all-reduced (sum) in " << dpo.buckets() << " bucket(s) of up to "
           << human_bytes(double(parallel::kDefaultBucketBytes));
@@ -310,24 +348,16 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     if (world.size() == 1) {
       where = ckpt::save_checkpoint(ckpt_dir, params, dpo.m(), dpo.v(), state, int(cfg.checkpoint.keep));
     } else {
-      // Replicated state: rank 0 writes everything. ZeRO-1: each DP rank writes the weights and
-      // moments of the whole tensors it owns. (Weights and moments are fp32 on the CPU here.)
-      const Tensor& w = params.flat_weights();
-      const float* pw = static_cast<const float*>(w.raw());
+      // Each rank of DP group 0 writes the blocks it holds (one writer for pure DP: rank 0);
+      // ZeRO-1: each DP rank writes the blocks whose moments it owns. Replicas are written by
+      // their counting rank only. (Weights and moments are fp32 on the CPU here.)
+      const float* pw = static_cast<const float*>(params.flat_weights().raw());
       const float* pm = static_cast<const float*>(dpo.m().raw());
       const float* pv = static_cast<const float*>(dpo.v().raw());
-      const bool writer = sharded_state ? groups.layout.tp_rank == 0 && groups.layout.pp_rank == 0 &&
-                                              dpo.owned_end() > dpo.owned_begin()
-                                        : root;
       std::vector<ckpt::ShardSpec> shards;
-      if (writer)
-        for (const auto& [prefix, base] : {std::pair<std::string, const float*>{"", pw}, {"optim/m/", pm}, {"optim/v/", pv}})
-          for (const auto& p : params.infos()) {
-            if (p.offset < dpo.owned_begin() || p.offset >= dpo.owned_end()) continue;
-            const float* at = base == pw ? pw + p.offset : base + (p.offset - dpo.owned_begin());
-            shards.push_back({prefix + p.name, p.shape, Shape(p.shape.size(), 0), p.shape, at});
-          }
-      where = save_checkpoint_from_ranks(world, ckpt_dir, state, shards, writer,
+      if (sharded_state || dp_rank == 0)
+        shards = ckpt::param_shards(params, pw, pm, pv, dpo.owned_begin(), dpo.owned_begin(), dpo.owned_end());
+      where = save_checkpoint_from_ranks(world, ckpt_dir, state, shards, !shards.empty(),
                                          groups.layout.describe() + (sharded_state ? " zero1" : ""),
                                          int(cfg.checkpoint.keep));
     }
@@ -343,7 +373,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
   double window_time = 0, window_loss = 0;
   std::int64_t window_steps = 0;
   if (data.val && start_step == 0) {  // the starting point, so the log shows the validation loss falling
-    const double val = evaluate(model, data, cfg, *groups.dp);
+    const double val = evaluate(model, data, cfg, groups);
     summary.first_val_loss = val;
     char line[128];
     std::snprintf(line, sizeof line, "eval   %6d | val loss %.4f\n", 0, val);
@@ -360,11 +390,40 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     params.zero_grads();
     double loss = 0;
     std::size_t act_peak = 0;
-    for (std::int64_t m = 0; m < A; ++m) {
-      data.sampler->next(data.layout, m, batch);
-      loss += model.forward_backward(batch.inputs, batch.targets, batch.rows, batch.seq_len, micro_scale) /
-              double(A * dp);
-      act_peak = std::max(act_peak, model.last_activation_peak_bytes());
+    if (pp == 1) {
+      for (std::int64_t m = 0; m < A; ++m) {
+        data.sampler->next(data.layout, m, batch);
+        loss += model.forward_backward(batch.inputs, batch.targets, batch.rows, batch.seq_len, micro_scale) /
+                double(A * dp);
+        act_peak = std::max(act_peak, model.last_activation_peak_bytes());
+      }
+    } else {
+      // 1F1B over the stages (parallel/pipeline.h): the micro-batches in flight on this stage
+      // wait in order for their backward.
+      std::deque<StageState> in_flight;
+      parallel::PipelineStage stage;
+      stage.activation_shape = {cfg.train.micro_batch * T, dims.C};
+      stage.dtype = DType::F32;
+      stage.forward = [&](std::int64_t m, const Tensor* input) {
+        data.sampler->next(data.layout, m, batch);
+        in_flight.push_back(
+            model.stage_forward(batch.inputs, batch.targets, input, batch.rows, batch.seq_len, micro_scale));
+        loss += in_flight.back().loss / double(A * dp);
+        return in_flight.back().output;
+      };
+      stage.backward = [&](std::int64_t, const Tensor* d_output) {
+        StageState st = std::move(in_flight.front());
+        in_flight.pop_front();
+        return model.stage_backward(st, d_output);
+      };
+      parallel::run_1f1b(*groups.pp, A, stage);
+      // The loss is the last stage's; a tied embedding's gradient is the sum of the first
+      // stage's (lookup) and the last stage's (head) parts.
+      loss = parallel::all_reduce_value(*groups.pp, model.last_stage() ? loss : 0.0, parallel::ReduceOp::Sum);
+      if (dims.tie_embeddings && (model.first_stage() || model.last_stage())) {
+        Tensor g = params.grad("model/embedding");
+        groups.embedding->all_reduce(g);
+      }
     }
     data.sampler->advance(data.layout);
     dpo.reduce_gradients();
@@ -429,7 +488,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
       window_steps = 0;
     }
     if (data.val && ((cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0) || last)) {
-      const double val = evaluate(model, data, cfg, *groups.dp);
+      const double val = evaluate(model, data, cfg, groups);
       if (summary.first_val_loss < 0) summary.first_val_loss = val;
       summary.last_val_loss = val;
       bar.clear();

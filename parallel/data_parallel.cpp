@@ -91,7 +91,42 @@ void DataParallelOptimizer::reduce_gradients() {
   if (end_ > begin_) grads_.slice0(begin_, end_).copy_from(mine_.slice0(0, end_ - begin_));
 }
 
+void DataParallelOptimizer::set_norm_scope(std::vector<std::shared_ptr<Communicator>> groups, std::vector<bool> counted) {
+  NSA_CHECK(counted.size() == segments_.size(), "set_norm_scope: ", counted.size(), " flags for ", segments_.size(),
+            " segments");
+  norm_groups_ = std::move(groups);
+  counted_ = std::move(counted);
+}
+
 double DataParallelOptimizer::grad_norm() {
+  bool model_parallel = false;
+  for (const auto& g : norm_groups_) model_parallel |= g->size() > 1;
+  if (model_parallel) {
+    // Sum of squares of the counted segments this rank updates (runs of adjacent segments
+    // as one buffer), added over DP (ZeRO-1: each rank holds its range) and over the
+    // model-parallel groups, then the root.
+    std::vector<Tensor> bufs;
+    std::int64_t run_begin = -1, run_end = -1;
+    for (std::size_t i = 0; i < segments_.size(); ++i) {
+      const ParamSegment& s = segments_[i];
+      if (!counted_[i] || s.offset < begin_ || s.offset >= end_) continue;
+      if (s.offset != run_end) {
+        if (run_end > run_begin) bufs.push_back(grads_.slice0(run_begin, run_end));
+        run_begin = s.offset;
+      }
+      run_end = s.offset + s.numel;
+    }
+    if (run_end > run_begin) bufs.push_back(grads_.slice0(run_begin, run_end));
+    double sumsq = 0;
+    if (!bufs.empty()) {
+      Tensor part = Tensor::empty({1}, DType::F64, grads_.device());
+      sum_squares(bufs, part);
+      sumsq = part.to_vector()[0];
+    }
+    if (zero1_ && dp_->size() > 1) sumsq = all_reduce_value(*dp_, sumsq, ReduceOp::Sum);
+    for (const auto& g : norm_groups_) sumsq = all_reduce_value(*g, sumsq, ReduceOp::Sum);
+    return double(float(std::sqrt(sumsq)));
+  }
   if (!zero1_ || dp_->size() == 1) {
     // The single-process computation: every rank holds the full reduced buffer.
     std::vector<Tensor> bufs{grads_};

@@ -65,7 +65,12 @@ class DataParallelOptimizer {
   // Sums the gradients over DP (see above). After it, the gradients of the owned range are
   // the global ones (zero1: only those; the rest of the buffer is left as it was).
   void reduce_gradients();
-  // The global L2 norm of the reduced gradients; the same value on every DP rank.
+  // Tensor and pipeline parallelism: the model's gradient norm spans the ranks of `groups`
+  // (the TP and PP groups), and the segments marked false in `counted` (replicas another
+  // rank counts: TP-replicated norm gains, a tied embedding's copy on the last stage) are
+  // left out of it. Without this call every segment counts and the norm is this DP group's.
+  void set_norm_scope(std::vector<std::shared_ptr<Communicator>> groups, std::vector<bool> counted);
+  // The global L2 norm of the reduced gradients; the same value on every rank.
   double grad_norm();
   // AdamW at step t with grad_scale (the clip factor), on the owned range; zero1 then
   // all-gathers the weights. extra.compute_copy: as adamw_step, for the full buffer (zero1:
@@ -81,6 +86,8 @@ class DataParallelOptimizer {
   std::vector<std::int64_t> ranges_;  // zero1: partition_segments
   std::int64_t begin_ = 0, end_ = 0, block_ = 0;
   Tensor m_, v_;
+  std::vector<std::shared_ptr<Communicator>> norm_groups_;
+  std::vector<bool> counted_;  // per segment; empty: all
   Tensor padded_, mine_;  // zero1: [dp * block] staging for the collectives, [block] own slice
 };
 

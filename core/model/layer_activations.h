@@ -1,6 +1,9 @@
 // Internal to the model: what one layer keeps from its forward for its backward.
 #pragma once
+#include <cstdint>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "core/tensor/tensor.h"
 
@@ -18,6 +21,28 @@ struct LayerActivations {
   Tensor rstd2, hn;                           // MLP pre-norm
   Tensor u;                                   // [N, 2F]
   Tensor act;                                 // swiglu(u) [N, F]
+};
+
+// Token ids where the ops read them: the caller's host memory on the CPU, a device copy on
+// CUDA. `local` (vocab-parallel embedding) holds ids rebased to this rank's vocabulary rows,
+// 0 for tokens another rank owns.
+struct DeviceIds {
+  std::span<const std::int32_t> span;
+  std::shared_ptr<void> device_copy;
+  std::vector<std::int32_t> host_copy;  // CPU: a copy, when the caller's memory may change before the backward
+  std::vector<std::int32_t> local;
+  std::vector<unsigned char> owned;  // vocab-parallel: 1 where this rank owns the token
+};
+
+// One micro-batch on one pipeline stage, from its forward to its backward.
+struct StageState {
+  std::int64_t B = 0, T = 0;
+  double grad_scale = 1.0;
+  DeviceIds ids;                        // first stage: the tokens (embedding backward)
+  std::vector<LayerActivations> acts;   // this stage's layers
+  Tensor output;                        // not the last stage: the last layer's output [N, C]
+  Tensor d_last;                        // last stage: the gradient of the last layer's output
+  double loss = 0;                      // last stage: the micro-batch's mean loss
 };
 
 }  // namespace nsatron

@@ -3,6 +3,7 @@
 #include "core/model/layer_activations.h"
 
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include "core/device/device.h"
@@ -16,6 +17,7 @@
 #include "core/util/error.h"
 #include "core/util/op_timer.h"
 #include "nsa/nsa.h"
+#include "parallel/vocab_parallel.h"
 
 // Time this statement's op under a family name when op_timer is on (benchmarks).
 #define NSA_TIMED_CONCAT2(a, b) a##b
@@ -123,41 +125,108 @@ std::shared_ptr<void> hold_saved(std::unique_ptr<nsa::NsaSaved<Real>> saved) {
 
 }  // namespace
 
-// Token ids where the ops read them: the caller's host memory on the CPU, a device copy on
-// CUDA.
-struct NsaTransformer::Ids {
-  std::span<const std::int32_t> span;
-  std::shared_ptr<Storage> device_copy;
-  Ids(std::span<const std::int32_t> host, Device device) : span(host) {
-    if (device == Device::CPU || host.empty()) return;
-    device_copy = std::make_shared<Storage>(host.size_bytes(), device);
-    memcpy_any(device_copy->data(), host.data(), host.size_bytes(), CopyKind::HostToDevice);
-    span = {static_cast<const std::int32_t*>(device_copy->data()), host.size()};
+NsaTransformer::Ids NsaTransformer::device_ids(std::span<const std::int32_t> host, bool vocab_local) const {
+  Ids ids;
+  ids.span = host;
+  if (vocab_local && tp_ > 1) {  // CPU only (the constructor refuses tp > 1 on CUDA)
+    ids.local.resize(host.size());
+    ids.owned.resize(host.size());
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      const bool mine = host[i] >= vocab_begin_ && host[i] < vocab_end_;
+      ids.owned[i] = mine;
+      ids.local[i] = mine ? std::int32_t(host[i] - vocab_begin_) : 0;
+    }
   }
-};
+  if (device_ == Device::CPU || host.empty()) return ids;
+  auto copy = std::make_shared<Storage>(host.size_bytes(), device_);
+  memcpy_any(copy->data(), host.data(), host.size_bytes(), CopyKind::HostToDevice);
+  ids.span = {static_cast<const std::int32_t*>(copy->data()), host.size()};
+  ids.device_copy = copy;
+  return ids;
+}
 
-NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype, Device device)
-    : dims_(d), dtype_(dtype), device_(device) {
+namespace {
+// Rows of embedding tokens another tensor-parallel rank owns are zeroed (their lookup, or the
+// gradient that would flow into this rank's row 0 for them).
+void zero_unowned_rows(Tensor& x, const std::vector<unsigned char>& owned) {
+  const std::int64_t C = x.dim(1);
+  const std::size_t e = dtype_size(x.dtype());
+  char* p = static_cast<char*>(x.raw());
+  for (std::size_t n = 0; n < owned.size(); ++n)
+    if (!owned[n]) std::memset(p + n * std::size_t(C) * e, 0, std::size_t(C) * e);
+}
+}  // namespace
+
+NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype, Device device, const ModelShard& shard)
+    : dims_(d), local_(d), tp_(shard.tp), tp_rank_(shard.tp_rank), tp_group_(shard.tp_group), dtype_(dtype),
+      device_(device) {
   if (device == Device::CPU && dtype == DType::BF16)
     throw UserError("the CPU model computes in fp32 (or fp64 for tests), not bf16");
   if (device == Device::CUDA && dtype == DType::F64) throw UserError("the CUDA model computes in bf16 or fp32");
+  if (tp_ < 1 || tp_rank_ < 0 || tp_rank_ >= tp_) throw std::invalid_argument("ModelShard: tp_rank outside [0, tp)");
+  if (tp_ > 1) {
+    if (!tp_group_ || tp_group_->size() != tp_ || tp_group_->rank() != tp_rank_)
+      throw std::invalid_argument("ModelShard: tensor parallelism needs its tp group (size tp, rank tp_rank)");
+    if (device == Device::CUDA)
+      throw UserError("tensor parallelism runs on CPU ranks in this build (the NCCL communicator is not built)");
+    if (d.G % tp_ != 0 || d.F % tp_ != 0 || d.V < tp_)
+      throw UserError("tensor parallelism: tp = " + std::to_string(tp_) + " must divide n_kv_heads = " +
+                      std::to_string(d.G) + " and ffn_hidden = " + std::to_string(d.F));
+    local_.H = d.H / tp_;
+    local_.G = d.G / tp_;
+    local_.F = d.F / tp_;
+  }
+  layer_begin_ = shard.layer_begin;
+  layer_end_ = shard.layer_end < 0 ? d.L : shard.layer_end;
+  if (layer_begin_ < 0 || layer_begin_ >= layer_end_ || layer_end_ > d.L)
+    throw std::invalid_argument("ModelShard: layers [" + std::to_string(layer_begin_) + ", " +
+                                std::to_string(layer_end_) + ") outside the model's " + std::to_string(d.L));
+  vocab_begin_ = d.V * tp_rank_ / tp_;
+  vocab_end_ = d.V * (tp_rank_ + 1) / tp_;
+
   const double std = d.init_std, resid_std = d.init_std / std::sqrt(2.0 * double(d.L));
   const double cmp_std = 1.0 / std::sqrt(double(d.cmp_block * d.D));  // keeps the compressed K/V at the scale of k/v
-  params_.declare("model/embedding", {d.V, d.C}, true, std);
-  for (std::int64_t l = 0; l < d.L; ++l) {
-    params_.declare(layer_name(l, "attn_norm"), {d.C}, false, 0, true);
-    params_.declare(layer_name(l, "attn/wqkv"), {d.G * d.group_width(), d.C}, true, std);
-    params_.declare(layer_name(l, "attn/cmp_wk"), {d.G, d.cmp_block * d.D, d.D}, true, cmp_std);
-    params_.declare(layer_name(l, "attn/cmp_wv"), {d.G, d.cmp_block * d.D, d.D}, true, cmp_std);
-    params_.declare(layer_name(l, "attn/cmp_pk"), {d.G, d.cmp_block, d.D}, false, std);
-    params_.declare(layer_name(l, "attn/cmp_pv"), {d.G, d.cmp_block, d.D}, false, std);
-    params_.declare(layer_name(l, "attn/wo"), {d.C, d.H * d.D}, true, resid_std);
-    params_.declare(layer_name(l, "mlp_norm"), {d.C}, false, 0, true);
-    params_.declare(layer_name(l, "mlp/w_in"), {2 * d.F, d.C}, true, std);
-    params_.declare(layer_name(l, "mlp/w_out"), {d.C, d.F}, true, resid_std);
+  const std::int64_t Vl = vocab_end_ - vocab_begin_, Gl = local_.G, Hl = local_.H, Fl = local_.F, Pg = d.group_width();
+  // This rank's block of a tensor: `count` of the global `extent` rows (dimension 0) or
+  // columns (dimension 1) from `first`.
+  auto block = [](Shape local, int dim, std::int64_t extent, std::int64_t first) {
+    ShardPlacement p;
+    p.global_shape = local;
+    p.global_shape[std::size_t(dim)] = extent;
+    p.offset.assign(local.size(), 0);
+    p.offset[std::size_t(dim)] = first;
+    return p;
+  };
+  ShardPlacement replicated;
+  replicated.replica = tp_rank_ > 0;
+  if (first_stage() || (d.tie_embeddings && last_stage())) {
+    ShardPlacement vocab = block({Vl, d.C}, 0, d.V, vocab_begin_);
+    vocab.replica = !first_stage();  // the last stage's copy of a tied embedding
+    params_.declare("model/embedding", {Vl, d.C}, true, std, false, vocab);
   }
-  params_.declare("model/final_norm", {d.C}, false, 0, true);
-  if (!d.tie_embeddings) params_.declare("model/lm_head", {d.V, d.C}, true, std);
+  for (std::int64_t l = layer_begin_; l < layer_end_; ++l) {
+    params_.declare(layer_name(l, "attn_norm"), {d.C}, false, 0, true, replicated);
+    params_.declare(layer_name(l, "attn/wqkv"), {Gl * Pg, d.C}, true, std,
+                    false, block({Gl * Pg, d.C}, 0, d.G * Pg, tp_rank_ * Gl * Pg));
+    for (const char* part : {"attn/cmp_wk", "attn/cmp_wv"})
+      params_.declare(layer_name(l, part), {Gl, d.cmp_block * d.D, d.D}, true, cmp_std, false,
+                      block({Gl, d.cmp_block * d.D, d.D}, 0, d.G, tp_rank_ * Gl));
+    for (const char* part : {"attn/cmp_pk", "attn/cmp_pv"})
+      params_.declare(layer_name(l, part), {Gl, d.cmp_block, d.D}, false, std, false,
+                      block({Gl, d.cmp_block, d.D}, 0, d.G, tp_rank_ * Gl));
+    params_.declare(layer_name(l, "attn/wo"), {d.C, Hl * d.D}, true, resid_std, false,
+                    block({d.C, Hl * d.D}, 1, d.H * d.D, tp_rank_ * Hl * d.D));
+    params_.declare(layer_name(l, "mlp_norm"), {d.C}, false, 0, true, replicated);
+    for (const char* part : {"mlp/w_gate", "mlp/w_up"})  // adjacent: together the [2F, C] input matrix
+      params_.declare(layer_name(l, part), {Fl, d.C}, true, std, false, block({Fl, d.C}, 0, d.F, tp_rank_ * Fl));
+    params_.declare(layer_name(l, "mlp/w_out"), {d.C, Fl}, true, resid_std, false,
+                    block({d.C, Fl}, 1, d.F, tp_rank_ * Fl));
+  }
+  if (last_stage()) {
+    params_.declare("model/final_norm", {d.C}, false, 0, true, replicated);
+    if (!d.tie_embeddings)
+      params_.declare("model/lm_head", {Vl, d.C}, true, std, false, block({Vl, d.C}, 0, d.V, vocab_begin_));
+  }
   params_.allocate(dtype == DType::F64 ? DType::F64 : DType::F32, device);
   compute_ = dtype == params_.flat_weights().dtype() ? params_.flat_weights()
                                                       : Tensor::empty({params_.total()}, dtype, device);
@@ -187,15 +256,44 @@ Tensor NsaTransformer::head_grad() const {
   return params_.grad(dims_.tie_embeddings ? "model/embedding" : "model/lm_head");
 }
 
+Tensor NsaTransformer::mlp_in(const Tensor& flat, std::int64_t l) const {
+  const ParamInfo& g = params_.info(layer_name(l, "mlp/w_gate"));
+  return flat.slice0(g.offset, g.offset + 2 * g.numel).view({2 * g.shape[0], g.shape[1]});
+}
+
+void NsaTransformer::tp_sum(Tensor& t) const {
+  if (tp_ == 1) return;
+  TIMED("tp all-reduce");
+  tp_group_->all_reduce(t);
+}
+
 Tensor NsaTransformer::embed(const Ids& tokens, std::int64_t N) const {
   Tensor x = act({N, dims_.C});
-  { TIMED("embedding"); embedding_forward(tokens.span, weight("model/embedding"), x); }
+  if (tp_ == 1) {
+    TIMED("embedding");
+    embedding_forward(tokens.span, weight("model/embedding"), x);
+    return x;
+  }
+  {  // vocab-parallel: this rank's rows, zeros for the other tokens, summed over the ranks
+    TIMED("embedding");
+    embedding_forward(tokens.local, weight("model/embedding"), x);
+    zero_unowned_rows(x, tokens.owned);
+  }
+  tp_sum(x);
   return x;
 }
 
-Tensor NsaTransformer::forward_layers(const Ids& tokens, std::int64_t B, std::int64_t T) const {
-  Tensor x = embed(tokens, B * T);
-  for (std::int64_t l = 0; l < dims_.L; ++l) {
+void NsaTransformer::embedding_grad(const Ids& tokens, Tensor& dx) {
+  Tensor g = params_.grad("model/embedding");
+  TIMED("embedding");
+  if (tp_ == 1) return embedding_backward(tokens.span, dx, g);
+  zero_unowned_rows(dx, tokens.owned);
+  embedding_backward(tokens.local, dx, g);
+}
+
+Tensor NsaTransformer::forward_layers(const Ids& tokens, const Tensor* input, std::int64_t B, std::int64_t T) const {
+  Tensor x = first_stage() ? embed(tokens, B * T) : *input;
+  for (std::int64_t l = layer_begin_; l < layer_end_; ++l) {
     Tensor y;
     layer_forward(l, x, y, nullptr, Keep::Nothing, B, T);
     x = y;
@@ -217,13 +315,13 @@ void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o
   TIMED("nsa core forward");
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   if (device_ == Device::CUDA) {
-    a.nsa_saved = nsa_core_forward_cuda(core_dims(dims_, B, T), a, W, o, save);
+    a.nsa_saved = nsa_core_forward_cuda(core_dims(local_, B, T), a, W, o, save);
     return;
   }
   dispatch_real(dtype_, [&](auto tag) {
     using Real = decltype(tag);
     auto saved = save ? std::make_unique<nsa::NsaSaved<Real>>() : nullptr;
-    nsa::nsa_forward<Real>(core_dims(dims_, B, T), core_inputs<Real>(a, W), o.data<Real>(), saved.get());
+    nsa::nsa_forward<Real>(core_dims(local_, B, T), core_inputs<Real>(a, W), o.data<Real>(), saved.get());
     if (saved) a.nsa_saved = hold_saved(std::move(saved));
   });
 }
@@ -234,7 +332,7 @@ void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, co
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
   if (device_ == Device::CUDA) {
-    nsa_core_backward_cuda(core_dims(dims_, B, T), a, W, G, d_o, dparts);
+    nsa_core_backward_cuda(core_dims(local_, B, T), a, W, G, d_o, dparts);
     return;
   }
   dispatch_real(dtype_, [&](auto tag) {
@@ -244,13 +342,13 @@ void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, co
                            dparts[6]->data<Real>(), dparts[7]->data<Real>(), G("attn/cmp_wk").data<Real>(),
                            G("attn/cmp_wv").data<Real>(), G("attn/cmp_pk").data<Real>(), G("attn/cmp_pv").data<Real>()};
     const auto& saved = *static_cast<const nsa::NsaSaved<Real>*>(a.nsa_saved.get());
-    nsa::nsa_backward<Real>(core_dims(dims_, B, T), core_inputs<Real>(a, W), saved, d_o.data<Real>(), gr);
+    nsa::nsa_backward<Real>(core_dims(local_, B, T), core_inputs<Real>(a, W), saved, d_o.data<Real>(), gr);
   });
 }
 
 void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor& x_out, LayerActivations* acts, Keep keep,
                                    std::int64_t B, std::int64_t T) const {
-  const ModelDims& m = dims_;
+  const ModelDims& m = local_;
   const std::int64_t N = B * T;
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   LayerActivations a;
@@ -272,6 +370,7 @@ void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor& x_ou
 
   Tensor attn_out = act({N, m.C});
   { TIMED("matmul"); linear_forward(a.o, W("attn/wo"), nullptr, attn_out); }
+  tp_sum(attn_out);  // row-parallel wo: the heads' contributions from every rank
   a.h = act({N, m.C});
   a.hn = act({N, m.C});
   a.rstd2 = stat({N});
@@ -279,11 +378,12 @@ void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor& x_ou
   attn_out = Tensor();
 
   a.u = act({N, 2 * m.F});
-  { TIMED("matmul"); linear_forward(a.hn, W("mlp/w_in"), nullptr, a.u); }
+  { TIMED("matmul"); linear_forward(a.hn, mlp_in(compute_, l), nullptr, a.u); }
   a.act = act({N, m.F});
   { TIMED("swiglu"); swiglu_forward(a.u, a.act); }
   x_out = act({N, m.C});
   { TIMED("matmul"); linear_forward(a.act, W("mlp/w_out"), nullptr, x_out); }
+  tp_sum(x_out);  // row-parallel w_out
   { TIMED("residual add"); add(a.h, x_out, x_out); }
 
   if (!acts) return;
@@ -300,7 +400,7 @@ void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor& x_ou
 }
 
 void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, std::int64_t B, std::int64_t T) const {
-  const ModelDims& m = dims_;
+  const ModelDims& m = local_;
   const std::int64_t N = B * T;
   if (!a.h.defined()) {  // full recompute: only the input was kept
     Tensor out;
@@ -329,21 +429,22 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
 void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in,
                                     std::int64_t B, std::int64_t T) {
   complete_for_backward(l, a, B, T);
-  const ModelDims& m = dims_;
+  const ModelDims& m = local_;
   const std::int64_t N = B * T;
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
 
   // MLP: x' = h + w_out(swiglu(w_in(rmsnorm(h))))
   Tensor dact = act({N, m.F});
-  Tensor g_out = G("mlp/w_out"), g_in = G("mlp/w_in");
+  Tensor g_out = G("mlp/w_out"), g_in = mlp_in(params_.flat_grads(), l);
   { TIMED("matmul"); linear_backward(dx_out, a.act, W("mlp/w_out"), {&dact, &g_out, nullptr}); }
   Tensor du = act({N, 2 * m.F});
   { TIMED("swiglu"); swiglu_backward(dact, a.u, du); }
   dact = Tensor();
   Tensor dhn = act({N, m.C});
-  { TIMED("matmul"); linear_backward(du, a.hn, W("mlp/w_in"), {&dhn, &g_in, nullptr}); }
+  { TIMED("matmul"); linear_backward(du, a.hn, mlp_in(compute_, l), {&dhn, &g_in, nullptr}); }
   du = Tensor();
+  tp_sum(dhn);  // column-parallel w_gate/w_up: every rank's share of the norm output's gradient
   Tensor dh = act({N, m.C});
   Tensor g_mlp_norm = G("mlp_norm");
   { TIMED("rmsnorm"); rmsnorm_backward(dhn, a.h, W("mlp_norm"), a.rstd2, dh, g_mlp_norm, &dx_out); }
@@ -368,93 +469,163 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   Tensor g_wqkv = G("attn/wqkv");
   { TIMED("matmul"); linear_backward(dp, a.xn, W("attn/wqkv"), {&dxn, &g_wqkv, nullptr}); }
   dp = Tensor();
+  tp_sum(dxn);  // column-parallel wqkv
   dx_in = act({N, m.C});
   Tensor g_attn_norm = G("attn_norm");
   { TIMED("rmsnorm"); rmsnorm_backward(dxn, a.x, W("attn_norm"), a.rstd1, dx_in, g_attn_norm, &dh); }
 }
 
-double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
-                                        std::int64_t B, std::int64_t T, double grad_scale) {
-  const ModelDims& m = dims_;
-  const std::int64_t N = B * T;
-  if (std::int64_t(tokens.size()) != N || std::int64_t(targets.size()) != N)
-    throw std::invalid_argument("forward_backward: tokens/targets must hold B*T ids");
-  const Ids ids(tokens, device_), tgt(targets, device_);
-  const std::size_t base = memory_stats(device_).current;
-  reset_peak_memory(device_);
-  if (device_ == Device::CUDA) reset_peak_memory(Device::CPU);
-
-  std::vector<LayerActivations> acts(std::size_t(m.L));
-  Tensor x = embed(ids, N);
-  for (std::int64_t l = 0; l < m.L; ++l) {
-    Tensor y;
-    layer_forward(l, x, y, &acts[std::size_t(l)], keep_mode(l), B, T);
-    x = y;
-  }
-  Tensor rstdf = stat({N}), xf = act({N, m.C});
-  { TIMED("rmsnorm"); rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps); }
-
-  // LM head and loss, chunk by chunk, with the chunk's backward right away.
+double NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t N, double grad_scale, Tensor* dxf) {
+  const std::int64_t Vl = vocab_end_ - vocab_begin_;
+  const Tensor E = head_weight();
+  Tensor dE = dxf ? head_grad() : Tensor();
   Tensor loss = stat({1});
   loss.zero_();
-  Tensor dxf = act({N, m.C});
-  Tensor E = head_weight(), dE = head_grad();
+  double vocab_parallel_loss = 0;
   CrossEntropyOptions ce;
   ce.denominator = double(N);
   ce.accumulate_loss = true;
+  // Row chunks: the chunk's logits, its loss and (training) the gradient in place, then the
+  // chunk's backward.
   for (std::int64_t r0 = 0; r0 < N; r0 += head_chunk_) {
     const std::int64_t r1 = std::min(N, r0 + head_chunk_);
-    Tensor xc = xf.slice0(r0, r1), dxc = dxf.slice0(r0, r1);
-    Tensor logits = act({r1 - r0, m.V});
+    const Tensor xc = xf.slice0(r0, r1);
+    const auto targets = tgt.span.subspan(std::size_t(r0), std::size_t(r1 - r0));
+    Tensor logits = act({r1 - r0, Vl});
     { TIMED("matmul"); linear_forward(xc, E, nullptr, logits); }
-    { TIMED("cross entropy"); cross_entropy_fused(logits, tgt.span.subspan(std::size_t(r0), std::size_t(r1 - r0)), loss, grad_scale, ce); }
-    { TIMED("matmul"); linear_backward(logits, xc, E, {&dxc, &dE, nullptr}); }
+    if (tp_ > 1) {
+      TIMED("cross entropy");
+      parallel::VocabParallelCE opt;
+      opt.vocab_start = vocab_begin_;
+      opt.denominator = double(N);
+      vocab_parallel_loss += parallel::vocab_parallel_cross_entropy(*tp_group_, logits, targets, dxf ? grad_scale : 0.0, opt);
+    } else if (dxf) {
+      TIMED("cross entropy");
+      cross_entropy_fused(logits, targets, loss, grad_scale, ce);
+    } else {
+      TIMED("cross entropy");
+      Tensor lse = stat({r1 - r0});
+      cross_entropy_forward(logits, targets, loss, lse, ce);
+    }
+    if (dxf) {
+      Tensor dxc = dxf->slice0(r0, r1);
+      TIMED("matmul");
+      linear_backward(logits, xc, E, {&dxc, &dE, nullptr});
+    }
   }
+  if (dxf) tp_sum(*dxf);  // vocab-parallel head: every rank's share of the gradient
+  return tp_ > 1 ? vocab_parallel_loss : loss.to_vector()[0];
+}
+
+StageState NsaTransformer::stage_forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                                         const Tensor* input, std::int64_t B, std::int64_t T, double grad_scale) {
+  const ModelDims& m = dims_;
+  const std::int64_t N = B * T;
+  StageState st;
+  st.B = B;
+  st.T = T;
+  st.grad_scale = grad_scale;
+  Tensor x;
+  if (first_stage()) {
+    if (std::int64_t(tokens.size()) != N) throw std::invalid_argument("stage_forward: tokens must hold B*T ids");
+    st.ids = device_ids(tokens, true);
+    if (device_ == Device::CPU) {  // the caller's batch buffer is refilled before a pipeline's backward
+      st.ids.host_copy.assign(tokens.begin(), tokens.end());
+      st.ids.span = st.ids.host_copy;
+    }
+    x = embed(st.ids, N);
+  } else {
+    if (!input || input->shape() != Shape{N, m.C})
+      throw std::invalid_argument("stage_forward: a later pipeline stage needs its input [B*T, C]");
+    x = *input;
+  }
+  st.acts.resize(std::size_t(layer_end_ - layer_begin_));
+  for (std::int64_t l = layer_begin_; l < layer_end_; ++l) {
+    Tensor y;
+    layer_forward(l, x, y, &st.acts[std::size_t(l - layer_begin_)], keep_mode(l), B, T);
+    x = y;
+  }
+  if (!last_stage()) {
+    st.output = x;
+    return st;
+  }
+  if (std::int64_t(targets.size()) != N) throw std::invalid_argument("stage_forward: targets must hold B*T ids");
+  const Ids tgt = device_ids(targets, false);
+  Tensor rstdf = stat({N}), xf = act({N, m.C});
+  { TIMED("rmsnorm"); rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps); }
+  Tensor dxf = act({N, m.C});
+  st.loss = head_loss(xf, tgt, N, grad_scale, &dxf);
   xf = Tensor();
-  Tensor dx = act({N, m.C});
+  st.d_last = act({N, m.C});
   Tensor g_final = params_.grad("model/final_norm");
-  { TIMED("rmsnorm"); rmsnorm_backward(dxf, x, weight("model/final_norm"), rstdf, dx, g_final); }
-  dxf = Tensor();
-  x = Tensor();
-  for (std::int64_t l = m.L - 1; l >= 0; --l) {
+  { TIMED("rmsnorm"); rmsnorm_backward(dxf, x, weight("model/final_norm"), rstdf, st.d_last, g_final); }
+  return st;
+}
+
+Tensor NsaTransformer::stage_backward(StageState& st, const Tensor* d_output) {
+  Tensor dx;
+  if (last_stage()) {
+    dx = st.d_last;
+    st.d_last = Tensor();
+  } else {
+    if (!d_output || d_output->shape() != Shape{st.B * st.T, dims_.C})
+      throw std::invalid_argument("stage_backward: a stage before the last needs the gradient of its output");
+    dx = *d_output;
+  }
+  st.output = Tensor();
+  for (std::int64_t l = layer_end_ - 1; l >= layer_begin_; --l) {
     Tensor dx_in;
-    layer_backward(l, acts[std::size_t(l)], dx, dx_in, B, T);
-    acts[std::size_t(l)] = LayerActivations();
+    layer_backward(l, st.acts[std::size_t(l - layer_begin_)], dx, dx_in, st.B, st.T);
+    st.acts[std::size_t(l - layer_begin_)] = LayerActivations();
     dx = dx_in;
   }
-  Tensor g_embed = params_.grad("model/embedding");
-  { TIMED("embedding"); embedding_backward(ids.span, dx, g_embed); }
+  if (!first_stage()) return dx;
+  embedding_grad(st.ids, dx);
+  return Tensor();
+}
+
+double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                                        std::int64_t B, std::int64_t T, double grad_scale) {
+  if (!first_stage() || !last_stage())
+    throw std::logic_error("forward_backward runs the whole model; a pipeline stage uses stage_forward/backward");
+  const std::size_t base = memory_stats(device_).current;
+  reset_peak_memory(device_);
+  if (device_ == Device::CUDA) reset_peak_memory(Device::CPU);
+  StageState st = stage_forward(tokens, targets, nullptr, B, T, grad_scale);
+  stage_backward(st, nullptr);
   const MemoryStats after = memory_stats(device_);
   last_activation_peak_ = after.peak > base ? after.peak - base : 0;
-  return loss.to_vector()[0];
+  return st.loss;
+}
+
+Tensor NsaTransformer::stage_evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                                      const Tensor* input, std::int64_t B, std::int64_t T, double* loss) {
+  const ModelDims& m = dims_;
+  const std::int64_t N = B * T;
+  if (!first_stage() && (!input || input->shape() != Shape{N, m.C}))
+    throw std::invalid_argument("stage_evaluate: a later pipeline stage needs its input [B*T, C]");
+  Tensor x = forward_layers(first_stage() ? device_ids(tokens, true) : Ids{}, input, B, T);
+  if (!last_stage()) return x;
+  const Ids tgt = device_ids(targets, false);
+  Tensor rstdf = stat({N}), xf = act({N, m.C});
+  { TIMED("rmsnorm"); rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps); }
+  *loss = head_loss(xf, tgt, N, 0.0, nullptr);
+  return Tensor();
 }
 
 double NsaTransformer::evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                                 std::int64_t B, std::int64_t T) {
-  const ModelDims& m = dims_;
-  const std::int64_t N = B * T;
-  const Ids ids(tokens, device_), tgt(targets, device_);
-  Tensor x = forward_layers(ids, B, T);
-  Tensor rstdf = stat({N}), xf = act({N, m.C});
-  { TIMED("rmsnorm"); rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps); }
-  Tensor loss = stat({1});
-  loss.zero_();
-  CrossEntropyOptions ce;
-  ce.denominator = double(N);
-  ce.accumulate_loss = true;
-  for (std::int64_t r0 = 0; r0 < N; r0 += head_chunk_) {
-    const std::int64_t r1 = std::min(N, r0 + head_chunk_);
-    Tensor logits = act({r1 - r0, m.V}), lse = stat({r1 - r0});
-    { TIMED("matmul"); linear_forward(xf.slice0(r0, r1), head_weight(), nullptr, logits); }
-    { TIMED("cross entropy"); cross_entropy_forward(logits, tgt.span.subspan(std::size_t(r0), std::size_t(r1 - r0)), loss, lse, ce); }
-  }
-  return loss.to_vector()[0];
+  if (!first_stage() || !last_stage()) throw std::logic_error("evaluate runs the whole model; a stage uses stage_evaluate");
+  double loss = 0;
+  stage_evaluate(tokens, targets, nullptr, B, T, &loss);
+  return loss;
 }
 
 Tensor NsaTransformer::last_logits(std::span<const std::int32_t> tokens, std::int64_t B, std::int64_t T) {
   const ModelDims& m = dims_;
-  const Ids ids(tokens, device_);
-  Tensor x = forward_layers(ids, B, T);
+  if (tp_ > 1 || !first_stage() || !last_stage()) throw std::logic_error("last_logits needs the whole model on one rank");
+  const Ids ids = device_ids(tokens, false);
+  Tensor x = forward_layers(ids, nullptr, B, T);
   Tensor last = act({B, m.C});
   for (std::int64_t b = 0; b < B; ++b) last.slice0(b, b + 1).copy_from(x.slice0(b * T + T - 1, b * T + T));
   Tensor rstd = stat({B}), xf = act({B, m.C});

@@ -9,7 +9,8 @@
 //     o   = nsa_core(q, ..., gate; cmp_wk, cmp_wv, cmp_pk, cmp_pv)          [N, H*D]
 //     h   = x + o @ wo^T
 //     hn  = rmsnorm(h) * mlp_norm
-//     u   = hn @ w_in^T                      [N, 2F]: gate half then up half
+//     u   = hn @ [w_gate; w_up]^T            [N, 2F]: gate half then up half (the two
+//                                            weights are adjacent in the flat buffer)
 //     x'  = h + swiglu(u) @ w_out^T
 //   xf = rmsnorm(x_L) * final_norm
 //   loss = mean over tokens of cross_entropy(xf @ E^T, targets)      E: embedding or lm_head
@@ -21,6 +22,19 @@
 //
 // The LM head runs on row chunks: logits for a chunk, the cross entropy and its gradient in
 // place, then the chunk's backward, so the largest logits buffer is [chunk, V].
+//
+// Tensor parallelism (ModelShard::tp > 1, CPU): each of the tp ranks holds G/tp KV groups
+// with their H/tp query heads (the rows of wqkv of its groups, its groups' compression maps,
+// the columns of wo of its heads), F/tp of the MLP's hidden units (rows of w_gate and w_up,
+// columns of w_out) and a contiguous range of the vocabulary (rows of the embedding and the
+// LM head); the norm gains are replicated. Per layer the forward all-reduces (sum) the
+// outputs of wo and w_out, the backward the gradients of the two norm outputs; the
+// embedding's output and the gradient of the final norm's output are all-reduced too, and
+// the loss is the vocab-parallel cross entropy (parallel/vocab_parallel.h). The NSA core
+// itself needs no communication. Pipeline parallelism: the model holds the layers
+// [layer_begin, layer_end) only, the embedding on the first stage, the final norm and head on
+// the last (with tied embeddings, the last stage holds a replica of the embedding; the
+// trainer adds the two stages' gradients). Parameter names are the global ones.
 //
 // Recompute policies (recompute.policy): "none" keeps every activation the backward reads;
 // "selective" drops the norm outputs, the SwiGLU output and the NSA core's saved state and
@@ -35,7 +49,9 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/model/layer_activations.h"
 #include "core/model/params.h"
+#include "parallel/communicator.h"
 
 namespace nsatron {
 
@@ -52,7 +68,12 @@ struct ModelDims {
   static ModelDims from_config(const RunConfig& c);
 };
 
-struct LayerActivations;  // model.cpp
+// The part of the model this rank holds.
+struct ModelShard {
+  int tp = 1, tp_rank = 0;
+  std::shared_ptr<parallel::Communicator> tp_group;  // required when tp > 1 (its size is tp)
+  std::int64_t layer_begin = 0, layer_end = -1;     // this pipeline stage's layers; -1: to the last
+};
 
 class NsaTransformer {
  public:
@@ -60,13 +81,18 @@ class NsaTransformer {
   // master weights and the gradients are fp32 (fp64 with fp64); with bf16 compute, a bf16
   // copy of the weights feeds the forward and backward (sync_compute_weights() refreshes it
   // from the master weights; the trainer's AdamW writes it directly).
-  NsaTransformer(const ModelDims& dims, DType dtype, Device device = Device::CPU);
+  NsaTransformer(const ModelDims& dims, DType dtype, Device device = Device::CPU, const ModelShard& shard = {});
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   // The flat compute weights (the master weights themselves when the dtypes agree).
   Tensor& compute_weights() { return compute_; }
   void sync_compute_weights();
-  const ModelDims& dims() const { return dims_; }
+  const ModelDims& dims() const { return dims_; }    // the whole model
+  const ModelDims& local_dims() const { return local_; }  // this rank's share: H, G, F divided by tp
+  bool first_stage() const { return layer_begin_ == 0; }
+  bool last_stage() const { return layer_end_ == dims_.L; }
+  std::int64_t layer_begin() const { return layer_begin_; }
+  std::int64_t layer_end() const { return layer_end_; }
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
 
@@ -82,6 +108,20 @@ class NsaTransformer {
   // micro-batches for gradient accumulation). Returns the micro-batch's mean loss.
   double forward_backward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                           std::int64_t B, std::int64_t T, double grad_scale = 1.0);
+  // The same, one pipeline stage at a time. stage_forward: the first stage reads `tokens`,
+  // the others `input` (the previous stage's output, [B*T, C]); a stage that is not the last
+  // returns with state.output set (to send on); the last computes the loss (state.loss), the
+  // head's gradients and the gradient of its last layer's output right away. stage_backward:
+  // `d_output` is the gradient of state.output (received from the next stage; ignored on the
+  // last); returns the gradient of `input` (not on the first stage, which finishes with the
+  // embedding's gradient). Gradients accumulate as in forward_backward.
+  StageState stage_forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                           const Tensor* input, std::int64_t B, std::int64_t T, double grad_scale = 1.0);
+  Tensor stage_backward(StageState& state, const Tensor* d_output);
+  // Forward only: the output of a stage that is not the last; on the last, *loss = the mean loss.
+  Tensor stage_evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                        const Tensor* input, std::int64_t B, std::int64_t T, double* loss);
+
   // Mean loss without gradients or saved activations.
   double evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                   std::int64_t B, std::int64_t T);
@@ -101,7 +141,13 @@ class NsaTransformer {
 
  private:
   std::string layer_name(std::int64_t l, const char* part) const;
-  struct Ids;
+  using Ids = DeviceIds;
+  Ids device_ids(std::span<const std::int32_t> host, bool vocab_local) const;
+  Tensor mlp_in(const Tensor& flat, std::int64_t l) const;  // [w_gate; w_up] of layer l in a flat buffer
+  void tp_sum(Tensor& t) const;
+  // Final-norm output -> mean loss; with dxf, also the head's gradients and dxf.
+  double head_loss(const Tensor& xf, const Ids& targets, std::int64_t N, double grad_scale, Tensor* dxf);
+  void embedding_grad(const Ids& tokens, Tensor& dx);
   enum class Keep { Nothing, Input, Selective, All };
   Tensor weight(const std::string& name) const;  // compute-dtype view
   Tensor act(const Shape& shape) const;
@@ -117,11 +163,15 @@ class NsaTransformer {
                       std::int64_t T);
   Tensor embed(const Ids& tokens, std::int64_t N) const;
   // Embedding and every layer, keeping nothing for a backward: the last layer's output.
-  Tensor forward_layers(const Ids& tokens, std::int64_t B, std::int64_t T) const;
+  Tensor forward_layers(const Ids& tokens, const Tensor* input, std::int64_t B, std::int64_t T) const;
   const Tensor head_weight() const;
   Tensor head_grad() const;
 
-  ModelDims dims_;
+  ModelDims dims_, local_;
+  int tp_ = 1, tp_rank_ = 0;
+  std::shared_ptr<parallel::Communicator> tp_group_;
+  std::int64_t layer_begin_ = 0, layer_end_ = 0;
+  std::int64_t vocab_begin_ = 0, vocab_end_ = 0;  // this rank's rows of the embedding and head
   DType dtype_;
   Device device_;
   ParamStore params_;

@@ -12,7 +12,7 @@ model in torch, independently, from the layer description of model.h:
               [q of the group's h heads (h*D), k_cmp, v_cmp, k_slc, v_slc, k_win, v_win (D
               each), gate logits of its h heads (3h: head-major, branch order cmp, slc, win)]
               o = NSA core (tests/nsa/oracle_nsa.py's dense reference)
-              h = x + o @ wo^T;  hn = rmsnorm(h) * mlp_norm;  u = hn @ w_in^T = [gate | up]
+              h = x + o @ wo^T;  hn = rmsnorm(h) * mlp_norm;  u = hn @ [w_gate; w_up]^T = [gate | up]
               x' = h + (silu(gate) * up) @ w_out^T
   xf = rmsnorm(x_L) * final_norm;  loss = mean cross entropy of xf @ E^T (E: the embedding
   when tied, else lm_head)
@@ -92,7 +92,7 @@ def torch_model(P, tokens, targets, c, record):
         record.append((sel, [float(b.detach().abs().max()) for b in branches]))
         hres = x + o.reshape(N, H * D) @ P[pre + "attn/wo"].T
         hn = rmsnorm(hres, P[pre + "mlp_norm"], eps)
-        u = hn @ P[pre + "mlp/w_in"].T
+        u = hn @ torch.cat([P[pre + "mlp/w_gate"], P[pre + "mlp/w_up"]]).T
         x = hres + (Fn.silu(u[:, :F]) * u[:, F:]) @ P[pre + "mlp/w_out"].T
     xf = rmsnorm(x, P["model/final_norm"], eps)
     head = P["model/embedding"] if c["tie"] else P["model/lm_head"]
@@ -130,7 +130,7 @@ def check_case(name, over, seed, driver, tmp, failures):
     for layer in range(c["L"]):
         expected |= {f"model/layers.{layer}/{p}" for p in
                      ("attn_norm", "attn/wqkv", "attn/cmp_wk", "attn/cmp_wv", "attn/cmp_pk",
-                      "attn/cmp_pv", "attn/wo", "mlp_norm", "mlp/w_in", "mlp/w_out")}
+                      "attn/cmp_pv", "attn/wo", "mlp_norm", "mlp/w_gate", "mlp/w_up", "mlp/w_out")}
     if set(names) != expected:
         failures.append(f"{name}: parameters {sorted(set(names) ^ expected)} unexpected or missing")
         return

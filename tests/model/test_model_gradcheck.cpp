@@ -1,5 +1,5 @@
 // Float64 central finite differences of the whole model's loss with respect to every
-// parameter tensor (every layer's attn_norm, wqkv, cmp_wk/wv/pk/pv, wo, mlp_norm, w_in, w_out,
+// parameter tensor (every layer's attn_norm, wqkv, cmp_wk/wv/pk/pv, wo, mlp_norm, w_gate, w_up, w_out,
 // the embedding, the final norm, the untied head), against the hand-written backward.
 //
 // Error budget, eps = 1e-6 in fp64: truncation ~eps^2 |f'''| / 6 ~ 1e-13; rounding of the

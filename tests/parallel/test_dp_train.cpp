@@ -16,65 +16,11 @@
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
-#include "tests/train/train_fixture.h"
-
-namespace ckpt = nsatron::checkpoint;
+#include "tests/parallel/parallel_train_fixture.h"
 
 namespace {
 
-std::string mpirun(int np) {
-  return std::string("env OMP_NUM_THREADS=1 ") + NSATRON_MPIEXEC +
-         " --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(np) + " " + NSATRON_BINARY;
-}
-
-// The run's config with a batch that splits over 1, 2 and 4 ranks, 5 steps, validation at 5.
-const char* kSmall = " --set train.micro_batch=2 --set train.global_batch=8 --set train.steps=5"
-                     " --set train.eval_every=5 --set log.every=1";
-
-class DpTrain : public TrainRun {
- protected:
-  // `nsatron train` with one process (np = 0) or under mpirun with np ranks; the run's
-  // checkpoints go to dir_/name, its metrics to dir_/name.jsonl.
-  CommandResult train(int np, const std::string& name, const std::string& extra = "") {
-    const std::string args = " train " + config() + kSmall + " --set checkpoint.dir=" + (dir_ / name).string() +
-                             " --set log.metrics=" + (dir_ / (name + ".jsonl")).string() + extra;
-    return run_command((np == 0 ? std::string("OMP_NUM_THREADS=1 ") + NSATRON_BINARY : mpirun(np)) + args);
-  }
-  std::string metrics(const std::string& name) { return read_file_text((dir_ / (name + ".jsonl")).string()); }
-
-  // Losses (and validation losses) of run b match run a to `rel` at every step.
-  void expect_same_curve(const std::string& a, const std::string& b, double rel, std::size_t steps) {
-    for (const char* field : {"loss", "val_loss", "grad_norm"}) {
-      const auto la = field_values(metrics(a), field), lb = field_values(metrics(b), field);
-      if (std::string(field) == "loss") {
-        ASSERT_EQ(la.size(), steps) << a;
-      }
-      ASSERT_EQ(la.size(), lb.size()) << field << " " << a << " vs " << b;
-      for (std::size_t i = 0; i < la.size(); ++i)
-        EXPECT_LE(std::fabs(la[i] - lb[i]), rel * std::fabs(la[i])) << field << " " << i << ": " << la[i] << " vs " << lb[i];
-    }
-  }
-
-  // Every tensor (weights and moments) of two checkpoints, to `tol` absolute (0: bit for bit).
-  void expect_same_tensors(const std::string& a, const std::string& b, double tol) {
-    const auto fb = ckpt::checkpoint_files(ckpt::resolve_checkpoint(dir_ / b));
-    int compared = 0;
-    double worst = 0;
-    ckpt::for_each_tensor(dir_ / a, [&](const std::string& name, const ckpt::FullTensor& t) {
-      const ckpt::FullTensor u = ckpt::read_full_tensor(fb, name);
-      ASSERT_EQ(t.shape, u.shape) << name;
-      for (std::size_t i = 0; i < t.data.size(); ++i) {
-        const double d = std::fabs(double(t.data[i]) - double(u.data[i]));
-        worst = std::max(worst, d);
-        if (tol == 0) ASSERT_EQ(t.data[i], u.data[i]) << name << "[" << i << "]";
-        else ASSERT_LE(d, tol) << name << "[" << i << "]: " << t.data[i] << " vs " << u.data[i];
-      }
-      ++compared;
-    });
-    EXPECT_EQ(compared, 3 * 22);  // 22 parameters of the tiny model, their two moments
-    std::printf("%s vs %s: largest difference %.3g over %d tensors\n", a.c_str(), b.c_str(), worst, compared);
-  }
-};
+using DpTrain = ParallelTrain;
 
 // The parent pid and state of a process, from /proc/PID/stat ("" when it is gone).
 std::pair<pid_t, char> parent_and_state(pid_t pid) {
@@ -209,10 +155,11 @@ TEST_F(DpTrain, WorldSizeMustFitTheConfig) {
   ASSERT_NE(first, std::string::npos) << three.err;
   EXPECT_EQ(three.err.find(msg, first + 1), std::string::npos) << "printed more than once:\n" << three.err;
   EXPECT_FALSE(fs::exists(dir_ / "three"));
-  // Tensor parallelism is not in this build yet: refused by name on every rank, before training.
-  CommandResult tp2 = run_command(mpirun(2) + " train " + config() + kSmall + " --set parallel.tp=2");
-  EXPECT_EQ(tp2.code, 2) << tp2.out << tp2.err;
-  EXPECT_NE(tp2.err.find("tensor and pipeline parallelism are not implemented yet"), std::string::npos) << tp2.err;
+  // More tensor-parallel ranks than KV groups: refused by config validation, naming the key.
+  CommandResult tp4 = run_command(mpirun(4) + " train " + config() + kSmall + " --set parallel.tp=4");
+  EXPECT_EQ(tp4.code, 2) << tp4.out << tp4.err;
+  EXPECT_NE(tp4.err.find("parallel.tp"), std::string::npos) << tp4.err;
+  EXPECT_NE(tp4.err.find("n_kv_heads = 2"), std::string::npos) << tp4.err;
 }
 
 TEST_F(DpTrain, SrunWithoutPmixIsRefused) {

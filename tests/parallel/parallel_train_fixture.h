@@ -1,0 +1,75 @@
+// Runs of `nsatron train` with one process or under mpirun, compared step by step: the
+// fixture of the data-, tensor- and pipeline-parallel end-to-end tests.
+//
+// Each rank runs one OpenMP thread (OMP_NUM_THREADS=1 on the command line, so that ranks do
+// not crowd a small machine; the kernels give the same bits for any thread count).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "checkpoint/checkpoint.h"
+#include "tests/train/train_fixture.h"
+
+namespace ckpt = nsatron::checkpoint;
+
+// Parameters of the tiny model of train_fixture.h (2 layers of 11, embedding, final norm).
+inline constexpr int kTinyTensors = 24;
+
+
+inline std::string mpirun(int np) {
+  return std::string("env OMP_NUM_THREADS=1 ") + NSATRON_MPIEXEC +
+         " --allow-run-as-root --oversubscribe --bind-to none -np " + std::to_string(np) + " " + NSATRON_BINARY;
+}
+
+// The run's config with a batch that splits over 1, 2 and 4 ranks, 5 steps, validation at 5.
+inline const char* kSmall = " --set train.micro_batch=2 --set train.global_batch=8 --set train.steps=5"
+                     " --set train.eval_every=5 --set log.every=1";
+
+class ParallelTrain : public TrainRun {
+ protected:
+  // `nsatron train` with one process (np = 0) or under mpirun with np ranks; the run's
+  // checkpoints go to dir_/name, its metrics to dir_/name.jsonl.
+  CommandResult train(int np, const std::string& name, const std::string& extra = "") {
+    const std::string args = " train " + config() + kSmall + " --set checkpoint.dir=" + (dir_ / name).string() +
+                             " --set log.metrics=" + (dir_ / (name + ".jsonl")).string() + extra;
+    return run_command((np == 0 ? std::string("OMP_NUM_THREADS=1 ") + NSATRON_BINARY : mpirun(np)) + args);
+  }
+  std::string metrics(const std::string& name) { return read_file_text((dir_ / (name + ".jsonl")).string()); }
+
+  // Losses (and validation losses) of run b match run a to `rel` at every step.
+  void expect_same_curve(const std::string& a, const std::string& b, double rel, std::size_t steps) {
+    for (const char* field : {"loss", "val_loss", "grad_norm"}) {
+      const auto la = field_values(metrics(a), field), lb = field_values(metrics(b), field);
+      if (std::string(field) == "loss") {
+        ASSERT_EQ(la.size(), steps) << a;
+      }
+      ASSERT_EQ(la.size(), lb.size()) << field << " " << a << " vs " << b;
+      for (std::size_t i = 0; i < la.size(); ++i)
+        EXPECT_LE(std::fabs(la[i] - lb[i]), rel * std::fabs(la[i])) << field << " " << i << ": " << la[i] << " vs " << lb[i];
+    }
+  }
+
+  // Every tensor (weights and moments) of two checkpoints, to `tol` absolute (0: bit for bit).
+  void expect_same_tensors(const std::string& a, const std::string& b, double tol, int tensors = kTinyTensors) {
+    const auto fb = ckpt::checkpoint_files(ckpt::resolve_checkpoint(dir_ / b));
+    int compared = 0;
+    double worst = 0;
+    ckpt::for_each_tensor(dir_ / a, [&](const std::string& name, const ckpt::FullTensor& t) {
+      const ckpt::FullTensor u = ckpt::read_full_tensor(fb, name);
+      ASSERT_EQ(t.shape, u.shape) << name;
+      for (std::size_t i = 0; i < t.data.size(); ++i) {
+        const double d = std::fabs(double(t.data[i]) - double(u.data[i]));
+        worst = std::max(worst, d);
+        if (tol == 0) ASSERT_EQ(t.data[i], u.data[i]) << name << "[" << i << "]";
+        else ASSERT_LE(d, tol) << name << "[" << i << "]: " << t.data[i] << " vs " << u.data[i];
+      }
+      ++compared;
+    });
+    EXPECT_EQ(compared, 3 * tensors);  // the parameters and their two moments
+    std::printf("%s vs %s: largest difference %.3g over %d tensors\n", a.c_str(), b.c_str(), worst, compared);
+  }
+};
+
