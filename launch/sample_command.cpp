@@ -59,7 +59,9 @@ int sample_main(const std::vector<std::string>& argv) {
 
   const auto path = checkpoint::resolve_checkpoint(*args.get("--checkpoint"));
   const checkpoint::TrainState state = checkpoint::read_train_state(path);
-  const RunConfig cfg = parse_config(state.config_toml, path.string() + " (stored config)");
+  // Sampling runs the whole model in this one process, whatever layout trained it.
+  const RunConfig cfg = parse_config(state.config_toml, path.string() + " (stored config)",
+                                     {"parallel.tp=1", "parallel.pp=1", "parallel.pp_layers=[]"});
   const data::Tokenizer tok = data::Tokenizer::get("bytes");
   if (cfg.model.vocab_size != tok.vocab_size())
     throw UserError("the checkpoint's model has vocab_size " + std::to_string(cfg.model.vocab_size) +

@@ -1,7 +1,7 @@
 // Tensor- and pipeline-parallel training end to end: `mpirun -np N nsatron train` with tp, pp
 // and dp combined, against the one-process run of the same config: the loss, validation loss
 // and gradient norm at each of 5 steps to 1e-5 relative, and every final weight and AdamW
-// moment to 1e-5; checkpoints written by one layout resumed on another.
+// moment to 1e-5; checkpoints written by one layout resumed on another, and sampled from.
 //
 // The model here has 4 layers and 4 KV groups of 2 query heads, so that tp = 4 and pp = 4
 // both fit (the tiny model of train_fixture.h has 2 of each).
@@ -67,11 +67,19 @@ TEST_F(MpTrain, ShardedCheckpointHoldsEachBlockOnce) {
   EXPECT_EQ(files.size(), 4u);
   int tensors = 0;
   ckpt::for_each_tensor(dir_ / "tp2_pp2", [&](const std::string& name, const ckpt::FullTensor& t) {
-    if (name == "model/embedding") EXPECT_EQ(t.shape, (nsatron::Shape{256, 32}));
-    if (name == "model/layers.3/attn/wo") EXPECT_EQ(t.shape, (nsatron::Shape{32, 64}));
+    if (name == "model/embedding") {
+      EXPECT_EQ(t.shape, (nsatron::Shape{256, 32}));
+    }
+    if (name == "model/layers.3/attn/wo") {
+      EXPECT_EQ(t.shape, (nsatron::Shape{32, 64}));
+    }
     ++tensors;
   });
   EXPECT_EQ(tensors, 3 * kTensors);
+  // One process samples from it (the stored config's layout does not bind the sampler).
+  CommandResult sample = run_nsatron("sample --checkpoint " + (dir_ / "tp2_pp2").string() + " --prompt 'the ' --tokens 8");
+  EXPECT_EQ(sample.code, 0) << sample.err;
+  EXPECT_EQ(sample.out.rfind("the ", 0), 0u) << sample.out;
 }
 
 TEST_F(MpTrain, CheckpointsReshardBetweenLayouts) {
