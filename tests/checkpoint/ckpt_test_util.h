@@ -12,7 +12,10 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "checkpoint/checkpoint.h"
+#include "core/util/error.h"
 #include "core/model/params.h"
 #include "core/model/rng.h"
 
@@ -149,6 +152,19 @@ inline std::string joined(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += x + "\n";
   return s;
+}
+
+// Runs fn, expecting a nsatron::UserError whose message contains every one of `parts`.
+template <class F> std::string expect_user_error(F fn, std::vector<std::string> parts) {
+  try {
+    fn();
+  } catch (const nsatron::UserError& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    return msg;
+  }
+  ADD_FAILURE() << "no nsatron::UserError";
+  return "";
 }
 
 }  // namespace ckpt_test

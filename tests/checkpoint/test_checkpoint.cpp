@@ -17,18 +17,6 @@ using nsatron::UserError;
 
 namespace {
 
-// Runs fn, expecting a UserError whose message contains every one of `parts`.
-template <class F> std::string expect_user_error(F fn, std::vector<std::string> parts) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return msg;
-  }
-  ADD_FAILURE() << "no UserError";
-  return "";
-}
 
 bool any_contains(const std::vector<std::string>& lines, std::vector<std::string> parts) {
   for (const auto& l : lines) {

@@ -20,17 +20,6 @@ using nsatron::UserError;
 
 namespace {
 
-template <class F> std::string expect_user_error(F fn, std::vector<std::string> parts) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return msg;
-  }
-  ADD_FAILURE() << "no UserError";
-  return "";
-}
 
 // One parameter of a rank's store: its block (shape) and where it sits in the full tensor.
 struct Block {
