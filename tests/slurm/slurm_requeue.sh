@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real single-node Slurm (munged, slurmctld, slurmd on loopback, in a scratch directory):
-#   1. an uninterrupted 2-rank run through `srun --mpi=pmix -n 2`;
+#   1. an uninterrupted 2-rank run (two pipeline stages, parallel.pp = 2) through
+#      `srun --mpi=pmix -n 2`;
 #   2. the same run submitted with launch/slurm/train.sbatch, sent SIGUSR1 mid-run (as
 #      Slurm's --signal=USR1@90 would), which checkpoints, exits 3 and requeues itself;
 #   3. the requeued job resumes from the checkpoint and finishes;
@@ -101,6 +102,8 @@ train = "$W/data/train_*.bin"
 val = "$W/data/val_*.bin"
 [log]
 every = 500
+[parallel]
+pp = 2
 CONF
 export OMP_NUM_THREADS=1
 
@@ -133,6 +136,10 @@ for i in $(seq 1 120); do
   sleep 0.5
 done
 scontrol show job "$jid" | grep -q "Restarts=1" || { cat "$W"/job-*.out; echo "FAIL: the job did not requeue"; exit 1; }
+# slurmd revokes the killed instance's credential with a time stamp of whole seconds, and
+# refuses a new instance whose credential carries the same second ("Job credential
+# revoked"): start the requeued job no sooner than 2 seconds later.
+sleep 2
 scontrol update jobid="$jid" StartTime=now
 for i in $(seq 1 240); do
   state=$(scontrol show job "$jid" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
