@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
@@ -201,34 +202,48 @@ TEST_F(DpTrain, SigtermToOneRankStopsEveryRankAtTheSameStep) {
   EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
 }
 
+// Data parallelism (the ranks meet in all-reduces) and a pipeline (rank 0 waits in a
+// point-to-point receive from the lost rank).
 TEST_F(DpTrain, ALostRankEndsTheJobAndKeepsTheLastCheckpoint) {
-  const std::string log = (dir_ / "lost.log").string();
-  const std::string run = " train " + config() + " --set train.micro_batch=2 --set train.steps=100000"
-                          " --set train.eval_every=0 --set log.every=100000 --set checkpoint.every=1"
-                          " --set checkpoint.keep=2 --set checkpoint.dir=" + (dir_ / "lost").string();
-  pid_t pid = spawn(mpirun(2) + run, log);
-  ASSERT_TRUE(wait_for(log, "checkpoint   step 3 ")) << read_file_text(log);
-  const auto ranks = ranks_of(pid);
-  ASSERT_EQ(ranks.size(), 2u);
-  const auto t0 = std::chrono::steady_clock::now();
-  kill(ranks[1].second, SIGKILL);
-  const int code = wait_code(pid);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string text = read_file_text(log);
-  EXPECT_NE(code, 0) << text;
-  EXPECT_LT(seconds, 60.0) << "the job did not end in time";
-  EXPECT_NE(text.find("rank 1"), std::string::npos) << "the lost rank is not named:\n" << text;
-  // mpirun may return while it is still taking rank 0 down: rank 0 must be gone (or a zombie)
-  // within a bounded time after that.
-  char state = parent_and_state(ranks[0].second).second;
-  for (int i = 0; i < 100 && !(state == 0 || state == 'Z'); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    state = parent_and_state(ranks[0].second).second;
+  for (const std::string layout : {"", " --set parallel.pp=2"}) {
+    const std::string name = layout.empty() ? "lost_dp2" : "lost_pp2";
+    SCOPED_TRACE(name);
+    const std::string log = (dir_ / (name + ".log")).string();
+    const std::string run = " train " + config() + " --set train.micro_batch=2 --set train.steps=100000"
+                            " --set train.eval_every=0 --set log.every=100000 --set checkpoint.every=1"
+                            " --set checkpoint.keep=2 --set checkpoint.dir=" + (dir_ / name).string() + layout;
+    pid_t pid = spawn(mpirun(2) + run, log);
+    // Should an assertion end this test early, the job must not outlive it.
+    bool reaped = false;
+    std::shared_ptr<void> reap(nullptr, [pid, &reaped](void*) {
+      if (reaped) return;
+      kill(pid, SIGTERM);  // mpirun takes its ranks down
+      waitpid(pid, nullptr, 0);
+    });
+    ASSERT_TRUE(wait_for(log, "checkpoint   step 3 ")) << read_file_text(log);
+    const auto ranks = ranks_of(pid);
+    ASSERT_EQ(ranks.size(), 2u);
+    const auto t0 = std::chrono::steady_clock::now();
+    kill(ranks[1].second, SIGKILL);
+    const int code = wait_code(pid);
+    reaped = true;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string text = read_file_text(log);
+    EXPECT_NE(code, 0) << text;
+    EXPECT_LT(seconds, 60.0) << "the job did not end in time";
+    EXPECT_NE(text.find("rank 1"), std::string::npos) << "the lost rank is not named:\n" << text;
+    // mpirun may return while it is still taking rank 0 down: rank 0 must be gone (or a zombie)
+    // within a bounded time after that.
+    char state = parent_and_state(ranks[0].second).second;
+    for (int i = 0; i < 100 && !(state == 0 || state == 'Z'); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      state = parent_and_state(ranks[0].second).second;
+    }
+    EXPECT_TRUE(state == 0 || state == 'Z') << "rank 0 still runs 10 s after mpirun ended (state " << state << ")";
+    ckpt::ResumeChoice choice = ckpt::find_resume(dir_ / name);
+    ASSERT_TRUE(choice.checkpoint.has_value());
+    EXPECT_TRUE(choice.warnings.empty()) << choice.warnings.front();
+    EXPECT_TRUE(ckpt::verify_checkpoint(*choice.checkpoint).empty());
+    EXPECT_GE(ckpt::read_train_state(*choice.checkpoint).step, 3);
   }
-  EXPECT_TRUE(state == 0 || state == 'Z') << "rank 0 still runs 10 s after mpirun ended (state " << state << ")";
-  ckpt::ResumeChoice choice = ckpt::find_resume(dir_ / "lost");
-  ASSERT_TRUE(choice.checkpoint.has_value());
-  EXPECT_TRUE(choice.warnings.empty()) << choice.warnings.front();
-  EXPECT_TRUE(ckpt::verify_checkpoint(*choice.checkpoint).empty());
-  EXPECT_GE(ckpt::read_train_state(*choice.checkpoint).step, 3);
 }
