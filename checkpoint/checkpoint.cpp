@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <memory>
 #include <sstream>
 
@@ -414,7 +415,7 @@ FullTensor read_full_tensor(const std::vector<fs::path>& files, const std::strin
 namespace {
 
 // Loads the weights and, when m and v are given, the moments.
-TrainState load_into(const fs::path& path, ParamStore& params, Tensor* m, Tensor* v, LoadScope scope) {
+TrainState load_into(const fs::path& path, ParamStore& params, Tensor* m, Tensor* v, const LoadScope& scope) {
   const fs::path step_dir = resolve_checkpoint(path);
   OpenCheckpoint oc = open_checkpoint(step_dir);
   Tensor& w = params.flat_weights();
@@ -442,9 +443,17 @@ TrainState load_into(const fs::path& path, ParamStore& params, Tensor* m, Tensor
         problems.push_back(name + ": checkpoint shape " + shape_str(g) + " but the config gives " +
                            shape_str(p.global_shape));
     }
-  if (scope == LoadScope::WholeModel)
-    for (const auto& [name, refs] : oc.shards)
-      if (!expected.count(name)) problems.push_back(name + ": in the checkpoint but not in the config's model");
+  // Tensors the store lacks: an error for a whole model; for a part, unless the whole model
+  // has them (moments: their weight's name).
+  std::set<std::string> model(scope.model_names.begin(), scope.model_names.end());
+  for (const auto& [name, refs] : oc.shards) {
+    if (expected.count(name)) continue;
+    std::string weight = name;
+    for (const char* prefix : {kMomentM, kMomentV})
+      if (name.rfind(prefix, 0) == 0) weight = name.substr(std::string(prefix).size());
+    if (!scope.partial || (!model.empty() && !model.count(weight)))
+      problems.push_back(name + ": in the checkpoint but not in the config's model");
+  }
   if (!problems.empty()) {
     std::string msg = step_dir.string() + " does not match the model:";
     for (const auto& p : problems) msg += "\n  " + p;
@@ -478,11 +487,11 @@ TrainState load_into(const fs::path& path, ParamStore& params, Tensor* m, Tensor
 
 }  // namespace
 
-TrainState load_checkpoint(const fs::path& path, ParamStore& params, Tensor& m, Tensor& v, LoadScope scope) {
+TrainState load_checkpoint(const fs::path& path, ParamStore& params, Tensor& m, Tensor& v, const LoadScope& scope) {
   return load_into(path, params, &m, &v, scope);
 }
 
-TrainState load_weights(const fs::path& path, ParamStore& params, LoadScope scope) {
+TrainState load_weights(const fs::path& path, ParamStore& params, const LoadScope& scope) {
   return load_into(path, params, nullptr, nullptr, scope);
 }
 

@@ -139,28 +139,33 @@ std::vector<fs::path> list_checkpoints(const fs::path& dir);
 std::vector<fs::path> checkpoint_files(const fs::path& step_dir);
 
 // What part of the checkpoint's model a ParamStore holds.
-enum class LoadScope {
-  WholeModel,    // every tensor: the checkpoint may hold no tensor that params lacks
-  PartialModel,  // some tensors (a pipeline stage's layers): the checkpoint's others are ignored
+struct LoadScope {
+  // false: every tensor (the checkpoint may hold no tensor that params lacks). true: some
+  // tensors (a pipeline stage's layers); the checkpoint's others are skipped, but each must be
+  // one of `model_names` (the whole model's parameter names), when given.
+  bool partial = false;
+  std::vector<std::string> model_names;
+  static LoadScope whole_model() { return {}; }
+  static LoadScope part_of(std::vector<std::string> names = {}) { return {true, std::move(names)}; }
 };
 
 // Loads `path` (resolve_checkpoint) into params, m and v (flat buffers laid out like
 // params.flat_weights(), each parameter's moments at its offset) and returns the state.
 // Every tensor of params must be in the checkpoint with its global shape (ParamInfo::
 // global_shape; "model/layers.3/attn/wqkv: checkpoint shape [..] but the config gives [..]")
-// and, with LoadScope::WholeModel, every tensor of the checkpoint must be one of params
-// ("...: in the checkpoint but not in the config's model"). Each full tensor is assembled
+// and every tensor of the checkpoint must be one of params, or with a partial scope one of
+// scope.model_names ("...: in the checkpoint but not in the config's model"). Each full tensor is assembled
 // from whatever shards the files hold (a checkpoint from any parallel layout), checksums
 // checked; a whole parameter is read straight into the flat buffer, a block (a tensor-
 // parallel shard, !is_whole(p)) is assembled into a temporary buffer and its block
 // (global_offset, shape) copied out. Replicas load like any other parameter. On error the
 // contents of params, m and v are unspecified.
 TrainState load_checkpoint(const fs::path& path, ParamStore& params, Tensor& m, Tensor& v,
-                           LoadScope scope = LoadScope::WholeModel);
+                           const LoadScope& scope = LoadScope::whole_model());
 
 // Loads only the model weights (not the moments), e.g. to sample from a checkpoint; the
 // same checks as load_checkpoint for the weights. Returns the state.
-TrainState load_weights(const fs::path& path, ParamStore& params, LoadScope scope = LoadScope::WholeModel);
+TrainState load_weights(const fs::path& path, ParamStore& params, const LoadScope& scope = LoadScope::whole_model());
 
 // The state of a checkpoint (from its first file), without reading the tensors.
 TrainState read_train_state(const fs::path& path);

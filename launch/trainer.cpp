@@ -228,7 +228,8 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
   if (resume_from) {
     const ckpt::TrainState state = world.together([&] {
       // A pipeline stage holds some of the checkpoint's tensors (and TP ranks blocks of them).
-      const ckpt::LoadScope scope = pp > 1 ? ckpt::LoadScope::PartialModel : ckpt::LoadScope::WholeModel;
+      const ckpt::LoadScope scope = pp > 1 ? ckpt::LoadScope::part_of(NsaTransformer::parameter_names(dims))
+                                           : ckpt::LoadScope::whole_model();
       if (!sharded_state) return ckpt::load_checkpoint(*resume_from, params, dpo.m(), dpo.v(), scope);
       // ZeRO-1: the full moments, then this rank's range of them.
       Tensor m_full = Tensor::zeros({params.total()}, DType::F32, device);
@@ -408,15 +409,21 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
         data.sampler->next(data.layout, m, batch);
         in_flight.push_back(
             model.stage_forward(batch.inputs, batch.targets, input, batch.rows, batch.seq_len, micro_scale));
+        in_flight.back().micro_batch = m;
         loss += in_flight.back().loss / double(A * dp);
-        return in_flight.back().output;
+        return std::move(in_flight.back().output);  // the stage keeps no copy of what it sends
       };
-      stage.backward = [&](std::int64_t, const Tensor* d_output) {
+      stage.backward = [&](std::int64_t m, const Tensor* d_output) {
+        if (in_flight.empty() || in_flight.front().micro_batch != m)
+          throw std::logic_error("pipeline: backward of micro-batch " + std::to_string(m) + " out of order");
         StageState st = std::move(in_flight.front());
         in_flight.pop_front();
         return model.stage_backward(st, d_output);
       };
+      const std::size_t base = memory_stats(device).current;
+      reset_peak_memory(device);
       parallel::run_1f1b(*groups.pp, A, stage);
+      act_peak = memory_stats(device).peak - base;  // every micro-batch in flight at once
       // The loss is the last stage's; a tied embedding's gradient is the sum of the first
       // stage's (lookup) and the last stage's (head) parts.
       loss = parallel::all_reduce_value(*groups.pp, model.last_stage() ? loss : 0.0, parallel::ReduceOp::Sum);

@@ -16,7 +16,9 @@
 // The first stage has no s-1 (no input: forward gets nullptr, its input gradients are dropped),
 // the last no s+1 (its output is dropped; backward gets nullptr: the loss is its own).
 // Micro-batches are forwarded in order 0..A-1 and backwarded in order 0..A-1 on every stage,
-// so gradients accumulate in the same order as in one process (the same bits).
+// so each stage's parameters accumulate their micro-batches' gradients in the order one
+// process would. (Model-level sums that span stages, such as a tied embedding's two parts or
+// the gradient norm, are added in another order: equal to rounding, not bit for bit.)
 //
 // Order of the calls for P = 4, A = 6, F and B taking one slot each and messages free
 // (the last stage alternates from the start; stage s starts with P - s - 1 forwards):

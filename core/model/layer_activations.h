@@ -36,6 +36,7 @@ struct DeviceIds {
 
 // One micro-batch on one pipeline stage, from its forward to its backward.
 struct StageState {
+  std::int64_t micro_batch = 0;         // the caller's index (the pipeline checks its order)
   std::int64_t B = 0, T = 0;
   double grad_scale = 1.0;
   DeviceIds ids;                        // first stage: the tokens (embedding backward)

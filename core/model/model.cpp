@@ -171,7 +171,8 @@ NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype, Device device, c
       throw UserError("tensor parallelism runs on CPU ranks in this build (the NCCL communicator is not built)");
     if (d.G % tp_ != 0 || d.F % tp_ != 0 || d.V < tp_)
       throw UserError("tensor parallelism: tp = " + std::to_string(tp_) + " must divide n_kv_heads = " +
-                      std::to_string(d.G) + " and ffn_hidden = " + std::to_string(d.F));
+                      std::to_string(d.G) + " and ffn_hidden = " + std::to_string(d.F) +
+                      " and not exceed vocab_size = " + std::to_string(d.V));
     local_.H = d.H / tp_;
     local_.G = d.G / tp_;
     local_.F = d.F / tp_;
@@ -184,52 +185,67 @@ NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype, Device device, c
   vocab_begin_ = d.V * tp_rank_ / tp_;
   vocab_end_ = d.V * (tp_rank_ + 1) / tp_;
 
+  declare_parameters(params_, d, {local_, tp_rank_, layer_begin_, layer_end_, vocab_begin_, vocab_end_});
+  params_.allocate(dtype == DType::F64 ? DType::F64 : DType::F32, device);
+  compute_ = dtype == params_.flat_weights().dtype() ? params_.flat_weights()
+                                                      : Tensor::empty({params_.total()}, dtype, device);
+}
+
+// Every parameter this rank holds, in the order of the flat buffers (docs/parallel.md has
+// the blocks of each under tensor parallelism).
+void NsaTransformer::declare_parameters(ParamStore& store, const ModelDims& d, const ShardGeometry& g) {
+  const bool first = g.layer_begin == 0, last = g.layer_end == d.L;
   const double std = d.init_std, resid_std = d.init_std / std::sqrt(2.0 * double(d.L));
   const double cmp_std = 1.0 / std::sqrt(double(d.cmp_block * d.D));  // keeps the compressed K/V at the scale of k/v
-  const std::int64_t Vl = vocab_end_ - vocab_begin_, Gl = local_.G, Hl = local_.H, Fl = local_.F, Pg = d.group_width();
-  // This rank's block of a tensor: `count` of the global `extent` rows (dimension 0) or
-  // columns (dimension 1) from `first`.
-  auto block = [](Shape local, int dim, std::int64_t extent, std::int64_t first) {
+  const std::int64_t Vl = g.vocab_end - g.vocab_begin, Gl = g.local.G, Hl = g.local.H, Fl = g.local.F, Pg = d.group_width();
+  // This rank's block `local` of a tensor whose dimension `dim` (rows 0, columns 1) has
+  // `extent` entries in all, starting at entry `start`.
+  auto block = [](Shape local, int dim, std::int64_t extent, std::int64_t start) {
     ShardPlacement p;
     p.global_shape = local;
     p.global_shape[std::size_t(dim)] = extent;
     p.offset.assign(local.size(), 0);
-    p.offset[std::size_t(dim)] = first;
+    p.offset[std::size_t(dim)] = start;
     return p;
   };
   ShardPlacement replicated;
-  replicated.replica = tp_rank_ > 0;
-  if (first_stage() || (d.tie_embeddings && last_stage())) {
-    ShardPlacement vocab = block({Vl, d.C}, 0, d.V, vocab_begin_);
-    vocab.replica = !first_stage();  // the last stage's copy of a tied embedding
-    params_.declare("model/embedding", {Vl, d.C}, true, std, false, vocab);
+  replicated.replica = g.tp_rank > 0;
+  if (first || (d.tie_embeddings && last)) {
+    ShardPlacement vocab = block({Vl, d.C}, 0, d.V, g.vocab_begin);
+    vocab.replica = !first;  // the last stage's copy of a tied embedding
+    store.declare("model/embedding", {Vl, d.C}, true, std, false, vocab);
   }
-  for (std::int64_t l = layer_begin_; l < layer_end_; ++l) {
-    params_.declare(layer_name(l, "attn_norm"), {d.C}, false, 0, true, replicated);
-    params_.declare(layer_name(l, "attn/wqkv"), {Gl * Pg, d.C}, true, std,
-                    false, block({Gl * Pg, d.C}, 0, d.G * Pg, tp_rank_ * Gl * Pg));
+  for (std::int64_t l = g.layer_begin; l < g.layer_end; ++l) {
+    store.declare(layer_name(l, "attn_norm"), {d.C}, false, 0, true, replicated);
+    store.declare(layer_name(l, "attn/wqkv"), {Gl * Pg, d.C}, true, std,
+                    false, block({Gl * Pg, d.C}, 0, d.G * Pg, g.tp_rank * Gl * Pg));
     for (const char* part : {"attn/cmp_wk", "attn/cmp_wv"})
-      params_.declare(layer_name(l, part), {Gl, d.cmp_block * d.D, d.D}, true, cmp_std, false,
-                      block({Gl, d.cmp_block * d.D, d.D}, 0, d.G, tp_rank_ * Gl));
+      store.declare(layer_name(l, part), {Gl, d.cmp_block * d.D, d.D}, true, cmp_std, false,
+                      block({Gl, d.cmp_block * d.D, d.D}, 0, d.G, g.tp_rank * Gl));
     for (const char* part : {"attn/cmp_pk", "attn/cmp_pv"})
-      params_.declare(layer_name(l, part), {Gl, d.cmp_block, d.D}, false, std, false,
-                      block({Gl, d.cmp_block, d.D}, 0, d.G, tp_rank_ * Gl));
-    params_.declare(layer_name(l, "attn/wo"), {d.C, Hl * d.D}, true, resid_std, false,
-                    block({d.C, Hl * d.D}, 1, d.H * d.D, tp_rank_ * Hl * d.D));
-    params_.declare(layer_name(l, "mlp_norm"), {d.C}, false, 0, true, replicated);
+      store.declare(layer_name(l, part), {Gl, d.cmp_block, d.D}, false, std, false,
+                      block({Gl, d.cmp_block, d.D}, 0, d.G, g.tp_rank * Gl));
+    store.declare(layer_name(l, "attn/wo"), {d.C, Hl * d.D}, true, resid_std, false,
+                    block({d.C, Hl * d.D}, 1, d.H * d.D, g.tp_rank * Hl * d.D));
+    store.declare(layer_name(l, "mlp_norm"), {d.C}, false, 0, true, replicated);
     for (const char* part : {"mlp/w_gate", "mlp/w_up"})  // adjacent: together the [2F, C] input matrix
-      params_.declare(layer_name(l, part), {Fl, d.C}, true, std, false, block({Fl, d.C}, 0, d.F, tp_rank_ * Fl));
-    params_.declare(layer_name(l, "mlp/w_out"), {d.C, Fl}, true, resid_std, false,
-                    block({d.C, Fl}, 1, d.F, tp_rank_ * Fl));
+      store.declare(layer_name(l, part), {Fl, d.C}, true, std, false, block({Fl, d.C}, 0, d.F, g.tp_rank * Fl));
+    store.declare(layer_name(l, "mlp/w_out"), {d.C, Fl}, true, resid_std, false,
+                    block({d.C, Fl}, 1, d.F, g.tp_rank * Fl));
   }
-  if (last_stage()) {
-    params_.declare("model/final_norm", {d.C}, false, 0, true, replicated);
+  if (last) {
+    store.declare("model/final_norm", {d.C}, false, 0, true, replicated);
     if (!d.tie_embeddings)
-      params_.declare("model/lm_head", {Vl, d.C}, true, std, false, block({Vl, d.C}, 0, d.V, vocab_begin_));
+      store.declare("model/lm_head", {Vl, d.C}, true, std, false, block({Vl, d.C}, 0, d.V, g.vocab_begin));
   }
-  params_.allocate(dtype == DType::F64 ? DType::F64 : DType::F32, device);
-  compute_ = dtype == params_.flat_weights().dtype() ? params_.flat_weights()
-                                                      : Tensor::empty({params_.total()}, dtype, device);
+}
+
+std::vector<std::string> NsaTransformer::parameter_names(const ModelDims& d) {
+  ParamStore store;  // declarations only: nothing is allocated
+  declare_parameters(store, d, {d, 0, 0, d.L, 0, d.V});
+  std::vector<std::string> names;
+  for (const auto& p : store.infos()) names.push_back(p.name);
+  return names;
 }
 
 void NsaTransformer::sync_compute_weights() {
@@ -247,7 +263,7 @@ Tensor NsaTransformer::stat(const Shape& shape) const {
   return Tensor::empty(shape, device_ == Device::CUDA ? DType::F32 : dtype_, device_);
 }
 
-std::string NsaTransformer::layer_name(std::int64_t l, const char* part) const {
+std::string NsaTransformer::layer_name(std::int64_t l, const char* part) {
   return "model/layers." + std::to_string(l) + "/" + part;
 }
 
@@ -604,6 +620,8 @@ Tensor NsaTransformer::stage_evaluate(std::span<const std::int32_t> tokens, std:
   const std::int64_t N = B * T;
   if (!first_stage() && (!input || input->shape() != Shape{N, m.C}))
     throw std::invalid_argument("stage_evaluate: a later pipeline stage needs its input [B*T, C]");
+  if ((first_stage() && std::int64_t(tokens.size()) != N) || (last_stage() && std::int64_t(targets.size()) != N))
+    throw std::invalid_argument("stage_evaluate: tokens/targets must hold B*T ids");
   Tensor x = forward_layers(first_stage() ? device_ids(tokens, true) : Ids{}, input, B, T);
   if (!last_stage()) return x;
   const Ids tgt = device_ids(targets, false);

@@ -138,9 +138,18 @@ class NsaTransformer {
   // three branches, plus the compression maps. See docs/performance.md.
   double flops_per_token(std::int64_t T) const;
   std::int64_t num_params() const { return params_.total(); }
+  // The names of the whole model's parameters (any layout holds blocks of these).
+  static std::vector<std::string> parameter_names(const ModelDims& dims);
 
  private:
-  std::string layer_name(std::int64_t l, const char* part) const;
+  static std::string layer_name(std::int64_t l, const char* part);
+  // What a rank holds: its dims (H, G, F divided by tp), layers and vocabulary rows.
+  struct ShardGeometry {
+    ModelDims local;
+    int tp_rank;
+    std::int64_t layer_begin, layer_end, vocab_begin, vocab_end;
+  };
+  static void declare_parameters(ParamStore& store, const ModelDims& d, const ShardGeometry& g);
   using Ids = DeviceIds;
   Ids device_ids(std::span<const std::int32_t> host, bool vocab_local) const;
   Tensor mlp_in(const Tensor& flat, std::int64_t l) const;  // [w_gate; w_up] of layer l in a flat buffer

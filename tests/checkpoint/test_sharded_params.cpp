@@ -113,10 +113,10 @@ TEST(ShardedLoad, APartialStoreLoadsItsTensorsOnlyWithThePartialScope) {
       {"model/final_norm", {8}, {}},
   };
   Model s = make_block_model(stage);
-  EXPECT_EQ(ck::load_checkpoint(dir, s.params, s.m, s.v, ck::LoadScope::PartialModel), make_state(4));
+  EXPECT_EQ(ck::load_checkpoint(dir, s.params, s.m, s.v, ck::LoadScope::part_of()), make_state(4));
   expect_blocks_of(a, s);
   Model w = make_block_model(stage);
-  ck::load_weights(dir, w.params, ck::LoadScope::PartialModel);
+  ck::load_weights(dir, w.params, ck::LoadScope::part_of());
   expect_blocks_of(a, w, /*weights_only=*/true);
 
   // For a whole model the checkpoint's other tensors are still an error.
@@ -124,14 +124,26 @@ TEST(ShardedLoad, APartialStoreLoadsItsTensorsOnlyWithThePartialScope) {
   expect_user_error([&] { ck::load_checkpoint(dir, s2.params, s2.m, s2.v); },
                     {"does not match the model", "model/embedding: in the checkpoint but not in the config's model",
                      "optim/m/model/layers.1/mlp/w_in: in the checkpoint but not in the config's model"});
-  expect_user_error([&] { ck::load_weights(dir, s2.params, ck::LoadScope::WholeModel); },
+  expect_user_error([&] { ck::load_weights(dir, s2.params, ck::LoadScope::whole_model()); },
                     {"model/layers.1/mlp/w_in: in the checkpoint but not in the config's model"});
+
+  // Given the whole model's names, a partial scope refuses a checkpoint tensor outside them.
+  std::vector<std::string> names;
+  for (const auto& p : a.params.infos())
+    if (p.name != "model/embedding") names.push_back(p.name);
+  Model s4 = make_block_model(stage);
+  expect_user_error([&] { ck::load_checkpoint(dir, s4.params, s4.m, s4.v, ck::LoadScope::part_of(names)); },
+                    {"model/embedding: in the checkpoint but not in the config's model",
+                     "optim/v/model/embedding: in the checkpoint but not in the config's model"});
+  names.push_back("model/embedding");
+  Model s5 = make_block_model(stage);
+  EXPECT_EQ(ck::load_checkpoint(dir, s5.params, s5.m, s5.v, ck::LoadScope::part_of(names)), make_state(4));
 
   // The partial scope still wants every tensor of the store.
   auto more = stage;
   more.push_back({"model/layers.2/mlp/w_in", {10, 8}, {}});
   Model s3 = make_block_model(more);
-  expect_user_error([&] { ck::load_checkpoint(dir, s3.params, s3.m, s3.v, ck::LoadScope::PartialModel); },
+  expect_user_error([&] { ck::load_checkpoint(dir, s3.params, s3.m, s3.v, ck::LoadScope::part_of()); },
                     {"model/layers.2/mlp/w_in: in the config's model but not in the checkpoint"});
 }
 
@@ -143,7 +155,7 @@ TEST(ShardedLoad, ShapeMismatchIsAgainstTheGlobalShape) {
   // The block [8, 8] fits the checkpoint's [24, 8], but the config's full tensor is [32, 8].
   Model b = make_block_model({{"model/layers.0/attn/wqkv", {8, 8}, at({32, 8}, {8, 0})}});
   const std::string msg = expect_user_error(
-      [&] { ck::load_checkpoint(dir, b.params, b.m, b.v, ck::LoadScope::PartialModel); },
+      [&] { ck::load_checkpoint(dir, b.params, b.m, b.v, ck::LoadScope::part_of()); },
       {"model/layers.0/attn/wqkv: checkpoint shape [24, 8] but the config gives [32, 8]",
        "optim/m/model/layers.0/attn/wqkv: checkpoint shape [24, 8] but the config gives [32, 8]"});
   EXPECT_EQ(msg.find("model/embedding"), std::string::npos) << msg;  // partial: the others are no problem

@@ -37,6 +37,11 @@ TEST_F(MpTrain, EveryLayoutMatchesOneRank) {
       {"tp4", 4, " --set parallel.tp=4", "per rank 1 KV group(s) with 2 query heads"},
       {"pp2_uneven", 2, " --set parallel.pp=2 --set parallel.pp_layers=[1,3]", "stage layers [0, 1), [1, 4)"},
       {"tp2_dp2_zero1", 4, " --set parallel.tp=2 --set parallel.zero1=true", "ZeRO-1"},
+      {"pp2_dp2_zero1", 4, " --set parallel.pp=2 --set parallel.zero1=true", "ZeRO-1"},
+      {"tp2_pp2_selective", 4, " --set parallel.tp=2 --set parallel.pp=2 --set recompute.policy=selective",
+       "recompute    selective"},
+      {"tp2_pp2_full", 4, " --set parallel.tp=2 --set parallel.pp=2 --set recompute.policy=full",
+       "recompute    full"},
   };
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
@@ -92,7 +97,9 @@ TEST_F(MpTrain, CheckpointsReshardBetweenLayouts) {
   };
   const std::string tp2pp2 = " --set parallel.tp=2 --set parallel.pp=2";
   for (const Case& c : {Case{"tp2pp2_to_1", 4, 0, tp2pp2, ""}, Case{"one_to_tp2pp2", 0, 4, "", tp2pp2},
-                        Case{"tp2_to_pp2", 2, 2, " --set parallel.tp=2", " --set parallel.pp=2"}}) {
+                        Case{"tp2_to_pp2", 2, 2, " --set parallel.tp=2", " --set parallel.pp=2"},
+                        Case{"zero1_tp2dp2_to_pp2", 4, 2, " --set parallel.tp=2 --set parallel.zero1=true",
+                             " --set parallel.pp=2"}}) {
     SCOPED_TRACE(c.name);
     CommandResult a = train(c.first_np, c.name, ten + " --set train.stop_at=5" + c.first);
     ASSERT_EQ(a.code, 0) << a.out << a.err;
@@ -103,6 +110,21 @@ TEST_F(MpTrain, CheckpointsReshardBetweenLayouts) {
     EXPECT_NE(b.out.find("step      6/10"), std::string::npos) << b.out;
     expect_same_curve("ref", c.name, 1e-5, 10);
     expect_same_tensors("ref", c.name, 1e-5, kTensors);
+  }
+}
+
+// A pipeline stage holds some of the model's tensors, yet a checkpoint of a deeper model is
+// refused, as it is for one process: the stage checks the checkpoint against the whole
+// model's names.
+TEST_F(MpTrain, AStageRefusesACheckpointOfAnotherModel) {
+  ASSERT_EQ(train(0, "deep", kModel + " --set train.steps=2").code, 0);
+  const std::string shallow = " --set model.n_layers=2 --set model.n_kv_heads=4 --set model.n_heads=8";
+  for (int np : {0, 2}) {
+    CommandResult r = train(np, "deep", shallow + " --set train.steps=4" + (np ? " --set parallel.pp=2" : ""));
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("model/layers.3/attn/wqkv: in the checkpoint but not in the config's model"),
+              std::string::npos)
+        << r.err;
   }
 }
 
