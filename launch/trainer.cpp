@@ -30,6 +30,7 @@
 #include "launch/world.h"
 #include "checkpoint/checkpoint.h"
 #include "parallel/data_parallel.h"
+#include "parallel/gpu_binding.h"
 #include "parallel/pipeline.h"
 #include "parallel/process_groups.h"
 
@@ -92,7 +93,9 @@ class ProgressBar {
 // The mean validation loss over the global eval batches: each DP rank evaluates its slice
 // (with pipeline parallelism, stage by stage; the last stage has the losses), the sums and
 // counts are added over DP.
-double evaluate(NsaTransformer& model, data::RunData& data, const RunConfig& cfg, const parallel::ProcessGroups& g) {
+// `g`: the control groups (values); `pp_messages`: the pipeline's communicator for activations.
+double evaluate(NsaTransformer& model, data::RunData& data, const RunConfig& cfg, const parallel::ProcessGroups& g,
+                parallel::Communicator& pp_messages) {
   if (!data.val) return -1;
   data::TokenBatch batch;
   double sum = 0;
@@ -110,8 +113,9 @@ double evaluate(NsaTransformer& model, data::RunData& data, const RunConfig& cfg
     if (g.pp->size() == 1) {
       for (std::int64_t m = 0; m < A; ++m) forward(b, m, nullptr);
     } else {
-      parallel::run_pipeline_forward(*g.pp, A, [&](std::int64_t m, const Tensor* input) { return forward(b, m, input); },
-                                     Shape{cfg.train.micro_batch * cfg.train.seq_len, cfg.model.d_model}, DType::F32);
+      parallel::run_pipeline_forward(pp_messages, A, [&](std::int64_t m, const Tensor* input) { return forward(b, m, input); },
+                                     Shape{cfg.train.micro_batch * cfg.train.seq_len, cfg.model.d_model},
+                                     model.dtype(), model.device());
     }
   }
   if (g.pp->size() > 1) sum = parallel::all_reduce_value(*g.pp, model.last_stage() ? sum : 0.0, parallel::ReduceOp::Sum);
@@ -155,15 +159,23 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     if (device == Device::CUDA && !cuda_available())
       throw UserError(cfg.source + ": train.device: \"cuda\", but " + cuda_device_summary());
     if (cfg.data.train.empty()) throw UserError(cfg.source + ": data.train: required to train (a glob of token shards)");
-    if (device == Device::CUDA && world.size() > 1)
-      throw UserError(cfg.source + ": train.device: \"cuda\" on " + std::to_string(world.size()) +
-                      " ranks needs the NCCL communicator, which is not built yet; train on one rank "
-                      "(docs/parallel.md)");
+    if (device == Device::CUDA && cfg.parallel.tp > 1)
+      throw UserError(cfg.source + ": parallel.tp = " + std::to_string(cfg.parallel.tp) +
+                      " with train.device = \"cuda\": tensor parallelism runs on CPU ranks in this build (the "
+                      "vocab-parallel embedding and cross entropy have no CUDA kernels yet); on GPUs use tp = 1 "
+                      "with data and pipeline parallelism (docs/parallel.md)");
   });
   const parallel::ProcessGroups groups = world.together([&] {
     return parallel::make_process_groups(world.size() > 1 ? parallel::Backend::Mpi : parallel::Backend::Single,
                                          int(cfg.parallel.tp), int(cfg.parallel.pp));
   });
+  // Several GPU ranks: one GPU each (before any other CUDA call), and NCCL communicators for
+  // the tensors (gradients, pipeline messages); the MPI groups keep carrying control values.
+  const bool multi_gpu = device == Device::CUDA && world.size() > 1;
+  int gpu_index = 0;
+  if (multi_gpu) gpu_index = world.together([&] { return parallel::bind_local_gpu(*groups.world); });
+  const parallel::ProcessGroups tensor_groups =
+      multi_gpu ? world.together([&] { return parallel::make_device_groups(groups); }) : groups;
   const int dp = groups.layout.dp, dp_rank = groups.layout.dp_rank;
   const int tp = groups.layout.tp, pp = groups.layout.pp;
   out << "nsatron " << kVersion << " train " << cfg.source << "\n\n# resolved config\n" << to_toml(cfg) << "\n";
@@ -185,7 +197,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     model_ptr->params().initialize(std::uint64_t(cfg.train.seed));
     std::vector<ParamSegment> segments;
     for (const auto& p : model_ptr->params().infos()) segments.push_back({p.offset, p.numel, p.decay});
-    dpo_ptr = std::make_unique<parallel::DataParallelOptimizer>(groups.dp, model_ptr->params().flat_weights(),
+    dpo_ptr = std::make_unique<parallel::DataParallelOptimizer>(tensor_groups.dp, model_ptr->params().flat_weights(),
                                                                 model_ptr->params().flat_grads(), segments,
                                                                 cfg.parallel.zero1);
     std::vector<bool> counted;
@@ -258,7 +270,9 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
   model.sync_compute_weights();  // the compute copy of the initial or the loaded weights
   const std::int64_t T = cfg.train.seq_len;
   const double flops = model.flops_per_token(T);
-  const double peak_flops = device == Device::CUDA ? peak_bf16_flops(cuda_device_summary()) : 0.0;
+  // MFU: of the peak of every GPU of the job (tokens/s is the job's).
+  const double peak_flops =
+      device == Device::CUDA ? peak_bf16_flops(cuda_device_summary()) * double(world.size()) : 0.0;
   const std::int64_t tokens_per_step = cfg.train.global_batch * T;
   const std::int64_t A = data.layout.micro_batches();
   // The whole model's parameter count: every shard counted once, over the ranks of DP group 0.
@@ -286,6 +300,8 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     out << "parallel     " << groups.layout.describe() << ", world " << world.size();
     if (world.size() > 1) out << " (MPI, launched by " << world.launch().launcher << ")";
     else out << " (one process)";
+    if (multi_gpu)
+      out << "; one GPU per rank (rank 0 on GPU " << gpu_index << "), gradients and pipeline messages over NCCL";
     if (tp > 1)
       out << "; TP: per rank " << dims.G / tp << " KV group(s) with " << dims.H / tp << " query heads, "
           << dims.F / tp << " MLP units, about " << dims.V / tp << " vocabulary rows; vocab-parallel cross entropy";
@@ -351,10 +367,12 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     } else {
       // Each rank of DP group 0 writes the blocks it holds (one writer for pure DP: rank 0);
       // ZeRO-1: each DP rank writes the blocks whose moments it owns. Replicas are written by
-      // their counting rank only. (Weights and moments are fp32 on the CPU here.)
-      const float* pw = static_cast<const float*>(params.flat_weights().raw());
-      const float* pm = static_cast<const float*>(dpo.m().raw());
-      const float* pv = static_cast<const float*>(dpo.v().raw());
+      // their counting rank only. (Weights and moments are fp32; on a GPU, copied to the host.)
+      auto host = [](const Tensor& t) { return t.is_cpu() ? t : t.to(Device::CPU); };
+      const Tensor hw = host(params.flat_weights()), hm = host(dpo.m()), hv = host(dpo.v());
+      const float* pw = static_cast<const float*>(hw.raw());
+      const float* pm = static_cast<const float*>(hm.raw());
+      const float* pv = static_cast<const float*>(hv.raw());
       std::vector<ckpt::ShardSpec> shards;
       if (sharded_state || dp_rank == 0)
         shards = ckpt::param_shards(params, pw, pm, pv, dpo.owned_begin(), dpo.owned_begin(), dpo.owned_end());
@@ -374,7 +392,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
   double window_time = 0, window_loss = 0;
   std::int64_t window_steps = 0;
   if (data.val && start_step == 0) {  // the starting point, so the log shows the validation loss falling
-    const double val = evaluate(model, data, cfg, groups);
+    const double val = evaluate(model, data, cfg, groups, *tensor_groups.pp);
     summary.first_val_loss = val;
     char line[128];
     std::snprintf(line, sizeof line, "eval   %6d | val loss %.4f\n", 0, val);
@@ -404,7 +422,8 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
       std::deque<StageState> in_flight;
       parallel::PipelineStage stage;
       stage.activation_shape = {cfg.train.micro_batch * T, dims.C};
-      stage.dtype = DType::F32;
+      stage.dtype = dtype;
+      stage.device = device;
       stage.forward = [&](std::int64_t m, const Tensor* input) {
         data.sampler->next(data.layout, m, batch);
         in_flight.push_back(
@@ -422,14 +441,14 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
       };
       const std::size_t base = memory_stats(device).current;
       reset_peak_memory(device);
-      parallel::run_1f1b(*groups.pp, A, stage);
+      parallel::run_1f1b(*tensor_groups.pp, A, stage);
       act_peak = memory_stats(device).peak - base;  // every micro-batch in flight at once
       // The loss is the last stage's; a tied embedding's gradient is the sum of the first
       // stage's (lookup) and the last stage's (head) parts.
       loss = parallel::all_reduce_value(*groups.pp, model.last_stage() ? loss : 0.0, parallel::ReduceOp::Sum);
       if (dims.tie_embeddings && (model.first_stage() || model.last_stage())) {
         Tensor g = params.grad("model/embedding");
-        groups.embedding->all_reduce(g);
+        tensor_groups.embedding->all_reduce(g);
       }
     }
     data.sampler->advance(data.layout);
@@ -455,8 +474,11 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
       const double clip = cfg.optim.grad_clip > 0 ? clip_coefficient(gnorm, cfg.optim.grad_clip) : 1.0;
       AdamWHyper hp{lr, cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
       AdamWExtra extra;
-      if (separate_compute_copy) extra.compute_copy = &model.compute_weights();
+      // AdamW writes the bf16 compute copy as it goes; with ZeRO-1 over several ranks the
+      // weights arrive by all-gather, so the copy is refreshed afterwards.
+      if (separate_compute_copy && !sharded_state) extra.compute_copy = &model.compute_weights();
       dpo.step(hp, ++optimizer_step, clip, extra);
+      if (separate_compute_copy && sharded_state) model.sync_compute_weights();
     }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     summary.steps_done = step + 1;
@@ -495,7 +517,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
       window_steps = 0;
     }
     if (data.val && ((cfg.train.eval_every > 0 && (step + 1) % cfg.train.eval_every == 0) || last)) {
-      const double val = evaluate(model, data, cfg, groups);
+      const double val = evaluate(model, data, cfg, groups, *tensor_groups.pp);
       if (summary.first_val_loss < 0) summary.first_val_loss = val;
       summary.last_val_loss = val;
       bar.clear();

@@ -85,31 +85,53 @@ void Communicator::send_recv(const Tensor& send, int send_peer, Tensor& recv, in
 
 void Communicator::barrier() { do_barrier(); }
 
+namespace {
+
+// The values travel as fp64 tensors on the CPU; a communicator that takes only device tensors
+// (NCCL) gets a copy on the GPU, and the result comes back (the copy to the host waits for
+// the collective).
+bool needs_device(const Communicator& comm) {
+  if (comm.supports(DType::F64, Device::CPU)) return false;
+  NSA_CHECK(comm.supports(DType::F64, Device::CUDA), comm.name(), ": the ", comm.backend(),
+            " backend takes fp64 neither on the CPU nor on CUDA");
+  return true;
+}
+Tensor to_comm(const Communicator& comm, const Tensor& host) {
+  return needs_device(comm) ? host.to(Device::CUDA) : host;
+}
+Tensor to_host(const Tensor& t) { return t.is_cpu() ? t : t.to(Device::CPU); }
+
+}  // namespace
+
 double all_reduce_value(Communicator& comm, double value, ReduceOp op) {
-  Tensor t = Tensor::from_vector({value}, {1}, DType::F64);
+  Tensor t = to_comm(comm, Tensor::from_vector({value}, {1}, DType::F64));
   comm.all_reduce(t, op);
-  return t.data<double>()[0];
+  return to_host(t).data<double>()[0];
 }
 
 std::vector<double> all_gather_values(Communicator& comm, const std::vector<double>& values) {
   const std::int64_t n = std::int64_t(values.size());
-  Tensor in = Tensor::from_vector(values, {n}, DType::F64);
-  Tensor out = Tensor::empty({n * comm.size()}, DType::F64);
+  const Device device = needs_device(comm) ? Device::CUDA : Device::CPU;
+  Tensor in = to_comm(comm, Tensor::from_vector(values, {n}, DType::F64));
+  Tensor out = Tensor::empty({n * comm.size()}, DType::F64, device);
   comm.all_gather(in, out);
-  const double* p = out.data<double>();
-  return std::vector<double>(p, p + out.numel());
+  const Tensor host = to_host(out);
+  const double* p = host.data<double>();
+  return std::vector<double>(p, p + host.numel());
 }
 
 std::string broadcast_string(Communicator& comm, const std::string& text, int root) {
-  Tensor len = Tensor::from_vector({double(text.size())}, {1}, DType::F64);
+  Tensor len = to_comm(comm, Tensor::from_vector({double(text.size())}, {1}, DType::F64));
   comm.broadcast(len, root);
-  const std::int64_t n = std::int64_t(len.data<double>()[0]);
+  const std::int64_t n = std::int64_t(to_host(len).data<double>()[0]);
   Tensor chars = Tensor::zeros({n}, DType::F64);
   if (comm.rank() == root)
     for (std::int64_t i = 0; i < n; ++i) chars.data<double>()[i] = double(static_cast<unsigned char>(text[std::size_t(i)]));
+  chars = to_comm(comm, chars);
   comm.broadcast(chars, root);
+  const Tensor got = to_host(chars);
   std::string out(std::size_t(n), '\0');
-  for (std::int64_t i = 0; i < n; ++i) out[std::size_t(i)] = char(static_cast<unsigned char>(chars.data<double>()[i]));
+  for (std::int64_t i = 0; i < n; ++i) out[std::size_t(i)] = char(static_cast<unsigned char>(got.data<double>()[i]));
   return out;
 }
 

@@ -2,7 +2,8 @@
 // or a TP/DP/PP group, see layout.h), behind one interface with several backends:
 //   SingleCommunicator  (single_communicator.h)  a group of one: every call is a no-op copy
 //   MpiCommunicator     (mpi_communicator.h)     MPI, CPU tensors (fp32, fp64)
-//   (the GPU issue adds an NCCL backend for device tensors behind the same calls)
+//   NcclCommunicator    (nccl_communicator.h)    NCCL, CUDA tensors (fp32, fp64, bf16), in CUDA
+//                                                builds that found NCCL
 //
 // Contract of every call, whatever the backend:
 //   - It is collective over the group (send/recv/send_recv: over the peers): every rank of the
@@ -43,7 +44,7 @@ class Communicator {
   virtual int size() const = 0;
   // The group's name for messages ("world", "tp", "dp", "pp").
   virtual const std::string& name() const = 0;
-  // "single", "mpi" (later "nccl").
+  // "single", "mpi", "nccl".
   virtual std::string backend() const = 0;
   // Whether tensors of this dtype on this device can be passed.
   virtual bool supports(DType dtype, Device device) const = 0;
@@ -93,8 +94,8 @@ class Communicator {
 };
 
 // ---- small host values, for control (flags, losses, paths) ------------------------------------
-// These go through fp64 tensors on the CPU, so they need a communicator that supports()
-// fp64 on the CPU (the single and MPI backends; with NCCL, use the CPU world communicator).
+// These go through fp64 tensors on the CPU, or through the GPU for a communicator that takes
+// only device tensors (NCCL); control values usually travel over the MPI groups.
 
 // op over the group of every rank's `value`.
 double all_reduce_value(Communicator& comm, double value, ReduceOp op = ReduceOp::Sum);

@@ -48,10 +48,12 @@ std::vector<PipelineStep> schedule_1f1b(int stage, int stages, std::int64_t micr
 namespace {
 
 // A stage's output or input gradient about to be sent: the shape and dtype every stage expects.
-void check_message(const Tensor& t, const Shape& shape, DType dtype, const char* what, std::int64_t mb, int stage) {
+void check_message(const Tensor& t, const Shape& shape, DType dtype, Device device, const char* what, std::int64_t mb,
+                   int stage) {
   NSA_CHECK(t.defined(), "pipeline stage ", stage, ": the ", what, " of micro-batch ", mb, " is undefined");
-  NSA_CHECK(t.shape() == shape && t.dtype() == dtype && t.is_cpu(), "pipeline stage ", stage, ": the ", what,
-            " of micro-batch ", mb, " is ", t.describe(), ", expected ", dtype_name(dtype), shape_str(shape), " cpu");
+  NSA_CHECK(t.shape() == shape && t.dtype() == dtype && t.device() == device, "pipeline stage ", stage, ": the ",
+            what, " of micro-batch ", mb, " is ", t.describe(), ", expected ", dtype_name(dtype), shape_str(shape),
+            device == Device::CPU ? " cpu" : " cuda");
 }
 
 }  // namespace
@@ -66,7 +68,7 @@ void run_1f1b(Communicator& pp, std::int64_t micro_batches, const PipelineStage&
   // Per micro-batch, the tensors between their transfer and their use (released after it, so
   // only the micro-batches in flight hold any).
   std::vector<Tensor> input(A), output(A), d_output(A), d_input(A);
-  auto fresh = [&] { return Tensor::empty(shape, dtype); };
+  auto fresh = [&] { return Tensor::empty(shape, dtype, stage.device); };
   for (const PipelineStep& step : schedule_1f1b(s, P, micro_batches)) {
     const std::size_t f = std::size_t(step.fwd_mb), b = std::size_t(step.bwd_mb);
     switch (step.op) {
@@ -80,7 +82,7 @@ void run_1f1b(Communicator& pp, std::int64_t micro_batches, const PipelineStage&
         if (last)
           output[f] = Tensor();
         else
-          check_message(output[f], shape, dtype, "output", step.fwd_mb, s);
+          check_message(output[f], shape, dtype, stage.device, "output", step.fwd_mb, s);
         break;
       case PipelineOp::SendForward:
         pp.send(output[f], s + 1);
@@ -97,7 +99,7 @@ void run_1f1b(Communicator& pp, std::int64_t micro_batches, const PipelineStage&
         if (first)
           d_input[b] = Tensor();
         else
-          check_message(d_input[b], shape, dtype, "input gradient", step.bwd_mb, s);
+          check_message(d_input[b], shape, dtype, stage.device, "input gradient", step.bwd_mb, s);
         break;
       case PipelineOp::SendBackward:
         pp.send(d_input[b], s - 1);
@@ -118,19 +120,19 @@ void run_1f1b(Communicator& pp, std::int64_t micro_batches, const PipelineStage&
 
 void run_pipeline_forward(Communicator& pp, std::int64_t micro_batches,
                           const std::function<Tensor(std::int64_t mb, const Tensor* input)>& forward,
-                          const Shape& activation_shape, DType dtype) {
+                          const Shape& activation_shape, DType dtype, Device device) {
   NSA_CHECK(forward, "run_pipeline_forward: no forward");
   NSA_CHECK(micro_batches >= 0, "run_pipeline_forward: ", micro_batches, " micro-batches");
   const int s = pp.rank(), P = pp.size();
   for (std::int64_t mb = 0; mb < micro_batches; ++mb) {
     Tensor input;
     if (s > 0) {
-      input = Tensor::empty(activation_shape, dtype);
+      input = Tensor::empty(activation_shape, dtype, device);
       pp.recv(input, s - 1);
     }
     Tensor output = forward(mb, s > 0 ? &input : nullptr);
     if (s < P - 1) {
-      check_message(output, activation_shape, dtype, "output", mb, s);
+      check_message(output, activation_shape, dtype, device, "output", mb, s);
       pp.send(output, s + 1);
     }
   }

@@ -60,9 +60,11 @@ struct PipelineStage {
   // stage's output for mb from the next stage (nullptr on the last stage). Returns the gradient
   // of its input, of activation_shape and dtype (ignored on the first stage).
   std::function<Tensor(std::int64_t mb, const Tensor* d_output)> backward;
-  // Shape and dtype of every message between stages (activations and their gradients).
+  // Shape, dtype and device of every message between stages (activations and their
+  // gradients). CUDA messages need a communicator that takes device tensors (NCCL).
   Shape activation_shape;
   DType dtype = DType::F32;
+  Device device = Device::CPU;
 };
 
 // One training step's forward and backward of `micro_batches` micro-batches on this stage
@@ -75,7 +77,7 @@ void run_1f1b(Communicator& pp, std::int64_t micro_batches, const PipelineStage&
 // Stages overlap as a chain: stage s works on mb while s+1 works on mb - 1.
 void run_pipeline_forward(Communicator& pp, std::int64_t micro_batches,
                           const std::function<Tensor(std::int64_t mb, const Tensor* input)>& forward,
-                          const Shape& activation_shape, DType dtype);
+                          const Shape& activation_shape, DType dtype, Device device = Device::CPU);
 
 // ---- the schedule as data (what run_1f1b executes; tests replay it) -----------------------------
 

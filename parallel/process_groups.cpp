@@ -1,6 +1,8 @@
 #include "parallel/process_groups.h"
 
+#include "core/util/error.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/nccl_communicator.h"
 #include "parallel/single_communicator.h"
 
 namespace nsatron::parallel {
@@ -35,6 +37,29 @@ ProcessGroups make_process_groups(Backend backend, int tp, int pp) {
   g.embedding = group(tied ? l.tp_rank + l.tp * l.dp_rank : l.tp * l.dp + l.rank, l.pp_rank, tied ? 2 : 1, "embedding");
   g.world = world->size() == 1 ? std::shared_ptr<Communicator>(std::make_shared<SingleCommunicator>("world"))
                                : std::shared_ptr<Communicator>(world);
+  return g;
+}
+
+ProcessGroups make_device_groups(const ProcessGroups& host) {
+  ProcessGroups g;
+  g.layout = host.layout;
+  // In this order on every rank (see the header); each create is collective over its group only.
+  auto device_group = [](const std::shared_ptr<Communicator>& h) -> std::shared_ptr<Communicator> {
+    NSA_CHECK(h != nullptr, "make_device_groups: a host group is missing");
+    if (h->size() == 1) return std::make_shared<SingleCommunicator>(h->name());
+#if NSATRON_WITH_NCCL
+    return NcclCommunicator::create(*h, h->name());
+#else
+    throw UserError("this build has no NCCL: the " + std::to_string(h->size()) + "-rank " + h->name() +
+                    " group needs it on GPUs (configure a CUDA build where NCCL is found: nccl.h and libnccl, "
+                    "in the CUDA toolkit or under -DNCCL_ROOT=...)");
+#endif
+  };
+  g.world = device_group(host.world);
+  g.tp = device_group(host.tp);
+  g.dp = device_group(host.dp);
+  g.pp = device_group(host.pp);
+  g.embedding = device_group(host.embedding);
   return g;
 }
 

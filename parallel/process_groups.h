@@ -5,8 +5,9 @@
 //
 // A group of one rank gets a SingleCommunicator whatever the backend, so a dp = 1 run never
 // communicates over DP, and its numerics are those of a single process.
-// (The GPU issue adds device communicators (NCCL) for the same groups beside these CPU ones;
-// the CPU ones keep carrying control values: flags, losses, checkpoint paths.)
+// On GPUs, make_device_groups adds NCCL communicators of the same groups for device tensors
+// (gradients, activations); the CPU ones keep carrying control values: flags, losses,
+// checkpoint paths.
 #pragma once
 #include <memory>
 
@@ -35,5 +36,19 @@ struct ProcessGroups {
 // = 1 (else UserError). Mpi: collective over MPI_COMM_WORLD; UserError when tp * pp does not
 // divide its size.
 ProcessGroups make_process_groups(Backend backend, int tp, int pp);
+
+// The same groups for CUDA tensors: the same layout, and for each group (world, tp, dp, pp,
+// embedding) of more than one rank an NcclCommunicator (nccl_communicator.h) of the same name
+// and ranks, bootstrapped over `host`'s communicator of that group; a group of one gets a
+// SingleCommunicator. Bind the GPU first (bind_local_gpu, gpu_binding.h).
+//   ProcessGroups host = make_process_groups(Backend::Mpi, tp, pp);
+//   ProcessGroups dev = make_device_groups(host);
+// Collective over the world: every rank creates its groups in the order world, tp, dp, pp,
+// embedding (skipping those of one rank, which every rank of such a group does alike), so a
+// group's initialisation never waits on a rank busy with another. The result does not refer
+// to `host` (which keeps carrying the control values); destroy it at the same point on every
+// rank (see nccl_communicator.h, Lifetime). Throws UserError when a group of more than one
+// rank needs NCCL and the build has none (a world of one needs none).
+ProcessGroups make_device_groups(const ProcessGroups& host);
 
 }  // namespace nsatron::parallel

@@ -10,6 +10,8 @@ namespace nsatron {
 
 // True when this build has CUDA and at least one device answers.
 bool cuda_available();
+// The number of CUDA devices this process sees (0 without CUDA).
+int cuda_device_count();
 // "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)" or why there is none.
 std::string cuda_device_summary();
 

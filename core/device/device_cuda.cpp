@@ -25,6 +25,15 @@ bool cuda_available() {
   return available;
 }
 
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
 std::string cuda_device_summary() {
   if (!cuda_available()) return "no CUDA device";
   int dev = 0;

@@ -7,6 +7,7 @@
 namespace nsatron {
 
 bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
 std::string cuda_device_summary() { return "this build has no CUDA (NSATRON_CUDA=OFF)"; }
 void* cuda_alloc(std::size_t) { throw std::runtime_error("this build of nsatron has no CUDA"); }
 void cuda_free(void*) {}

@@ -168,7 +168,8 @@ NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype, Device device, c
     if (!tp_group_ || tp_group_->size() != tp_ || tp_group_->rank() != tp_rank_)
       throw std::invalid_argument("ModelShard: tensor parallelism needs its tp group (size tp, rank tp_rank)");
     if (device == Device::CUDA)
-      throw UserError("tensor parallelism runs on CPU ranks in this build (the NCCL communicator is not built)");
+      throw UserError("tensor parallelism runs on CPU ranks in this build (the vocab-parallel embedding and cross "
+                      "entropy have no CUDA kernels yet)");
     if (d.G % tp_ != 0 || d.F % tp_ != 0 || d.V < tp_)
       throw UserError("tensor parallelism: tp = " + std::to_string(tp_) + " must divide n_kv_heads = " +
                       std::to_string(d.G) + " and ffn_hidden = " + std::to_string(d.F) +

@@ -1,0 +1,39 @@
+#!/bin/bash
+# Throughput of data and pipeline parallelism on GPUs: the 125M model (configs/nsa_125m.toml,
+# bf16, 256 x 2048 tokens per step) on one GPU, then on every GPU of the machine with data
+# parallelism, and with two pipeline stages (and dp over the rest). Prints the mean tokens/s,
+# ms/step and MFU of steps 3..N of each run (the first steps warm up).
+#
+#   bash bench/parallel_gpu.sh BUILD_DIR DATA_DIR [STEPS]    (DATA_DIR: prepared shards, e.g. runs/kjv/data)
+# Results: docs/performance.md, "GPU ranks: data and pipeline parallelism".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:?usage: parallel_gpu.sh BUILD_DIR DATA_DIR [STEPS]}
+DATA=${2:?usage: parallel_gpu.sh BUILD_DIR DATA_DIR [STEPS]}
+STEPS=${3:-8}
+NSATRON=$BUILD/launch/nsatron
+GPUS=$(nvidia-smi -L | wc -l)
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+common=(--set "data.train=$DATA/train_*.bin" --set "data.val=[]" --set train.steps="$STEPS" --set log.every=1000
+        --set checkpoint.resume=never --overwrite)
+run() {  # name ranks settings...
+  local name=$1 np=$2
+  shift 2
+  local args=(train configs/nsa_125m.toml "${common[@]}" --set checkpoint.dir="$OUT/$name" --set log.metrics="$OUT/$name.jsonl" "$@")
+  if [ "$np" = 1 ]; then "$NSATRON" "${args[@]}" >"$OUT/$name.log" 2>&1
+  else mpirun --allow-run-as-root --bind-to none -np "$np" "$NSATRON" "${args[@]}" >"$OUT/$name.log" 2>&1; fi \
+    || { tail -20 "$OUT/$name.log"; return 1; }
+  python3 - "$OUT/$name.jsonl" "$name" "$np" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l][2:]
+tok = sum(r["tokens_per_s"] for r in rows) / len(rows)
+ms = sum(r["ms_per_step"] for r in rows) / len(rows)
+mfu = sum(r["mfu"] for r in rows) / len(rows)
+print(f"{sys.argv[2]:12s} {sys.argv[3]:>3s} GPUs {tok:10.0f} tok/s {ms:9.1f} ms/step  MFU {100*mfu:4.1f}%  peak {rows[-1]['peak_mem_bytes']/2**30:.1f} GiB")
+PY
+}
+echo "$(nvidia-smi -L | head -1), $GPUS GPUs; 125M model, bf16, 256 x 2048 tokens per step, $STEPS steps"
+run one 1
+run dp$GPUS "$GPUS"
+run pp2_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2

@@ -1,0 +1,155 @@
+#include "parallel/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "core/util/error.h"
+
+namespace nsatron::parallel {
+
+namespace {
+
+// The legacy default stream: what every kernel and copy of this project runs on (the
+// project is not built with per-thread default streams, nor is NCCL, so 0 means the same
+// stream to both).
+const cudaStream_t kStream = nullptr;
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::BF16: return ncclBfloat16;
+  }
+  return ncclFloat32;
+}
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Max ? ncclMax : ncclSum; }
+
+std::string where(const std::string& name, int rank, int size) {
+  return "the " + name + " group (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+}
+
+std::string nccl_error_text(ncclResult_t code, ncclComm_t comm) {
+  std::string text = ncclGetErrorString(code);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && last[0] != '\0') text += std::string(" (") + last + ")";
+  return text;
+}
+
+}  // namespace
+
+std::shared_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& bootstrap, const std::string& name) {
+  NSA_CHECK(bootstrap.supports(DType::F64, Device::CPU), "NcclCommunicator::create(", name, "): the bootstrap ",
+            bootstrap.backend(), " communicator does not take fp64 on the CPU");
+  const int rank = bootstrap.rank(), size = bootstrap.size();
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
+    throw std::runtime_error("NCCL setup of " + where(name, rank, size) + ": cudaGetDevice failed: " +
+                             cudaGetErrorString(e));
+
+  // Rank 0 makes the id; its 128 bytes travel as fp64 byte values (exact) over the bootstrap.
+  // The status goes with them, so that a failure on rank 0 stops every rank here.
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  ncclResult_t id_code = ncclSuccess;
+  if (rank == 0) id_code = ncclGetUniqueId(&id);
+  constexpr std::int64_t kIdBytes = sizeof(id.internal);
+  Tensor bytes = Tensor::zeros({kIdBytes + 1}, DType::F64);
+  double* b = bytes.data<double>();
+  if (rank == 0) {
+    for (std::int64_t i = 0; i < kIdBytes; ++i) b[i] = double(static_cast<unsigned char>(id.internal[i]));
+    b[kIdBytes] = double(int(id_code));
+  }
+  bootstrap.broadcast(bytes, 0);
+  if (ncclResult_t(int(b[kIdBytes])) != ncclSuccess)
+    throw std::runtime_error("NCCL ncclGetUniqueId for " + where(name, rank, size) + " failed on its rank 0: " +
+                             ncclGetErrorString(ncclResult_t(int(b[kIdBytes]))));
+  for (std::int64_t i = 0; i < kIdBytes; ++i) id.internal[i] = char(static_cast<unsigned char>(b[i]));
+
+  ncclComm_t comm = nullptr;
+  if (const ncclResult_t code = ncclCommInitRank(&comm, size, id, rank); code != ncclSuccess)
+    throw std::runtime_error("NCCL ncclCommInitRank on " + where(name, rank, size) + " (CUDA device " +
+                             std::to_string(device) + ") failed: " + nccl_error_text(code, nullptr));
+  return std::shared_ptr<NcclCommunicator>(new NcclCommunicator(comm, name, rank, size, device));
+}
+
+NcclCommunicator::NcclCommunicator(ncclComm* comm, std::string name, int rank, int size, int device)
+    : comm_(comm), name_(std::move(name)), rank_(rank), size_(size), device_(device) {
+  barrier_flag_ = Tensor::zeros({1}, DType::F32, Device::CUDA);
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_ != nullptr) ncclCommDestroy(comm_);
+}
+
+void NcclCommunicator::check(int code, const char* what) const {
+  if (ncclResult_t(code) == ncclSuccess) return;
+  throw std::runtime_error(std::string("NCCL ") + what + " on " + where(name_, rank_, size_) +
+                           " failed: " + nccl_error_text(ncclResult_t(code), comm_));
+}
+
+void NcclCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
+  check(ncclAllReduce(t.raw(), t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op), comm_, kStream),
+        "ncclAllReduce");
+}
+
+void NcclCommunicator::do_all_gather(const Tensor& in, Tensor& out, bool /*in_place*/) {
+  // In place (in is out's block of this rank) is NCCL's own in-place case: the same call.
+  check(ncclAllGather(in.raw(), out.raw(), std::size_t(in.numel()), nccl_type(in.dtype()), comm_, kStream),
+        "ncclAllGather");
+}
+
+void NcclCommunicator::do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+  check(ncclReduceScatter(in.raw(), out.raw(), std::size_t(out.numel()), nccl_type(in.dtype()), nccl_op(op), comm_,
+                          kStream),
+        "ncclReduceScatter");
+}
+
+void NcclCommunicator::do_broadcast(Tensor& t, int root) {
+  check(ncclBroadcast(t.raw(), t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), root, comm_, kStream),
+        "ncclBroadcast");
+}
+
+void NcclCommunicator::do_send(const Tensor& t, int peer) {
+  check(ncclSend(t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), peer, comm_, kStream), "ncclSend");
+}
+
+void NcclCommunicator::do_recv(Tensor& t, int peer) {
+  check(ncclRecv(t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), peer, comm_, kStream), "ncclRecv");
+}
+
+void NcclCommunicator::do_send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) {
+  if (send_peer == rank_) {  // with itself (then recv_peer is too): a copy on the stream
+    if (const cudaError_t e = cudaMemcpyAsync(recv.raw(), send.raw(), send.nbytes(), cudaMemcpyDeviceToDevice, kStream);
+        e != cudaSuccess)
+      throw std::runtime_error(name_ + ".send_recv to itself at rank " + std::to_string(rank_) +
+                               ": cudaMemcpyAsync failed: " + cudaGetErrorString(e));
+    return;
+  }
+  check(ncclGroupStart(), "ncclGroupStart");
+  // Within the group NCCL progresses both halves together; an empty half is no message.
+  ncclResult_t s = ncclSuccess, r = ncclSuccess;
+  if (send.numel() > 0)
+    s = ncclSend(send.raw(), std::size_t(send.numel()), nccl_type(send.dtype()), send_peer, comm_, kStream);
+  if (recv.numel() > 0)
+    r = ncclRecv(recv.raw(), std::size_t(recv.numel()), nccl_type(recv.dtype()), recv_peer, comm_, kStream);
+  const ncclResult_t end = ncclGroupEnd();  // always closed, even after a failed half
+  check(s, "ncclSend (in send_recv)");
+  check(r, "ncclRecv (in send_recv)");
+  check(end, "ncclGroupEnd (send_recv)");
+}
+
+void NcclCommunicator::do_barrier() {
+  check(ncclAllReduce(barrier_flag_.raw(), barrier_flag_.raw(), 1, ncclFloat32, ncclSum, comm_, kStream),
+        "ncclAllReduce (barrier)");
+  if (const cudaError_t e = cudaStreamSynchronize(kStream); e != cudaSuccess)
+    throw std::runtime_error("NCCL barrier on " + where(name_, rank_, size_) +
+                             ": cudaStreamSynchronize failed: " + cudaGetErrorString(e));
+  ncclResult_t async = ncclSuccess;
+  check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+  check(async, "barrier (an earlier operation)");
+}
+
+}  // namespace nsatron::parallel
