@@ -1,5 +1,5 @@
-// Data and pipeline parallelism on GPUs end to end: `mpirun -np N nsatron train` with one GPU
-// per rank (NCCL for the gradients and the pipeline's messages) against the one-GPU run of
+// Tensor, pipeline and data parallelism on GPUs end to end: `mpirun -np N nsatron train` with
+// one GPU per rank (NCCL for the activations and gradients) against the one-GPU run of
 // the same config. In fp32 compute the loss, validation loss and gradient norm of each of 5
 // steps agree to 1e-5 relative and every final weight and moment to 1e-5; in bf16 compute
 // (the production setting: bf16 weights for the kernels, fp32 master weights) the runs agree
@@ -28,36 +28,42 @@ struct Layout {
   std::string settings;
 };
 
-void require_gpus(int n) {
-  if (!nsatron::cuda_available() || nsatron::cuda_device_count() < n)
-    GTEST_SKIP() << "needs " << n << " CUDA devices; this machine has " << nsatron::cuda_device_count();
-}
+// A macro, not a function: GTEST_SKIP returns from the function it is written in.
+#define REQUIRE_GPUS(n)                                                                              \
+  do {                                                                                               \
+    if (!nsatron::cuda_available() || nsatron::cuda_device_count() < (n))                            \
+      GTEST_SKIP() << "needs " << (n) << " CUDA devices; this machine has " << nsatron::cuda_device_count(); \
+  } while (0)
 
-TEST_F(GpuTrain, DataAndPipelineParallelMatchOneGpuInFp32) {
-  require_gpus(2);
+TEST_F(GpuTrain, EveryLayoutMatchesOneGpuInFp32) {
+  REQUIRE_GPUS(2);
   const std::string fp32 = kModel + kGpu + " --set train.dtype=fp32";
   ASSERT_EQ(train(0, "one", fp32).code, 0);
   std::vector<Layout> layouts = {{"dp2", 2, ""}, {"pp2", 2, " --set parallel.pp=2"},
+                                 {"tp2", 2, " --set parallel.tp=2"},
                                  {"dp2_zero1", 2, " --set parallel.zero1=true"}};
   if (nsatron::cuda_device_count() >= 4)
     layouts.insert(layouts.end(), {{"dp4", 4, ""}, {"pp2_dp2", 4, " --set parallel.pp=2"},
-                                   {"pp4", 4, " --set parallel.pp=4"}});
+                                   {"pp4", 4, " --set parallel.pp=4"}, {"tp4", 4, " --set parallel.tp=4"},
+                                   {"tp2_pp2", 4, " --set parallel.tp=2 --set parallel.pp=2"},
+                                   {"tp2_dp2", 4, " --set parallel.tp=2"}});
   for (const Layout& l : layouts) {
     SCOPED_TRACE(l.name);
     CommandResult r = train(l.np, l.name, fp32 + l.settings);
     ASSERT_EQ(r.code, 0) << r.out << r.err;
-    EXPECT_NE(r.out.find("gradients and pipeline messages over NCCL"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("activations and gradients over NCCL"), std::string::npos) << r.out;
     EXPECT_TRUE(ckpt::verify_checkpoint(dir_ / l.name).empty());
     expect_same_curve("one", l.name, 1e-5, 5);
     expect_same_tensors("one", l.name, 1e-5, kTensors);
   }
 }
 
-TEST_F(GpuTrain, DataAndPipelineParallelFollowOneGpuInBf16) {
-  require_gpus(2);
+TEST_F(GpuTrain, EveryLayoutFollowsOneGpuInBf16) {
+  REQUIRE_GPUS(2);
   const std::string bf16 = kModel + kGpu + " --set train.dtype=bf16";
   ASSERT_EQ(train(0, "one", bf16).code, 0);
-  for (const Layout& l : {Layout{"dp2", 2, ""}, Layout{"pp2", 2, " --set parallel.pp=2"}}) {
+  for (const Layout& l : {Layout{"dp2", 2, ""}, Layout{"pp2", 2, " --set parallel.pp=2"},
+                          Layout{"tp2", 2, " --set parallel.tp=2"}}) {
     SCOPED_TRACE(l.name);
     CommandResult r = train(l.np, l.name, bf16 + l.settings);
     ASSERT_EQ(r.code, 0) << r.out << r.err;
@@ -66,7 +72,7 @@ TEST_F(GpuTrain, DataAndPipelineParallelFollowOneGpuInBf16) {
 }
 
 TEST_F(GpuTrain, CheckpointsMoveBetweenGpuLayouts) {
-  require_gpus(2);
+  REQUIRE_GPUS(2);
   const std::string ten = kModel + kGpu + " --set train.dtype=fp32 --set train.steps=10";
   ASSERT_EQ(train(0, "ref", ten).code, 0);
   // pp2 on two GPUs -> one GPU, and one GPU -> dp2 (stop at 5, resume to 10).
@@ -84,11 +90,17 @@ TEST_F(GpuTrain, CheckpointsMoveBetweenGpuLayouts) {
   expect_same_tensors("ref", "one_to_dp2", 1e-5, kTensors);
 }
 
-TEST_F(GpuTrain, TensorParallelOnGpusIsRefusedByName) {
-  require_gpus(2);
-  CommandResult r = train(2, "tp2", kModel + kGpu + " --set parallel.tp=2");
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_NE(r.err.find("tensor parallelism runs on CPU ranks"), std::string::npos) << r.err;
+TEST_F(GpuTrain, TensorParallelCheckpointResumesOnOneGpu) {
+  REQUIRE_GPUS(2);
+  const std::string ten = kModel + kGpu + " --set train.dtype=fp32 --set train.steps=10";
+  ASSERT_EQ(train(0, "ref", ten).code, 0);
+  CommandResult a = train(2, "tp2_to_1", ten + " --set train.stop_at=5 --set parallel.tp=2");
+  ASSERT_EQ(a.code, 0) << a.out << a.err;
+  CommandResult b = train(0, "tp2_to_1", ten);
+  ASSERT_EQ(b.code, 0) << b.out << b.err;
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  expect_same_curve("ref", "tp2_to_1", 1e-5, 10);
+  expect_same_tensors("ref", "tp2_to_1", 1e-5, kTensors);
 }
 
 }  // namespace
