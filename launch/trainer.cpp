@@ -159,11 +159,6 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     if (device == Device::CUDA && !cuda_available())
       throw UserError(cfg.source + ": train.device: \"cuda\", but " + cuda_device_summary());
     if (cfg.data.train.empty()) throw UserError(cfg.source + ": data.train: required to train (a glob of token shards)");
-    if (device == Device::CUDA && cfg.parallel.tp > 1)
-      throw UserError(cfg.source + ": parallel.tp = " + std::to_string(cfg.parallel.tp) +
-                      " with train.device = \"cuda\": tensor parallelism runs on CPU ranks in this build (the "
-                      "vocab-parallel embedding and cross entropy have no CUDA kernels yet); on GPUs use tp = 1 "
-                      "with data and pipeline parallelism (docs/parallel.md)");
   });
   const parallel::ProcessGroups groups = world.together([&] {
     return parallel::make_process_groups(world.size() > 1 ? parallel::Backend::Mpi : parallel::Backend::Single,
@@ -190,7 +185,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     ModelShard shard;
     shard.tp = tp;
     shard.tp_rank = groups.layout.tp_rank;
-    shard.tp_group = groups.tp;
+    shard.tp_group = tensor_groups.tp;
     std::tie(shard.layer_begin, shard.layer_end) = cfg.stage_layers(groups.layout.pp_rank);
     model_ptr = std::make_unique<NsaTransformer>(dims, dtype, device, shard);
     model_ptr->set_recompute(parse_recompute_policy(cfg.recompute.policy), cfg.recompute.layers);
@@ -301,7 +296,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
     if (world.size() > 1) out << " (MPI, launched by " << world.launch().launcher << ")";
     else out << " (one process)";
     if (multi_gpu)
-      out << "; one GPU per rank (rank 0 on GPU " << gpu_index << "), gradients and pipeline messages over NCCL";
+      out << "; one GPU per rank (rank 0 on GPU " << gpu_index << "), activations and gradients over NCCL";
     if (tp > 1)
       out << "; TP: per rank " << dims.G / tp << " KV group(s) with " << dims.H / tp << " query heads, "
           << dims.F / tp << " MLP units, about " << dims.V / tp << " vocabulary rows; vocab-parallel cross entropy";

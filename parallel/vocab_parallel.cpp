@@ -1,73 +1,63 @@
 #include "parallel/vocab_parallel.h"
 
-#include <cmath>
-#include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
+
+#include "core/ops/cross_entropy.h"
 
 namespace nsatron::parallel {
 
-namespace {
-
-template <class T>
-double run(Communicator& tp, Tensor& logits, std::span<const std::int32_t> targets, double dloss,
-           const VocabParallelCE& opt) {
-  const std::int64_t N = logits.dim(0), V = logits.dim(1);
-  T* z = logits.data<T>();
-  auto owned = [&](std::int64_t n) {
-    const std::int64_t t = targets[std::size_t(n)];
-    return t != opt.ignore_index && t >= opt.vocab_start && t < opt.vocab_start + V;
-  };
-  // Row maxima, then partial sums of exponentials and the owned target logits, in fp64.
-  Tensor max = Tensor::empty({N}, DType::F64), sums = Tensor::empty({2 * N}, DType::F64);
-  double* m = max.data<double>();
-#pragma omp parallel for schedule(static)
-  for (std::int64_t n = 0; n < N; ++n) {
-    double best = -std::numeric_limits<double>::infinity();
-    for (std::int64_t v = 0; v < V; ++v) best = std::max(best, double(z[n * V + v]));
-    m[n] = best;
-  }
-  tp.all_reduce(max, ReduceOp::Max);
-  double* s = sums.data<double>();
-#pragma omp parallel for schedule(static)
-  for (std::int64_t n = 0; n < N; ++n) {
-    double acc = 0;
-    for (std::int64_t v = 0; v < V; ++v) acc += std::exp(double(z[n * V + v]) - m[n]);
-    s[n] = acc;
-    s[N + n] = owned(n) ? double(z[n * V + (targets[std::size_t(n)] - opt.vocab_start)]) : 0.0;
-  }
-  tp.all_reduce(sums, ReduceOp::Sum);
-
-  std::int64_t counted = 0;
-  for (std::int64_t n = 0; n < N; ++n) counted += targets[std::size_t(n)] != opt.ignore_index;
-  const double D = opt.denominator > 0 ? opt.denominator : double(counted);
-  const double scale = D > 0 ? dloss / D : 0.0;
-  double loss = 0;
-  for (std::int64_t n = 0; n < N; ++n)
-    if (targets[std::size_t(n)] != opt.ignore_index) loss += std::log(s[n]) + m[n] - s[N + n];
-#pragma omp parallel for schedule(static)
-  for (std::int64_t n = 0; n < N; ++n) {
-    T* row = z + n * V;
-    if (targets[std::size_t(n)] == opt.ignore_index) {
-      for (std::int64_t v = 0; v < V; ++v) row[v] = T(0);
-      continue;
-    }
-    for (std::int64_t v = 0; v < V; ++v) row[v] = T(scale * std::exp(double(row[v]) - m[n]) / s[n]);
-    if (owned(n)) row[targets[std::size_t(n)] - opt.vocab_start] -= T(scale);
-  }
-  return D > 0 ? loss / D : 0.0;
-}
-
-}  // namespace
-
 double vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<const std::int32_t> targets,
                                     double dloss, const VocabParallelCE& opt) {
-  if (!logits.is_cpu() || logits.ndim() != 2 || std::int64_t(targets.size()) != logits.dim(0))
-    throw std::invalid_argument("vocab_parallel_cross_entropy: logits must be a CPU [N, V_r] tensor with N targets, got " +
+  const std::string op = "vocab_parallel_cross_entropy";
+  if (!logits.defined() || logits.ndim() != 2 || std::int64_t(targets.size()) != logits.dim(0))
+    throw std::invalid_argument(op + ": logits must be an [N, V_r] tensor with N targets, got " +
+                                (logits.defined() ? logits.describe() : std::string("undefined")) + " and " +
+                                std::to_string(targets.size()) + " targets");
+  const Device dev = logits.device();
+  if (dev == Device::CUDA ? !(logits.dtype() == DType::F32 || logits.dtype() == DType::BF16)
+                          : !(logits.dtype() == DType::F32 || logits.dtype() == DType::F64))
+    throw std::invalid_argument(op + ": logits fp32 or fp64 on the CPU, fp32 or bf16 on CUDA, got " +
                                 logits.describe());
-  if (logits.dtype() == DType::F32) return run<float>(tp, logits, targets, dloss, opt);
-  if (logits.dtype() == DType::F64) return run<double>(tp, logits, targets, dloss, opt);
-  throw std::invalid_argument("vocab_parallel_cross_entropy: fp32 or fp64 logits, got " + logits.describe());
+  if (!(opt.denominator >= 0))
+    throw std::invalid_argument(op + ": the denominator must be >= 0 (0: count the targets)");
+  if (dev == Device::CUDA && !(opt.denominator > 0))
+    throw std::invalid_argument(op + ": on CUDA the denominator must be given (> 0): counting the targets "
+                                     "would read device memory from the host");
+  if (!tp.supports(DType::F64, dev))
+    throw std::invalid_argument(op + ": the " + tp.backend() + " communicator '" + tp.name() +
+                                "' does not take fp64 tensors on the device of " + logits.describe());
+  const std::int64_t N = logits.dim(0), Vr = logits.dim(1);
+  if (opt.vocab_start < 0 || opt.vocab_size < 0 || (opt.vocab_size > 0 && opt.vocab_start + Vr > opt.vocab_size))
+    throw std::invalid_argument(op + ": the columns [" + std::to_string(opt.vocab_start) + ", " +
+                                std::to_string(opt.vocab_start + Vr) + ") do not fit a vocabulary of " +
+                                (opt.vocab_size > 0 ? std::to_string(opt.vocab_size) : std::string("unknown size")));
+  if (dev == Device::CPU) {  // the slice ops would check them too, but after the first all-reduce
+    if (opt.vocab_size > 0) {
+      cpu::check_targets(targets.data(), N, opt.vocab_size, opt.ignore_index, op.c_str());
+    } else {
+      for (std::int64_t n = 0; n < N; ++n)
+        if (targets[std::size_t(n)] != opt.ignore_index && targets[std::size_t(n)] < 0)
+          throw std::invalid_argument(op + ": target " + std::to_string(targets[std::size_t(n)]) + " at position " +
+                                      std::to_string(n) + " is neither ignore_index (" +
+                                      std::to_string(opt.ignore_index) + ") nor a vocabulary id (>= 0)");
+    }
+  }
+  const double D = opt.denominator > 0 ? opt.denominator : double(count_targets(targets, opt.ignore_index));
+  const double scale = D > 0 ? dloss / D : 0.0;
+
+  // One fp64 buffer on the logits' device: row maxima [N], sums [2N], row losses [N].
+  Tensor scratch = Tensor::empty({4 * N}, DType::F64, dev);
+  Tensor row_max = scratch.slice0(0, N), sums = scratch.slice0(N, 3 * N), row_loss = scratch.slice0(3 * N, 4 * N);
+  cross_entropy_slice_max(logits, row_max);
+  tp.all_reduce(row_max, ReduceOp::Max);
+  cross_entropy_slice_sums(logits, targets, opt.vocab_start, opt.ignore_index, row_max, sums, opt.vocab_size);
+  tp.all_reduce(sums, ReduceOp::Sum);
+  cross_entropy_slice_grad(logits, targets, opt.vocab_start, opt.ignore_index, row_max, sums, scale, row_loss);
+  double loss = 0.0;
+  for (double l : row_loss.to_vector()) loss += l;  // row order
+  return D > 0 ? loss / D : 0.0;
 }
 
 }  // namespace nsatron::parallel

@@ -6,11 +6,19 @@
 // Per row n, with z the logits across all ranks and t_n the target:
 //   m_n   = max_v z_nv                       all-reduce max of the ranks' row maxima
 //   s_n   = sum_v exp(z_nv - m_n)            all-reduce sum of the ranks' partial sums
-//   zt_n  = z_{n, t_n}                       the owning rank contributes it, the others 0; all-reduce sum
+//   zt_n  = z_{n, t_n}                       the owning rank contributes it, the others 0
+//                                            (in the same all-reduce sum as s_n)
 //   loss  = (1/D) sum_n (log s_n + m_n - zt_n)        over rows whose target is not ignored
 //   dz_nv = (dloss/D) (exp(z_nv - m_n)/s_n - [v == t_n])   on this rank's columns (0 on ignored rows)
-// Three all-reduces of N numbers each, whatever the vocabulary size. Equal, to rounding, to
-// cross_entropy_fused on the gathered logits (tested under mpirun).
+// Built from the vocabulary-slice ops of core/ops/cross_entropy.h, on the logits' device:
+//   cross_entropy_slice_max -> tp.all_reduce(Max) -> cross_entropy_slice_sums ->
+//   tp.all_reduce(Sum) -> cross_entropy_slice_grad (scale = dloss / D) -> the row losses
+//   copied to the host, summed in row order, / D.
+// Two all-reduces, of N and 2N fp64 numbers, whatever the vocabulary size. The tensors are
+// fp64 on the logits' device, so `tp` must take fp64 there: an MpiCommunicator for CPU logits,
+// an NcclCommunicator for CUDA logits (or a SingleCommunicator for a group of one). Equal, to
+// rounding, to cross_entropy_fused on the gathered logits (tested under mpirun, CPU and CUDA).
+// The loss is the same bits on every rank (each gets the same reduced values).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -23,11 +31,19 @@ namespace nsatron::parallel {
 struct VocabParallelCE {
   std::int64_t vocab_start = 0;      // first global vocabulary id of this rank's columns
   std::int32_t ignore_index = -100;
-  double denominator = 0;            // D; 0: the number of non-ignored targets
+  double denominator = 0;            // D; 0: the number of non-ignored targets (CPU only: on
+                                     // CUDA it must be given, as counting needs the host)
+  std::int64_t vocab_size = 0;       // the whole vocabulary; > 0: targets >= it are errors
+                                     // (without it such a target is owned by no rank and
+                                     // goes unnoticed; negative ones are errors either way)
 };
 
-// logits [N, V_r] (CPU, fp32 or fp64) are replaced by dlogits; targets [N] are global ids.
-// Returns this call's loss (the same on every rank of `tp`).
+// logits [N, V_r] (CPU fp32/fp64, or CUDA fp32/bf16) are replaced by dlogits; targets [N] are
+// global ids in the logits' device memory (host memory on the CPU). Returns this call's loss
+// (the same on every rank of `tp`); on CUDA this waits for the device (the row losses are
+// copied to the host). A bad target: the CPU throws std::invalid_argument on every rank alike;
+// CUDA makes the loss NaN and records it for cuda::check_id_errors() (see cross_entropy.h).
+// Collective over `tp`; every argument error is thrown before the first collective.
 double vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<const std::int32_t> targets,
                                     double dloss, const VocabParallelCE& opt);
 

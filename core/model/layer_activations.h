@@ -23,15 +23,23 @@ struct LayerActivations {
   Tensor act;                                 // swiglu(u) [N, F]
 };
 
-// Token ids where the ops read them: the caller's host memory on the CPU, a device copy on
-// CUDA. `local` (vocab-parallel embedding) holds ids rebased to this rank's vocabulary rows,
-// 0 for tokens another rank owns.
+// Token ids where the ops read them: the caller's host memory (or a copy) on the CPU, a device
+// copy on CUDA. With a vocab-parallel embedding (tensor parallelism), also the ids rebased to
+// this rank's vocabulary rows (0 for tokens another rank owns) and a mask of the tokens this
+// rank owns. The spans point into the vectors and device copies held here, so the struct
+// moves but does not copy.
 struct DeviceIds {
-  std::span<const std::int32_t> span;
-  std::shared_ptr<void> device_copy;
-  std::vector<std::int32_t> host_copy;  // CPU: a copy, when the caller's memory may change before the backward
-  std::vector<std::int32_t> local;
-  std::vector<unsigned char> owned;  // vocab-parallel: 1 where this rank owns the token
+  std::span<const std::int32_t> span;   // the global ids
+  std::span<const std::int32_t> local;  // vocab-parallel: rebased ids
+  std::span<const std::uint8_t> owned;  // vocab-parallel: 1 where this rank owns the token
+  std::vector<std::int32_t> host_copy, local_host;
+  std::vector<std::uint8_t> owned_host;
+  std::vector<std::shared_ptr<void>> device_copies;
+  DeviceIds() = default;
+  DeviceIds(DeviceIds&&) = default;
+  DeviceIds& operator=(DeviceIds&&) = default;
+  DeviceIds(const DeviceIds&) = delete;
+  DeviceIds& operator=(const DeviceIds&) = delete;
 };
 
 // One micro-batch on one pipeline stage, from its forward to its backward.

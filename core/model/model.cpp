@@ -3,7 +3,6 @@
 #include "core/model/layer_activations.h"
 
 #include <cmath>
-#include <cstring>
 #include <stdexcept>
 
 #include "core/device/device.h"
@@ -125,37 +124,38 @@ std::shared_ptr<void> hold_saved(std::unique_ptr<nsa::NsaSaved<Real>> saved) {
 
 }  // namespace
 
-NsaTransformer::Ids NsaTransformer::device_ids(std::span<const std::int32_t> host, bool vocab_local) const {
+NsaTransformer::Ids NsaTransformer::device_ids(std::span<const std::int32_t> host, bool vocab_local, bool keep_copy) const {
   Ids ids;
   ids.span = host;
-  if (vocab_local && tp_ > 1) {  // CPU only (the constructor refuses tp > 1 on CUDA)
-    ids.local.resize(host.size());
-    ids.owned.resize(host.size());
+  if (keep_copy && device_ == Device::CPU) {  // the caller's buffer may change before the backward
+    ids.host_copy.assign(host.begin(), host.end());
+    ids.span = ids.host_copy;
+  }
+  if (vocab_local && tp_ > 1) {
+    ids.local_host.resize(host.size());
+    ids.owned_host.resize(host.size());
     for (std::size_t i = 0; i < host.size(); ++i) {
       const bool mine = host[i] >= vocab_begin_ && host[i] < vocab_end_;
-      ids.owned[i] = mine;
-      ids.local[i] = mine ? std::int32_t(host[i] - vocab_begin_) : 0;
+      ids.owned_host[i] = mine;
+      ids.local_host[i] = mine ? std::int32_t(host[i] - vocab_begin_) : 0;
     }
+    ids.local = ids.local_host;
+    ids.owned = ids.owned_host;
   }
   if (device_ == Device::CPU || host.empty()) return ids;
-  auto copy = std::make_shared<Storage>(host.size_bytes(), device_);
-  memcpy_any(copy->data(), host.data(), host.size_bytes(), CopyKind::HostToDevice);
-  ids.span = {static_cast<const std::int32_t*>(copy->data()), host.size()};
-  ids.device_copy = copy;
+  auto on_device = [&](const void* data, std::size_t bytes) {
+    auto copy = std::make_shared<Storage>(bytes, device_);
+    memcpy_any(copy->data(), data, bytes, CopyKind::HostToDevice);
+    ids.device_copies.push_back(copy);
+    return copy->data();
+  };
+  ids.span = {static_cast<const std::int32_t*>(on_device(host.data(), host.size_bytes())), host.size()};
+  if (!ids.local_host.empty()) {
+    ids.local = {static_cast<const std::int32_t*>(on_device(ids.local_host.data(), host.size_bytes())), host.size()};
+    ids.owned = {static_cast<const std::uint8_t*>(on_device(ids.owned_host.data(), host.size())), host.size()};
+  }
   return ids;
 }
-
-namespace {
-// Rows of embedding tokens another tensor-parallel rank owns are zeroed (their lookup, or the
-// gradient that would flow into this rank's row 0 for them).
-void zero_unowned_rows(Tensor& x, const std::vector<unsigned char>& owned) {
-  const std::int64_t C = x.dim(1);
-  const std::size_t e = dtype_size(x.dtype());
-  char* p = static_cast<char*>(x.raw());
-  for (std::size_t n = 0; n < owned.size(); ++n)
-    if (!owned[n]) std::memset(p + n * std::size_t(C) * e, 0, std::size_t(C) * e);
-}
-}  // namespace
 
 NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype, Device device, const ModelShard& shard)
     : dims_(d), local_(d), tp_(shard.tp), tp_rank_(shard.tp_rank), tp_group_(shard.tp_group), dtype_(dtype),
@@ -167,9 +167,6 @@ NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype, Device device, c
   if (tp_ > 1) {
     if (!tp_group_ || tp_group_->size() != tp_ || tp_group_->rank() != tp_rank_)
       throw std::invalid_argument("ModelShard: tensor parallelism needs its tp group (size tp, rank tp_rank)");
-    if (device == Device::CUDA)
-      throw UserError("tensor parallelism runs on CPU ranks in this build (the vocab-parallel embedding and cross "
-                      "entropy have no CUDA kernels yet)");
     if (d.G % tp_ != 0 || d.F % tp_ != 0 || d.V < tp_)
       throw UserError("tensor parallelism: tp = " + std::to_string(tp_) + " must divide n_kv_heads = " +
                       std::to_string(d.G) + " and ffn_hidden = " + std::to_string(d.F) +
@@ -294,7 +291,7 @@ Tensor NsaTransformer::embed(const Ids& tokens, std::int64_t N) const {
   {  // vocab-parallel: this rank's rows, zeros for the other tokens, summed over the ranks
     TIMED("embedding");
     embedding_forward(tokens.local, weight("model/embedding"), x);
-    zero_unowned_rows(x, tokens.owned);
+    zero_rows(x, tokens.owned);
   }
   tp_sum(x);
   return x;
@@ -304,7 +301,7 @@ void NsaTransformer::embedding_grad(const Ids& tokens, Tensor& dx) {
   Tensor g = params_.grad("model/embedding");
   TIMED("embedding");
   if (tp_ == 1) return embedding_backward(tokens.span, dx, g);
-  zero_unowned_rows(dx, tokens.owned);
+  zero_rows(dx, tokens.owned);
   embedding_backward(tokens.local, dx, g);
 }
 
@@ -514,6 +511,7 @@ double NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t 
       TIMED("cross entropy");
       parallel::VocabParallelCE opt;
       opt.vocab_start = vocab_begin_;
+      opt.vocab_size = dims_.V;
       opt.denominator = double(N);
       vocab_parallel_loss += parallel::vocab_parallel_cross_entropy(*tp_group_, logits, targets, dxf ? grad_scale : 0.0, opt);
     } else if (dxf) {
@@ -545,11 +543,7 @@ StageState NsaTransformer::stage_forward(std::span<const std::int32_t> tokens, s
   Tensor x;
   if (first_stage()) {
     if (std::int64_t(tokens.size()) != N) throw std::invalid_argument("stage_forward: tokens must hold B*T ids");
-    st.ids = device_ids(tokens, true);
-    if (device_ == Device::CPU) {  // the caller's batch buffer is refilled before a pipeline's backward
-      st.ids.host_copy.assign(tokens.begin(), tokens.end());
-      st.ids.span = st.ids.host_copy;
-    }
+    st.ids = device_ids(tokens, true, true);  // a pipeline refills the caller's batch before the backward
     x = embed(st.ids, N);
   } else {
     if (!input || input->shape() != Shape{N, m.C})

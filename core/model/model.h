@@ -23,7 +23,7 @@
 // The LM head runs on row chunks: logits for a chunk, the cross entropy and its gradient in
 // place, then the chunk's backward, so the largest logits buffer is [chunk, V].
 //
-// Tensor parallelism (ModelShard::tp > 1, CPU): each of the tp ranks holds G/tp KV groups
+// Tensor parallelism (ModelShard::tp > 1; on CPU ranks over MPI, on GPUs over NCCL): each of the tp ranks holds G/tp KV groups
 // with their H/tp query heads (the rows of wqkv of its groups, its groups' compression maps,
 // the columns of wo of its heads), F/tp of the MLP's hidden units (rows of w_gate and w_up,
 // columns of w_out) and a contiguous range of the vocabulary (rows of the embedding and the
@@ -151,7 +151,7 @@ class NsaTransformer {
   };
   static void declare_parameters(ParamStore& store, const ModelDims& d, const ShardGeometry& g);
   using Ids = DeviceIds;
-  Ids device_ids(std::span<const std::int32_t> host, bool vocab_local) const;
+  Ids device_ids(std::span<const std::int32_t> host, bool vocab_local, bool keep_copy = false) const;
   Tensor mlp_in(const Tensor& flat, std::int64_t l) const;  // [w_gate; w_up] of layer l in a flat buffer
   void tp_sum(Tensor& t) const;
   // Final-norm output -> mean loss; with dxf, also the head's gradients and dxf.

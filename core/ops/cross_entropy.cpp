@@ -141,4 +141,117 @@ void cross_entropy_fused(Tensor& logits, std::span<const std::int32_t> targets, 
   });
 }
 
+// ---- vocabulary slices ---------------------------------------------------------------------
+
+namespace {
+// The logits of a slice op: CPU fp32/fp64 or CUDA fp32/bf16; returns V_r.
+std::int64_t check_slice_logits(const std::string& op, const Tensor& logits) {
+  const std::int64_t V = last_dim(op, logits, "logits");
+  require(V > 0, op, "the vocabulary slice must not be empty, got " + logits.describe());
+  if (logits.device() == Device::CUDA) {
+    cuda_compute_dtype(op, logits);
+  } else {
+    require(logits.dtype() == DType::F32 || logits.dtype() == DType::F64, op,
+            "on the CPU the logits are fp32 or fp64, got " + logits.describe());
+  }
+  return V;
+}
+// An fp64 tensor of `numel` elements on the logits' device.
+void check_f64(const std::string& op, const Tensor& logits, const Tensor& t, const char* name,
+               std::int64_t numel, const char* size_says) {
+  require(t.dtype() == DType::F64 && t.device() == logits.device(), op,
+          std::string(name) + " must be fp64 on the device of " + logits.describe() + ", got " +
+              t.describe());
+  require(t.numel() == numel, op,
+          std::string(name) + " must hold " + size_says + " (" + std::to_string(numel) +
+              "), got " + t.describe());
+}
+void check_slice_targets(const std::string& op, const Tensor& logits,
+                         std::span<const std::int32_t> targets, std::int64_t vocab_start,
+                         std::int64_t vocab_size) {
+  const std::int64_t V = logits.dim(-1);
+  require(rows_of(logits) == std::int64_t(targets.size()), op,
+          "logits " + logits.describe() + " have " + std::to_string(rows_of(logits)) +
+              " rows but there are " + std::to_string(targets.size()) + " targets");
+  require(vocab_start >= 0, op, "vocab_start must be >= 0, got " + std::to_string(vocab_start));
+  require(vocab_size >= 0, op, "vocab_size must be >= 0 (0: not given)");
+  require(vocab_size == 0 || vocab_start + V <= vocab_size, op,
+          "the slice [" + std::to_string(vocab_start) + ", " + std::to_string(vocab_start + V) +
+              ") of " + logits.describe() + " exceeds the vocabulary of " +
+              std::to_string(vocab_size));
+}
+}  // namespace
+
+void cross_entropy_slice_max(const Tensor& logits, Tensor& row_max) {
+  const std::string op = "cross_entropy_slice_max";
+  const std::int64_t V = check_slice_logits(op, logits), N = rows_of(logits);
+  check_f64(op, logits, row_max, "row_max", N, "one value per row");
+  if (logits.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda::cross_entropy_slice_max(logits.dtype(), row_max.data<double>(), logits.raw(), N, V);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
+  dispatch_cpu(op, logits, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::cross_entropy_slice_max<T>(row_max.data<double>(), logits.data<T>(), N, V);
+  });
+}
+
+void cross_entropy_slice_sums(const Tensor& logits, std::span<const std::int32_t> targets,
+                              std::int64_t vocab_start, std::int32_t ignore_index,
+                              const Tensor& row_max, Tensor& sums, std::int64_t vocab_size) {
+  const std::string op = "cross_entropy_slice_sums";
+  const std::int64_t V = check_slice_logits(op, logits), N = rows_of(logits);
+  check_slice_targets(op, logits, targets, vocab_start, vocab_size);
+  check_f64(op, logits, row_max, "row_max", N, "one value per row");
+  check_f64(op, logits, sums, "sums", 2 * N, "two values per row");
+  if (logits.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda::cross_entropy_slice_sums(logits.dtype(), sums.data<double>(), logits.raw(),
+                                   targets.data(), N, V, vocab_start, ignore_index,
+                                   row_max.data<double>(), vocab_size);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
+  dispatch_cpu(op, logits, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::cross_entropy_slice_sums<T>(sums.data<double>(), logits.data<T>(), targets.data(), N, V,
+                                     vocab_start, ignore_index, row_max.data<double>(),
+                                     vocab_size);
+  });
+}
+
+void cross_entropy_slice_grad(Tensor& logits, std::span<const std::int32_t> targets,
+                              std::int64_t vocab_start, std::int32_t ignore_index,
+                              const Tensor& row_max, const Tensor& sums, double scale,
+                              Tensor& row_loss) {
+  const std::string op = "cross_entropy_slice_grad";
+  const std::int64_t V = check_slice_logits(op, logits), N = rows_of(logits);
+  check_slice_targets(op, logits, targets, vocab_start, 0);
+  check_f64(op, logits, row_max, "row_max", N, "one value per row");
+  check_f64(op, logits, sums, "sums", 2 * N, "two values per row");
+  check_f64(op, logits, row_loss, "row_loss", N, "one value per row");
+  if (logits.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda::cross_entropy_slice_grad(logits.dtype(), logits.raw(), row_loss.data<double>(),
+                                   targets.data(), N, V, vocab_start, ignore_index,
+                                   row_max.data<double>(), sums.data<double>(), scale);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
+  dispatch_cpu(op, logits, [&](auto tag) {
+    using T = decltype(tag);
+    cpu::cross_entropy_slice_grad<T>(logits.data<T>(), row_loss.data<double>(), targets.data(),
+                                     N, V, vocab_start, ignore_index, row_max.data<double>(),
+                                     sums.data<double>(), scale);
+  });
+}
+
 }  // namespace nsatron

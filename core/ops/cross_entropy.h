@@ -4,7 +4,8 @@
 //   cpu/cross_entropy.cpp  - the CPU implementation (rows in parallel, fp64 reductions)
 //   cuda/cross_entropy.cu  - the CUDA kernels, same contract: they work through the
 //                            vocabulary in chunks and never hold fp32 logits for a batch;
-//                            logits fp32 or bf16, lse and loss fp32
+//                            logits fp32 or bf16, lse and loss fp32 (the slice ops: fp64
+//                            row results)
 //
 // Math: logits z [N, V] (any leading shape, V last), targets t [N] (int32):
 //   lse_n  = log sum_v exp(z_nv)                                   saved, [N]
@@ -26,6 +27,33 @@
 // Targets: an int32 array in the memory of the tensors' device. Each is ignore_index or in
 // [0, V); any other value is an error that names its position.
 // Deterministic: rows are independent and the loss is summed over rows in order.
+//
+// Vocabulary slices (the vocab-parallel cross entropy, parallel/vocab_parallel.h): logits
+// z [N, V_r] hold the columns [vocab_start, vocab_start + V_r) of every row of a vocabulary
+// of V split over ranks; targets t [N] are global ids. Three ops, between which the caller
+// combines the ranks' results (an all-reduce max after the first, an all-reduce sum after the
+// second):
+//   cross_entropy_slice_max:   row_max[n]  = max_{v in slice} z_nv
+//   cross_entropy_slice_sums:  with m_n the GLOBAL max (row_max after the all-reduce max)
+//                              sums[n]     = sum_{v in slice} exp(z_nv - m_n)
+//                              sums[N + n] = z_{n, t_n - vocab_start}  if the slice holds t_n,
+//                                            else 0 (and 0 on ignored rows)
+//   cross_entropy_slice_grad:  with m_n and s_n = sums[n], zt_n = sums[N + n] GLOBAL (after
+//                              the all-reduce sum; exactly one rank contributed zt_n)
+//                              row_loss[n] = log s_n + m_n - zt_n             (= lse_n - z_{n,t_n})
+//                              z_nv       <- scale (exp(z_nv - m_n) / s_n - [v == t_n - vocab_start])
+//                              both 0 on ignored rows; the gradient replaces the logits.
+// With scale = dloss / D, the loss is sum_n row_loss[n] / D and the slices' gradients are
+// the columns of cross_entropy_fused's, to rounding. row_max, sums and row_loss are fp64
+// tensors on the logits' device (so that the communicator reduces them in fp64). Logits: fp32
+// or fp64 on the CPU (fp64 arithmetic), fp32 or bf16 on CUDA (exponentials in fp32, the sums
+// accumulated and the row results in fp64; one block per row, fixed-order reductions, the
+// same bits run to run). Deterministic on both devices.
+// Targets of a slice op: ignore_index or >= 0, and < vocab_size when the caller gives it
+// (vocab_size > 0; without it a target beyond the whole vocabulary is owned by no slice and
+// cannot be told from one owned by another rank). Any other value is an error, as above: the
+// CPU throws std::invalid_argument naming its position; CUDA records it for check_id_errors()
+// and makes the row NaN (its sums, hence on every rank its loss and gradient).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -54,6 +82,17 @@ void cross_entropy_backward(const Tensor& logits, std::span<const std::int32_t> 
 void cross_entropy_fused(Tensor& logits, std::span<const std::int32_t> targets, Tensor& loss,
                          double dloss, const CrossEntropyOptions& opt = {});
 
+// Vocabulary slices (see above). logits [.., V_r] (rows N = the leading dimensions); row_max
+// and row_loss: N fp64 elements, sums: 2N fp64 elements, all on the logits' device.
+void cross_entropy_slice_max(const Tensor& logits, Tensor& row_max);
+void cross_entropy_slice_sums(const Tensor& logits, std::span<const std::int32_t> targets,
+                              std::int64_t vocab_start, std::int32_t ignore_index,
+                              const Tensor& row_max, Tensor& sums, std::int64_t vocab_size = 0);
+void cross_entropy_slice_grad(Tensor& logits, std::span<const std::int32_t> targets,
+                              std::int64_t vocab_start, std::int32_t ignore_index,
+                              const Tensor& row_max, const Tensor& sums, double scale,
+                              Tensor& row_loss);
+
 namespace cpu {
 // Throws std::invalid_argument for the first target neither ignore_index nor in [0, V).
 void check_targets(const std::int32_t* targets, std::int64_t N, std::int64_t V,
@@ -73,6 +112,20 @@ void cross_entropy_backward(T* dlogits, const T* logits, const T* lse,
 template <class T>
 double cross_entropy_fused(T* logits, const std::int32_t* targets, std::int64_t N, std::int64_t V,
                            std::int32_t ignore_index, double scale);
+// Vocabulary slices: logits [N, V] (V = V_r), fp64 row results. Targets are checked
+// (ignore_index, or in [0, vocab_size) when vocab_size > 0, else >= 0).
+template <class T>
+void cross_entropy_slice_max(double* row_max, const T* logits, std::int64_t N, std::int64_t V);
+template <class T>
+void cross_entropy_slice_sums(double* sums, const T* logits, const std::int32_t* targets,
+                              std::int64_t N, std::int64_t V, std::int64_t vocab_start,
+                              std::int32_t ignore_index, const double* row_max,
+                              std::int64_t vocab_size);
+template <class T>
+void cross_entropy_slice_grad(T* logits, double* row_loss, const std::int32_t* targets,
+                              std::int64_t N, std::int64_t V, std::int64_t vocab_start,
+                              std::int32_t ignore_index, const double* row_max,
+                              const double* sums, double scale);
 }  // namespace cpu
 
 namespace cuda {
@@ -91,6 +144,19 @@ void cross_entropy_backward(DType dt, void* dlogits, const void* logits, const f
 void cross_entropy_fused(DType dt, void* logits, float* loss, const std::int32_t* targets,
                          std::int64_t N, std::int64_t V, std::int32_t ignore_index, double dloss,
                          double denominator, bool accumulate_loss);
+// Vocabulary slices: logits of dtype `dt` (fp32 or bf16), row_max / sums / row_loss fp64,
+// targets on the device; one block per row. A bad target (see above) is recorded and makes
+// the row NaN: sums[n] and sums[N + n] (slice_sums), the row's loss and gradient (slice_grad).
+void cross_entropy_slice_max(DType dt, double* row_max, const void* logits, std::int64_t N,
+                             std::int64_t V);
+void cross_entropy_slice_sums(DType dt, double* sums, const void* logits,
+                              const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                              std::int64_t vocab_start, std::int32_t ignore_index,
+                              const double* row_max, std::int64_t vocab_size);
+void cross_entropy_slice_grad(DType dt, void* logits, double* row_loss,
+                              const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                              std::int64_t vocab_start, std::int32_t ignore_index,
+                              const double* row_max, const double* sums, double scale);
 void check_id_errors();  // see embedding.h
 }  // namespace cuda
 

@@ -10,9 +10,14 @@
 //                                    a tensor used twice)
 // cast:       dst = src converted to dst's dtype (round to nearest even into bf16), e.g. the
 //             bf16 compute copy of fp32 master weights; same numel and device
+// zero_rows:  x[n, ...] = 0 for the rows n with keep[n] == 0, the others untouched (rows along
+//             the first dimension); e.g. the vocab-parallel embedding zeroes the rows of the
+//             tokens another rank owns. keep: one byte per row, in the memory of x's device.
 // Deterministic: elementwise.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "core/tensor/tensor.h"
 
@@ -25,11 +30,15 @@ void add_(Tensor& acc, const Tensor& x);
 // dst = src with dst's dtype; same numel and device (any of fp32, fp64, bf16 on the CPU;
 // fp32 and bf16 on CUDA).
 void cast(const Tensor& src, Tensor& dst);
+// x [N, ...], any dtype, CPU or CUDA; keep [N] (uint8) in x's device memory.
+void zero_rows(Tensor& x, std::span<const std::uint8_t> keep);
 
 namespace cpu {
 // out may alias a or b.
 template <class T> void add(T* out, const T* a, const T* b, std::int64_t n);
 template <class T> void add_(T* acc, const T* x, std::int64_t n);
+// Rows of row_bytes bytes each (zero bits are 0 in every dtype).
+void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep);
 }  // namespace cpu
 
 namespace cuda {
@@ -37,6 +46,8 @@ namespace cuda {
 void add(DType dt, void* out, const void* a, const void* b, std::int64_t n);  // out may be a or b
 void add_(DType dt, void* acc, const void* x, std::int64_t n);
 void cast(DType src_dt, const void* src, DType dst_dt, void* dst, std::int64_t n);
+// x and keep in device memory; rows of row_bytes bytes.
+void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep);
 }  // namespace cuda
 
 }  // namespace nsatron

@@ -1,6 +1,7 @@
 // Cross entropy: finite differences on the logits (with ignored rows), the loss against a
 // direct evaluation, the denominator and chunking contract, fused vs unfused, in-place
-// backward, target checks, thread-count determinism.
+// backward, target checks, thread-count determinism; the vocabulary-slice ops against their
+// formulas, and three uneven slices composed by hand against the whole-logits loss/gradient.
 #include <cmath>
 
 #include "core/ops/cross_entropy.h"
@@ -161,6 +162,215 @@ TEST(CrossEntropy, SameBitsForAnyThreadCount) {
   auto [l3, d3] = run(3);
   EXPECT_TRUE(test::same_bits(l1, l3));
   EXPECT_TRUE(test::same_bits(d1, d3));
+}
+
+// ---- vocabulary slices ---------------------------------------------------------------------
+
+// Column slices [b, e) of a CPU [N, V] tensor, as a new [N, e - b] tensor of the same dtype.
+Tensor columns(const Tensor& z, std::int64_t b, std::int64_t e) {
+  const std::int64_t N = z.dim(0), V = z.dim(1);
+  const auto v = z.to_vector();
+  std::vector<double> out(std::size_t(N * (e - b)));
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t c = b; c < e; ++c) out[std::size_t(n * (e - b) + c - b)] = v[std::size_t(n * V + c)];
+  return Tensor::from_vector(out, {N, e - b}, z.dtype());
+}
+
+TEST(CrossEntropySlice, OpsMatchTheFormula) {
+  Rng rng(45);
+  struct Case {
+    std::int64_t N, V, vocab_start;
+  };
+  for (const Case& c : {Case{1, 1, 0}, Case{1, 7, 3}, Case{6, 5, 10}, Case{13, 29, 4}}) {
+    const std::string tag = "N=" + std::to_string(c.N) + " V_r=" + std::to_string(c.V);
+    const std::int64_t total = c.vocab_start + c.V + 6;  // the whole vocabulary
+    Tensor z = rng.randn({c.N, c.V}, DType::F64, 2.0);
+    auto t = random_targets(rng, c.N, total, 0.2, -100);
+    t[0] = std::int32_t(c.vocab_start + c.V - 1);        // the slice's last column
+    if (c.N > 2) t[2] = std::int32_t(c.vocab_start);     // its first
+    const auto zv = z.to_vector();
+
+    Tensor row_max = Tensor::empty({c.N}, DType::F64);
+    cross_entropy_slice_max(z, row_max);
+    const auto mv = row_max.to_vector();
+    // A larger global max, as another rank's slice would give (exact in fp64 either way).
+    std::vector<double> g(std::size_t(c.N));
+    for (std::int64_t n = 0; n < c.N; ++n) {
+      double m = -INFINITY;
+      for (std::int64_t v = 0; v < c.V; ++v) m = std::max(m, zv[std::size_t(n * c.V + v)]);
+      EXPECT_EQ(mv[std::size_t(n)], m) << tag;
+      g[std::size_t(n)] = m + (n % 2 ? rng.uniform(0, 3) : 0.0);
+    }
+    Tensor gmax = Tensor::from_vector(g, {c.N}, DType::F64);
+    Tensor sums = test::filled({2 * c.N}, 42.0);
+    cross_entropy_slice_sums(z, t, c.vocab_start, -100, gmax, sums, total);
+    const auto sv = sums.to_vector();
+    std::vector<double> s_global(std::size_t(2 * c.N));
+    for (std::int64_t n = 0; n < c.N; ++n) {
+      double s = 0;
+      for (std::int64_t v = 0; v < c.V; ++v) s += std::exp(zv[std::size_t(n * c.V + v)] - g[std::size_t(n)]);
+      EXPECT_NEAR(sv[std::size_t(n)], s, 1e-14 * s) << tag << " row " << n;
+      const std::int64_t col = t[std::size_t(n)] == -100 ? -1 : t[std::size_t(n)] - c.vocab_start;
+      const double zt = col >= 0 && col < c.V ? zv[std::size_t(n * c.V + col)] : 0.0;
+      EXPECT_EQ(sv[std::size_t(c.N + n)], zt) << tag << " row " << n;
+      // As the all-reduce would give it: other ranks add to s, and one of them owns zt when
+      // this slice does not.
+      s_global[std::size_t(n)] = s + rng.uniform(0, 2);
+      s_global[std::size_t(c.N + n)] = col >= 0 && col < c.V ? zt : rng.normal(2.0);
+    }
+    Tensor sg = Tensor::from_vector(s_global, {2 * c.N}, DType::F64);
+    Tensor dz = z.clone(), row_loss = test::filled({c.N}, 42.0);
+    cross_entropy_slice_grad(dz, t, c.vocab_start, -100, gmax, sg, 0.7, row_loss);
+    const auto dv = dz.to_vector(), lv = row_loss.to_vector();
+    for (std::int64_t n = 0; n < c.N; ++n) {
+      const bool ignored = t[std::size_t(n)] == -100;
+      const double m = g[std::size_t(n)], s = s_global[std::size_t(n)];
+      EXPECT_NEAR(lv[std::size_t(n)], ignored ? 0.0 : std::log(s) + m - s_global[std::size_t(c.N + n)], 1e-13)
+          << tag << " row " << n;
+      for (std::int64_t v = 0; v < c.V; ++v) {
+        const double p = std::exp(zv[std::size_t(n * c.V + v)] - m) / s;
+        const double want = ignored ? 0.0 : 0.7 * (p - (t[std::size_t(n)] - c.vocab_start == v ? 1.0 : 0.0));
+        EXPECT_NEAR(dv[std::size_t(n * c.V + v)], want, 1e-15) << tag << " row " << n << " column " << v;
+      }
+    }
+  }
+}
+
+// The slices' results combined by hand as the all-reduces would (max, then sum) give the
+// loss and, column by column, the gradient of cross_entropy_fused on the whole logits.
+void compose(DType dt, std::int64_t N, std::int64_t V, double tol, std::uint64_t seed) {
+  Rng rng(seed);
+  const std::string tag = std::string(dtype_name(dt)) + " N=" + std::to_string(N) + " V=" + std::to_string(V);
+  Tensor z = rng.randn({N, V}, dt, 3.0);
+  auto t = random_targets(rng, N, V, 0.2, -100);
+  t[0] = std::int32_t(V - 1);
+  const double dloss = 1.7;
+  Tensor ref = z.clone(), ref_loss = Tensor::empty({1}, dt);
+  cross_entropy_fused(ref, t, ref_loss, dloss);
+  const double D = double(count_targets(t, -100));
+
+  const std::int64_t bounds[] = {0, V / 5, V / 5 + V / 2, V};  // uneven: 7, 18, 12 of 37
+  std::vector<Tensor> parts;
+  std::vector<double> gmax(std::size_t(N), -INFINITY), gsums(std::size_t(2 * N), 0.0);
+  for (int r = 0; r < 3; ++r) {
+    parts.push_back(columns(z, bounds[r], bounds[r + 1]));
+    Tensor m = Tensor::empty({N}, DType::F64);
+    cross_entropy_slice_max(parts.back(), m);
+    const auto mv = m.to_vector();
+    for (std::int64_t n = 0; n < N; ++n) gmax[std::size_t(n)] = std::max(gmax[std::size_t(n)], mv[std::size_t(n)]);
+  }
+  Tensor row_max = Tensor::from_vector(gmax, {N}, DType::F64);
+  for (int r = 0; r < 3; ++r) {
+    Tensor s = Tensor::empty({2 * N}, DType::F64);
+    cross_entropy_slice_sums(parts[std::size_t(r)], t, bounds[r], -100, row_max, s, V);
+    const auto sv = s.to_vector();
+    for (std::size_t i = 0; i < sv.size(); ++i) gsums[i] += sv[i];
+  }
+  Tensor sums = Tensor::from_vector(gsums, {2 * N}, DType::F64);
+  double loss = 0;
+  std::vector<double> grad(std::size_t(N * V));
+  for (int r = 0; r < 3; ++r) {
+    Tensor row_loss = Tensor::empty({N}, DType::F64);
+    cross_entropy_slice_grad(parts[std::size_t(r)], t, bounds[r], -100, row_max, sums, dloss / D, row_loss);
+    const auto lv = row_loss.to_vector();
+    if (r == 0)  // every rank gets the same row losses
+      for (double l : lv) loss += l;
+    const auto gv = parts[std::size_t(r)].to_vector();
+    const std::int64_t w = bounds[r + 1] - bounds[r];
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t c = 0; c < w; ++c) grad[std::size_t(n * V + bounds[r] + c)] = gv[std::size_t(n * w + c)];
+  }
+  loss /= D;
+  const double want = ref_loss.to_vector()[0];
+  EXPECT_NEAR(loss, want, tol * std::abs(want)) << tag;
+  test::expect_close(grad, ref.to_vector(), 0.0, tol, "gradient " + tag);
+}
+
+TEST(CrossEntropySlice, SlicesComposeToTheWholeCrossEntropy) {
+  std::uint64_t seed = 46;
+  for (std::int64_t N : {1, 37})
+    for (std::int64_t V : {37, 50}) {
+      compose(DType::F64, N, V, 1e-12, seed++);
+      compose(DType::F32, N, V, 1e-5, seed++);
+    }
+}
+
+TEST(CrossEntropySlice, IgnoredRowsAndTargetsOutsideTheSlice) {
+  // Rows: target in the slice, in another slice, ignored (a custom ignore index).
+  Tensor z = Tensor::from_vector({1, 2, 3, 4, 5, 6, 7, 8, 9}, {3, 3}, DType::F64);
+  const std::vector<std::int32_t> t = {11, 3, 99};
+  Tensor m = Tensor::empty({3}, DType::F64), s = Tensor::empty({6}, DType::F64);
+  cross_entropy_slice_max(z, m);
+  EXPECT_EQ(m.to_vector(), (std::vector<double>{3, 6, 9}));
+  cross_entropy_slice_sums(z, t, 10, 99, m, s);
+  const auto sv = s.to_vector();
+  EXPECT_EQ(sv[3], 2.0);  // column 1 of row 0
+  EXPECT_EQ(sv[4], 0.0);  // another slice's target
+  EXPECT_EQ(sv[5], 0.0);  // ignored
+  Tensor loss = Tensor::empty({3}, DType::F64);
+  cross_entropy_slice_grad(z, t, 10, 99, m, s, 1.0, loss);
+  const auto g = z.to_vector();
+  EXPECT_EQ(loss.to_vector()[2], 0.0);
+  for (int v = 0; v < 3; ++v) EXPECT_EQ(g[std::size_t(6 + v)], 0.0);
+  // Row 1 has no target here: its gradient is the softmax part alone (positive).
+  for (int v = 0; v < 3; ++v) EXPECT_GT(g[std::size_t(3 + v)], 0.0);
+  EXPECT_LT(g[1], 0.0);  // row 0's target column
+}
+
+TEST(CrossEntropySlice, RejectsBadTargetsAndArguments) {
+  Tensor z = Tensor::zeros({3, 4}, DType::F32);
+  Tensor m = Tensor::zeros({3}, DType::F64), s = Tensor::zeros({6}, DType::F64), l = Tensor::zeros({3}, DType::F64);
+  const std::vector<std::int32_t> ok = {0, -100, 9};
+  const std::vector<std::int32_t> negative = {0, -5, 1};
+  const std::vector<std::int32_t> beyond = {0, 1, 12};
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no throw");
+  };
+  EXPECT_NE(message([&] { cross_entropy_slice_sums(z, negative, 4, -100, m, s); }).find("position 1"), std::string::npos);
+  EXPECT_NE(message([&] { cross_entropy_slice_grad(z, negative, 4, -100, m, s, 1.0, l); }).find("position 1"),
+            std::string::npos);
+  EXPECT_NE(message([&] { cross_entropy_slice_sums(z, beyond, 4, -100, m, s, 12); }).find("position 2"),
+            std::string::npos);
+  EXPECT_NO_THROW(cross_entropy_slice_sums(z, beyond, 4, -100, m, s));  // no vocab_size: unknown
+  EXPECT_NO_THROW(cross_entropy_slice_sums(z, ok, 4, -100, m, s, 12));
+  // The slice must fit the vocabulary; fp64 row results of the right sizes; targets per row.
+  EXPECT_THROW(cross_entropy_slice_sums(z, ok, 9, -100, m, s, 12), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_sums(z, ok, -1, -100, m, s), std::invalid_argument);
+  Tensor m32 = Tensor::zeros({3}, DType::F32), s3 = Tensor::zeros({3}, DType::F64);
+  EXPECT_THROW(cross_entropy_slice_max(z, m32), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_max(z, s), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_sums(z, ok, 4, -100, m, s3), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_grad(z, ok, 4, -100, m, s, 1.0, s), std::invalid_argument);
+  const std::vector<std::int32_t> two = {0, 1};
+  EXPECT_THROW(cross_entropy_slice_sums(z, two, 4, -100, m, s), std::invalid_argument);
+  Tensor bf = Tensor::zeros({3, 4}, DType::BF16);
+  EXPECT_THROW(cross_entropy_slice_max(bf, m), std::invalid_argument);
+  Tensor empty = Tensor::zeros({3, 0}, DType::F32);
+  EXPECT_THROW(cross_entropy_slice_max(empty, m), std::invalid_argument);
+}
+
+TEST(CrossEntropySlice, SameBitsForAnyThreadCount) {
+  Rng rng(47);
+  const std::int64_t N = 301, V = 257;
+  Tensor z = rng.randn({N, V}, DType::F32, 2.0);
+  auto t = random_targets(rng, N, 3 * V, 0.1, -100);
+  auto run = [&](int threads) {
+    Tensor m = Tensor::empty({N}, DType::F64), s = Tensor::empty({2 * N}, DType::F64);
+    Tensor l = Tensor::empty({N}, DType::F64), d = z.clone();
+    test::with_threads(threads, [&] {
+      cross_entropy_slice_max(d, m);
+      cross_entropy_slice_sums(d, t, V, -100, m, s);
+      cross_entropy_slice_grad(d, t, V, -100, m, s, 0.3, l);
+    });
+    return std::vector<Tensor>{m, s, l, d};
+  };
+  const auto a = run(1), b = run(3);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(test::same_bits(a[i], b[i])) << i;
 }
 
 }  // namespace

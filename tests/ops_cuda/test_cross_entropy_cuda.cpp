@@ -1,7 +1,8 @@
 // CUDA cross entropy against the CPU: forward (loss, lse), backward, fused; vocabularies of
 // 1, odd sizes, 50257 and 50304; ignored targets, a custom ignore index, a given denominator,
 // loss accumulation, every target ignored (D = 0); fp32 and bf16 logits (loss and lse fp32).
-// On the GPU the fused and unfused paths give the same bits, the backward in place too.
+// On the GPU the fused and unfused paths give the same bits, the backward in place too; the
+// fused loss does not depend on what an earlier call left in the scratch.
 #include "core/ops/cross_entropy.h"
 #include "tests/ops_cuda/cuda_test_util.h"
 
@@ -76,6 +77,30 @@ TEST(CrossEntropyCuda, MatchesCpu) {
       EXPECT_TRUE(test::same_bits_any(fused, dzd)) << "fused dlogits bits " << tag;
     }
   cuda::check_id_errors();  // nothing recorded
+}
+
+// The fused pass writes a zero row loss for an ignored row into its scratch too: a forward
+// over the same rows with every target counted leaves non-zero row losses there first.
+TEST(CrossEntropyCuda, FusedIgnoredRowsAfterOtherCalls) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const std::int64_t N = 37, V = 50;
+  Tensor z = rng.randn({N, V}, DType::F32, 3.0);
+  std::vector<std::int32_t> all(static_cast<std::size_t>(N)), some;
+  for (auto& x : all) x = std::int32_t(rng.integer(0, V - 1));
+  some = all;
+  for (std::size_t n = 1; n < some.size(); n += 3) some[n] = -100;
+  test::DeviceIds ids_all(all), ids_some(some);
+  Tensor zd = z.to(Device::CUDA);
+  Tensor loss = Tensor::zeros({1}, DType::F32, Device::CUDA), lse = Tensor::empty({N}, DType::F32, Device::CUDA);
+  cross_entropy_forward(zd, ids_all.span(), loss, lse);  // row losses of every row in the scratch
+  Tensor fused = zd.clone(), lossf = Tensor::zeros({1}, DType::F32, Device::CUDA);
+  cross_entropy_fused(fused, ids_some.span(), lossf, 1.0);
+  Tensor want = Tensor::empty({1}, DType::F32), zc = z.clone();
+  cross_entropy_fused(zc, some, want, 1.0);
+  test::expect_close_rms(lossf, want, test::kRtolF32, "fused loss after a forward");
 }
 
 TEST(CrossEntropyCuda, AllIgnoredGivesZero) {

@@ -1,5 +1,6 @@
 // CPU softmax cross entropy: one row at a time (max, sum of exponentials in fp64, log), rows
 // in parallel; the per-row losses are kept in an [N] fp64 vector and summed in row order.
+// The vocabulary-slice ops: the same per-row loops over a slice, fp64 row results.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -101,13 +102,96 @@ double cross_entropy_fused(T* logits, const std::int32_t* targets, std::int64_t 
   return ordered_sum(row_loss);
 }
 
+namespace {
+// Slice ops: a target is ignore_index, or >= 0 and (vocab_size > 0) < vocab_size.
+void check_slice_targets(const std::int32_t* targets, std::int64_t N, std::int64_t vocab_size,
+                         std::int32_t ignore_index, const char* what) {
+  if (vocab_size > 0) return check_targets(targets, N, vocab_size, ignore_index, what);
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::int32_t t = targets[n];
+    if (t != ignore_index && t < 0)
+      throw std::invalid_argument(std::string(what) + ": target " + std::to_string(t) +
+                                  " at position " + std::to_string(n) +
+                                  " is neither ignore_index (" + std::to_string(ignore_index) +
+                                  ") nor a vocabulary id (>= 0)");
+  }
+}
+// The column of target t in the slice [vocab_start, vocab_start + V), or -1.
+inline std::int64_t slice_column(std::int32_t t, std::int32_t ignore_index,
+                                 std::int64_t vocab_start, std::int64_t V) {
+  if (t == ignore_index) return -1;
+  const std::int64_t c = std::int64_t(t) - vocab_start;
+  return c >= 0 && c < V ? c : -1;
+}
+}  // namespace
+
+template <class T>
+void cross_entropy_slice_max(double* row_max, const T* logits, std::int64_t N, std::int64_t V) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < N; ++n) {
+    const T* z = logits + n * V;
+    double m = -std::numeric_limits<double>::infinity();
+    for (std::int64_t v = 0; v < V; ++v) m = std::max(m, double(z[v]));
+    row_max[n] = m;
+  }
+}
+
+template <class T>
+void cross_entropy_slice_sums(double* sums, const T* logits, const std::int32_t* targets,
+                              std::int64_t N, std::int64_t V, std::int64_t vocab_start,
+                              std::int32_t ignore_index, const double* row_max,
+                              std::int64_t vocab_size) {
+  check_slice_targets(targets, N, vocab_size, ignore_index, "cross_entropy_slice_sums");
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < N; ++n) {
+    const T* z = logits + n * V;
+    const double m = row_max[n];
+    double s = 0.0;
+    for (std::int64_t v = 0; v < V; ++v) s += std::exp(double(z[v]) - m);
+    sums[n] = s;
+    const std::int64_t c = slice_column(targets[n], ignore_index, vocab_start, V);
+    sums[N + n] = c >= 0 ? double(z[c]) : 0.0;
+  }
+}
+
+template <class T>
+void cross_entropy_slice_grad(T* logits, double* row_loss, const std::int32_t* targets,
+                              std::int64_t N, std::int64_t V, std::int64_t vocab_start,
+                              std::int32_t ignore_index, const double* row_max,
+                              const double* sums, double scale) {
+  check_slice_targets(targets, N, 0, ignore_index, "cross_entropy_slice_grad");
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < N; ++n) {
+    T* z = logits + n * V;
+    if (targets[n] == ignore_index) {
+      row_loss[n] = 0.0;
+      for (std::int64_t v = 0; v < V; ++v) z[v] = T(0);
+      continue;
+    }
+    const double m = row_max[n], s = sums[n];
+    row_loss[n] = std::log(s) + m - sums[N + n];
+    const std::int64_t c = slice_column(targets[n], ignore_index, vocab_start, V);
+    for (std::int64_t v = 0; v < V; ++v) {
+      const double p = std::exp(double(z[v]) - m) / s;
+      z[v] = T(scale * (v == c ? p - 1.0 : p));
+    }
+  }
+}
+
 #define NSATRON_INSTANTIATE(T)                                                                   \
   template double cross_entropy_forward<T>(T*, const T*, const std::int32_t*, std::int64_t,     \
                                            std::int64_t, std::int32_t);                         \
   template void cross_entropy_backward<T>(T*, const T*, const T*, const std::int32_t*,          \
                                           std::int64_t, std::int64_t, std::int32_t, double);    \
   template double cross_entropy_fused<T>(T*, const std::int32_t*, std::int64_t, std::int64_t,  \
-                                         std::int32_t, double);
+                                         std::int32_t, double);                                 \
+  template void cross_entropy_slice_max<T>(double*, const T*, std::int64_t, std::int64_t);      \
+  template void cross_entropy_slice_sums<T>(double*, const T*, const std::int32_t*,             \
+                                            std::int64_t, std::int64_t, std::int64_t,           \
+                                            std::int32_t, const double*, std::int64_t);         \
+  template void cross_entropy_slice_grad<T>(T*, double*, const std::int32_t*, std::int64_t,     \
+                                            std::int64_t, std::int64_t, std::int32_t,           \
+                                            const double*, const double*, double);
 NSATRON_INSTANTIATE(float)
 NSATRON_INSTANTIATE(double)
 #undef NSATRON_INSTANTIATE

@@ -1,4 +1,6 @@
 // CPU elementwise helpers.
+#include <cstring>
+
 #include "core/ops/elementwise.h"
 
 namespace nsatron::cpu {
@@ -11,6 +13,13 @@ template <class T> void add(T* out, const T* a, const T* b, std::int64_t n) {
 template <class T> void add_(T* acc, const T* x, std::int64_t n) {
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < n; ++i) acc[i] = acc[i] + x[i];
+}
+
+void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep) {
+  char* p = static_cast<char*>(x);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t n = 0; n < N; ++n)
+    if (!keep[n]) std::memset(p + std::size_t(n) * row_bytes, 0, row_bytes);
 }
 
 template void add<float>(float*, const float*, const float*, std::int64_t);

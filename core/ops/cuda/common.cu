@@ -58,10 +58,20 @@ void check_id_errors() {
   CUDA_CHECK(cudaMemcpy(&e, slot, sizeof(IdError), cudaMemcpyDeviceToHost));
   if (!e.flag) return;
   CUDA_CHECK(cudaMemset(slot, 0, sizeof(IdError)));
-  const char* names[] = {"?", "embedding_forward", "embedding_backward", "cross_entropy_forward",
-                         "cross_entropy_backward", "cross_entropy_fused"};
-  const char* op = (e.op >= 1 && e.op <= 5) ? names[e.op] : names[0];
+  const char* names[] = {"?",
+                         "embedding_forward",
+                         "embedding_backward",
+                         "cross_entropy_forward",
+                         "cross_entropy_backward",
+                         "cross_entropy_fused",
+                         "cross_entropy_slice_sums",
+                         "cross_entropy_slice_grad"};
+  const char* op = (e.op >= 1 && e.op <= kCrossEntropySliceGrad) ? names[e.op] : names[0];
   const bool ce = e.op >= kCrossEntropyForward;
+  if (e.limit <= 0)  // a slice op that does not know the vocabulary's size: a negative id
+    throw std::invalid_argument(std::string(op) + ": target " + std::to_string(e.value) +
+                                " at position " + std::to_string(e.position) +
+                                " is neither ignore_index nor a vocabulary id (>= 0)");
   throw std::invalid_argument(std::string(op) + ": " + (ce ? "target " : "token id ") +
                               std::to_string(e.value) + " at position " +
                               std::to_string(e.position) + " is outside " +

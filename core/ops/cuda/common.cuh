@@ -143,10 +143,11 @@ struct IdError {
   int op;          // which op (IdOp)
   long long position;
   long long value;
-  long long limit; // the id range's end (vocabulary size / V)
+  long long limit; // the id range's end (vocabulary size / V); 0: not known (a negative id)
 };
 enum IdOp : int { kEmbeddingForward = 1, kEmbeddingBackward, kCrossEntropyForward,
-                  kCrossEntropyBackward, kCrossEntropyFused };
+                  kCrossEntropyBackward, kCrossEntropyFused, kCrossEntropySliceSums,
+                  kCrossEntropySliceGrad };
 IdError* id_error_slot();  // device memory, zeroed at first use
 
 __device__ __forceinline__ void record_id_error(IdError* e, int op, long long pos, long long value,

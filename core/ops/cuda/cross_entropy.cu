@@ -8,6 +8,9 @@
 // gives it) is counted on the device, so nothing waits for the host.
 // The forward and the fused pass run the same code for lse and the row loss, and the
 // backward reads the same fp32 lse, so fused and unfused give the same bits.
+// The vocabulary-slice ops (the vocab-parallel cross entropy) are three one-block-per-row
+// kernels: the row max; the sum of exp(z - m) with the target's logit; the loss and the
+// gradient in place. Their row results are fp64.
 #include <cmath>
 
 #include "core/ops/cross_entropy.h"
@@ -104,6 +107,8 @@ __global__ void ce_row_kernel(T* dz, const T* z, float* lse_io, double* __restri
       row_loss[n] = ignored ? 0.0 : (bad ? double(NAN) : double(lse) - double(to_f(z[base + t])));
     }
     __syncthreads();
+  } else if (threadIdx.x == 0) {
+    row_loss[n] = 0.0;  // fused, ignored row: the scratch holds whatever the last op left there
   }
   if (MODE == kForward) return;
   const double d = denominator(denom_host, denom_dev);
@@ -179,7 +184,193 @@ void launch_rows(T* dz, const T* z, float* lse, double* row_loss, const std::int
   check_launch(what);
 }
 
+// ---- vocabulary slices (cross_entropy.h) ------------------------------------------------
+// One block per row, the row in 16-byte pieces where the width and the pointer allow.
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_max(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float m = lane < nwarps ? scratch[lane] : -INFINITY;
+  m = warp_max(m);
+  __syncthreads();
+  return m;
+}
+
+// row_max[n] = max of the row. A max is exact whatever the order; fmaxf skips NaN, as the
+// CPU's std::max(m, z) does (a NaN shows in the sums instead).
+template <class T, int V>
+__global__ void slice_max_kernel(double* __restrict__ row_max, const T* __restrict__ z,
+                                 std::int64_t Vn) {
+  __shared__ float red[32];
+  const std::int64_t base = std::int64_t(blockIdx.x) * Vn;
+  const std::int64_t step = std::int64_t(blockDim.x) * V;
+  float m = -INFINITY;
+  for (std::int64_t c = std::int64_t(threadIdx.x) * V; c < Vn; c += step) {
+    float zv[V];
+    load<T, V>(z + base + c, zv);
+#pragma unroll
+    for (int i = 0; i < V; ++i) m = fmaxf(m, zv[i]);
+  }
+  m = block_max(m, red);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = double(m);
+}
+
+__device__ __forceinline__ bool bad_target(std::int32_t t, std::int32_t ignore_index,
+                                           std::int64_t vocab_size) {
+  return t != ignore_index && (t < 0 || (vocab_size > 0 && std::int64_t(t) >= vocab_size));
+}
+
+// sums[n] = sum exp(z - m_n) (exponentials in fp32 from m_n rounded to fp32, which a max of
+// fp32/bf16 logits is exactly; each thread accumulates in fp64 in column order, then the
+// fixed tree of block_sum), sums[N + n] = the target's logit if this slice holds it.
+template <class T, int V>
+__global__ void slice_sums_kernel(double* __restrict__ sums, const T* __restrict__ z,
+                                  const std::int32_t* __restrict__ targets, std::int64_t N,
+                                  std::int64_t Vn, std::int64_t vocab_start,
+                                  std::int32_t ignore_index, const double* __restrict__ row_max,
+                                  std::int64_t vocab_size, IdError* err) {
+  __shared__ double red[32];
+  const std::int64_t n = blockIdx.x;
+  const std::int64_t base = n * Vn;
+  const std::int64_t step = std::int64_t(blockDim.x) * V;
+  const float m = float(row_max[n]);
+  double acc = 0.0;
+  for (std::int64_t c = std::int64_t(threadIdx.x) * V; c < Vn; c += step) {
+    float zv[V];
+    load<T, V>(z + base + c, zv);
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc += double(expf(__fsub_rn(zv[i], m)));
+  }
+  acc = block_sum(acc, red);
+  if (threadIdx.x == 0) {
+    const std::int32_t t = targets[n];
+    const bool ignored = t == ignore_index;
+    if (bad_target(t, ignore_index, vocab_size)) {
+      record_id_error(err, kCrossEntropySliceSums, n, t, vocab_size);
+      sums[n] = sums[N + n] = double(NAN);
+      return;
+    }
+    const std::int64_t col = ignored ? -1 : std::int64_t(t) - vocab_start;
+    sums[n] = acc;
+    sums[N + n] = col >= 0 && col < Vn ? double(to_f(z[base + col])) : 0.0;
+  }
+}
+
+// row_loss[n] = log s_n + m_n - zt_n (fp64); z <- scale (exp(z - m_n) / s_n - onehot) in fp32,
+// in place (each thread rewrites the elements it read).
+template <class T, int V>
+__global__ void slice_grad_kernel(T* z, double* __restrict__ row_loss,
+                                  const std::int32_t* __restrict__ targets, std::int64_t N,
+                                  std::int64_t Vn, std::int64_t vocab_start,
+                                  std::int32_t ignore_index, const double* __restrict__ row_max,
+                                  const double* __restrict__ sums, float scale, IdError* err) {
+  const std::int64_t n = blockIdx.x;
+  const std::int64_t base = n * Vn;
+  const std::int64_t step = std::int64_t(blockDim.x) * V;
+  const std::int32_t t = targets[n];
+  const bool ignored = t == ignore_index;
+  const bool bad = bad_target(t, ignore_index, 0);
+  const double md = row_max[n], s = sums[n];
+  if (threadIdx.x == 0) {
+    if (bad) record_id_error(err, kCrossEntropySliceGrad, n, t, 0);
+    row_loss[n] = ignored ? 0.0 : (bad ? double(NAN) : log(s) + md - sums[N + n]);
+  }
+  const float m = float(md);
+  const float inv_s = float(1.0 / s);
+  const std::int64_t col = (ignored || bad) ? -1 : std::int64_t(t) - vocab_start;
+  const float fill = bad ? __int_as_float(0x7fc00000) : 0.f;
+  for (std::int64_t c = std::int64_t(threadIdx.x) * V; c < Vn; c += step) {
+    float zv[V], g[V];
+    if (ignored || bad) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) g[i] = fill;
+    } else {
+      load<T, V>(z + base + c, zv);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const float p = __fmul_rn(expf(__fsub_rn(zv[i], m)), inv_s);
+        g[i] = __fmul_rn(scale, c + i == col ? __fsub_rn(p, 1.f) : p);
+      }
+    }
+    store<T, V>(z + base + c, g);
+  }
+}
+
+// Launches kernel<T, VEC> or kernel<T, 1> with one block per row.
+template <class T> bool slice_vectorized(const void* z, std::int64_t V) {
+  return V % kVec<T> == 0 && aligned16(z);
+}
+template <class T> int slice_threads(const void* z, std::int64_t V) {
+  return row_threads(slice_vectorized<T>(z, V) ? V / kVec<T> : V, 512);
+}
+void check_rows(std::int64_t N, const char* what) {
+  if (N > 0x7fffffff) throw std::invalid_argument(std::string(what) + " (cuda): too many rows");
+}
+
 }  // namespace
+
+void cross_entropy_slice_max(DType dt, double* row_max, const void* logits, std::int64_t N,
+                             std::int64_t V) {
+  const char* what = "cross_entropy_slice_max";
+  check_rows(N, what);
+  if (N == 0) return;
+  dispatch(dt, what, [&](auto tag) {
+    using T = decltype(tag);
+    const T* z = static_cast<const T*>(logits);
+    const int threads = slice_threads<T>(z, V);
+    if (slice_vectorized<T>(z, V))
+      slice_max_kernel<T, kVec<T>><<<unsigned(N), threads>>>(row_max, z, V);
+    else
+      slice_max_kernel<T, 1><<<unsigned(N), threads>>>(row_max, z, V);
+    check_launch(what);
+  });
+}
+
+void cross_entropy_slice_sums(DType dt, double* sums, const void* logits,
+                              const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                              std::int64_t vocab_start, std::int32_t ignore_index,
+                              const double* row_max, std::int64_t vocab_size) {
+  const char* what = "cross_entropy_slice_sums";
+  check_rows(N, what);
+  if (N == 0) return;
+  IdError* err = id_error_slot();
+  dispatch(dt, what, [&](auto tag) {
+    using T = decltype(tag);
+    const T* z = static_cast<const T*>(logits);
+    const int threads = slice_threads<T>(z, V);
+    if (slice_vectorized<T>(z, V))
+      slice_sums_kernel<T, kVec<T>><<<unsigned(N), threads>>>(
+          sums, z, targets, N, V, vocab_start, ignore_index, row_max, vocab_size, err);
+    else
+      slice_sums_kernel<T, 1><<<unsigned(N), threads>>>(
+          sums, z, targets, N, V, vocab_start, ignore_index, row_max, vocab_size, err);
+    check_launch(what);
+  });
+}
+
+void cross_entropy_slice_grad(DType dt, void* logits, double* row_loss,
+                              const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                              std::int64_t vocab_start, std::int32_t ignore_index,
+                              const double* row_max, const double* sums, double scale) {
+  const char* what = "cross_entropy_slice_grad";
+  check_rows(N, what);
+  if (N == 0) return;
+  IdError* err = id_error_slot();
+  dispatch(dt, what, [&](auto tag) {
+    using T = decltype(tag);
+    T* z = static_cast<T*>(logits);
+    const int threads = slice_threads<T>(z, V);
+    if (slice_vectorized<T>(z, V))
+      slice_grad_kernel<T, kVec<T>><<<unsigned(N), threads>>>(
+          z, row_loss, targets, N, V, vocab_start, ignore_index, row_max, sums, float(scale), err);
+    else
+      slice_grad_kernel<T, 1><<<unsigned(N), threads>>>(
+          z, row_loss, targets, N, V, vocab_start, ignore_index, row_max, sums, float(scale), err);
+    check_launch(what);
+  });
+}
 
 void cross_entropy_forward(DType dt, float* loss, float* lse, const void* logits,
                            const std::int32_t* targets, std::int64_t N, std::int64_t V,

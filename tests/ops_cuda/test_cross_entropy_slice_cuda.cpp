@@ -1,0 +1,328 @@
+// CUDA vocabulary-slice cross entropy (cross_entropy_slice_max / _sums / _grad) against the
+// CPU on fresh random inputs: fp32 and bf16 logits, one row, slices of width 1, 7, 1000 and
+// 16768, an unaligned view, a custom ignore index; a global max above the slice's and global
+// sums as the all-reduces would give them; the same bits on a second call. Then three uneven
+// slices composed by hand (max, sum, as the all-reduces) against cross_entropy_fused on the
+// whole logits on the GPU, and bad targets reported through cuda::check_id_errors().
+// zero_rows on CUDA against the CPU (exact).
+#include "core/ops/cross_entropy.h"
+#include "core/ops/elementwise.h"
+#include "tests/ops_cuda/cuda_test_util.h"
+
+namespace nsatron {
+namespace {
+
+using test::Rng;
+
+// A device tensor of `shape` in dtype `dt` holding `host` (CPU fp32), viewed one element past
+// a 16-byte boundary when `unaligned` (so the kernels take their scalar path).
+Tensor device_logits(const Tensor& host, DType dt, bool unaligned) {
+  if (!unaligned) return test::on_gpu(host, dt);
+  const std::int64_t n = host.numel();
+  std::vector<double> v = host.to_vector();
+  v.insert(v.begin(), 0.0);
+  Tensor big = test::on_gpu(Tensor::from_vector(v, {n + 1}, DType::F32), dt);
+  return big.slice0(1, n + 1).view(host.shape());
+}
+
+Tensor f64_on_gpu(const std::vector<double>& v) {
+  return Tensor::from_vector(v, {std::int64_t(v.size())}, DType::F64).to(Device::CUDA);
+}
+
+// |got - want| <= rtol |want| + atol, element by element.
+void expect_near_all(const std::vector<double>& got, const std::vector<double>& want, double rtol,
+                     double atol, const std::string& what) {
+  test::expect_close(got, want, rtol, atol, what);
+}
+
+struct SliceCase {
+  std::int64_t N, V, vocab_start;
+  std::int32_t ignore_index;
+  bool unaligned;
+};
+const SliceCase kSliceCases[] = {
+    {1, 1, 0, -100, false},      {1, 7, 3, -100, false},       {5, 7, 0, -100, false},
+    {3, 1000, 1000, -100, false}, {37, 1000, 17, 5, false},    {2, 16768, 33536, -100, false},
+    {4, 16768, 0, -100, true},   {6, 1000, 2000, -100, true},  {1, 16768, 7, -100, false}};
+
+TEST(CrossEntropySliceCuda, OpsMatchCpu) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const SliceCase& c : kSliceCases) {
+      const std::string tag = test::dt_name(dt) + " N=" + std::to_string(c.N) + " V_r=" +
+                              std::to_string(c.V) + " start=" + std::to_string(c.vocab_start) +
+                              (c.unaligned ? " unaligned" : "");
+      const std::int64_t N = c.N, V = c.V, total = c.vocab_start + V + 11;
+      // Targets: in the slice, elsewhere in the vocabulary, or ignored; the slice's last and
+      // first columns, and an ignored row, where the rows allow.
+      std::vector<std::int32_t> t(static_cast<std::size_t>(N));
+      for (auto& x : t) {
+        const double u = rng.uniform(0, 1);
+        x = u < 0.2 ? c.ignore_index
+                    : std::int32_t(u < 0.6 ? c.vocab_start + rng.integer(0, V - 1) : rng.integer(0, total - 1));
+      }
+      t[0] = std::int32_t(c.vocab_start + V - 1);
+      if (N > 1) t[1] = std::int32_t(c.vocab_start);
+      if (N > 2) t[2] = c.ignore_index;
+      test::DeviceIds ids(t);
+
+      Tensor z = rng.randn({N, V}, DType::F32, 2.0);
+      Tensor zr = test::rounded_f32(z, dt);
+      Tensor zd = device_logits(z, dt, c.unaligned);
+
+      // Row maxima: exact.
+      Tensor m_cpu = Tensor::empty({N}, DType::F64);
+      cross_entropy_slice_max(zr, m_cpu);
+      Tensor m_gpu = Tensor::empty({N}, DType::F64, Device::CUDA);
+      cross_entropy_slice_max(zd, m_gpu);
+      EXPECT_EQ(m_gpu.to_vector(), m_cpu.to_vector()) << "row_max " << tag;
+      Tensor m_gpu2 = Tensor::empty({N}, DType::F64, Device::CUDA);
+      cross_entropy_slice_max(zd, m_gpu2);
+      EXPECT_TRUE(test::same_bits_any(m_gpu, m_gpu2)) << "row_max bits " << tag;
+
+      // A global max at or above the slice's (another rank's columns), an fp32 value as every
+      // maximum of fp32 / bf16 logits is.
+      std::vector<double> g = m_cpu.to_vector();
+      for (std::size_t n = 0; n < g.size(); ++n)
+        if (n % 2) g[n] = double(float(g[n] + rng.uniform(0, 3)));
+      Tensor gmax = Tensor::from_vector(g, {N}, DType::F64), gmax_d = f64_on_gpu(g);
+
+      // Sums: fp64 row results from fp32 exponentials; the target logits exact.
+      Tensor s_cpu = Tensor::empty({2 * N}, DType::F64);
+      cross_entropy_slice_sums(zr, t, c.vocab_start, c.ignore_index, gmax, s_cpu, total);
+      Tensor s_gpu = Tensor::empty({2 * N}, DType::F64, Device::CUDA);
+      cross_entropy_slice_sums(zd, ids.span(), c.vocab_start, c.ignore_index, gmax_d, s_gpu, total);
+      const auto sc = s_cpu.to_vector(), sg = s_gpu.to_vector();
+      expect_near_all(std::vector<double>(sg.begin(), sg.begin() + N),
+                      std::vector<double>(sc.begin(), sc.begin() + N), test::kRtolF32, 0.0, "sums " + tag);
+      EXPECT_EQ(std::vector<double>(sg.begin() + N, sg.end()), std::vector<double>(sc.begin() + N, sc.end()))
+          << "target logits " << tag;
+      Tensor s_gpu2 = Tensor::empty({2 * N}, DType::F64, Device::CUDA);
+      cross_entropy_slice_sums(zd, ids.span(), c.vocab_start, c.ignore_index, gmax_d, s_gpu2, total);
+      EXPECT_TRUE(test::same_bits_any(s_gpu, s_gpu2)) << "sums bits " << tag;
+
+      // Global sums as the all-reduce would give them: other ranks add to s_n, and one of
+      // them holds the target when this slice does not.
+      std::vector<double> gs = sc;
+      for (std::int64_t n = 0; n < N; ++n) {
+        gs[std::size_t(n)] += rng.uniform(0, 2);
+        const std::int64_t col = t[std::size_t(n)] - c.vocab_start;
+        if (t[std::size_t(n)] != c.ignore_index && (col < 0 || col >= V)) gs[std::size_t(N + n)] = rng.normal(2.0);
+      }
+      Tensor gsum = Tensor::from_vector(gs, {2 * N}, DType::F64), gsum_d = f64_on_gpu(gs);
+
+      // Gradient (in place) and row losses.
+      const double scale = 1.3 / double(N);
+      Tensor dz = zr.clone(), l_cpu = Tensor::empty({N}, DType::F64);
+      cross_entropy_slice_grad(dz, t, c.vocab_start, c.ignore_index, gmax, gsum, scale, l_cpu);
+      Tensor dzd = zd.clone(), l_gpu = Tensor::empty({N}, DType::F64, Device::CUDA);
+      cross_entropy_slice_grad(dzd, ids.span(), c.vocab_start, c.ignore_index, gmax_d, gsum_d, scale, l_gpu);
+      test::expect_close_rms(dzd, dz, test::rtol_for(dt), "dlogits " + tag);
+      expect_near_all(l_gpu.to_vector(), l_cpu.to_vector(), 1e-12, 1e-12, "row_loss " + tag);
+      const auto dv = dzd.to_vector(), lv = l_gpu.to_vector();
+      for (std::int64_t n = 0; n < N; ++n) {
+        if (t[std::size_t(n)] != c.ignore_index) continue;
+        EXPECT_EQ(lv[std::size_t(n)], 0.0) << "ignored row " << n << " " << tag;
+        for (std::int64_t v = 0; v < V; ++v)
+          if (dv[std::size_t(n * V + v)] != 0.0) {
+            ADD_FAILURE() << "ignored row " << n << " column " << v << ": " << dv[std::size_t(n * V + v)] << " " << tag;
+            break;
+          }
+      }
+      Tensor dzd2 = zd.clone(), l_gpu2 = Tensor::empty({N}, DType::F64, Device::CUDA);
+      cross_entropy_slice_grad(dzd2, ids.span(), c.vocab_start, c.ignore_index, gmax_d, gsum_d, scale, l_gpu2);
+      EXPECT_TRUE(test::same_bits_any(dzd, dzd2)) << "dlogits bits " << tag;
+      EXPECT_TRUE(test::same_bits_any(l_gpu, l_gpu2)) << "row_loss bits " << tag;
+    }
+  cuda::check_id_errors();  // nothing recorded
+}
+
+// Columns [b, e) of a CPU [N, V] tensor, as a new CPU fp32 tensor.
+Tensor columns(const Tensor& z, std::int64_t b, std::int64_t e) {
+  const std::int64_t N = z.dim(0), V = z.dim(1);
+  const auto v = z.to_vector();
+  std::vector<double> out(std::size_t(N * (e - b)));
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t c = b; c < e; ++c) out[std::size_t(n * (e - b) + c - b)] = v[std::size_t(n * V + c)];
+  return Tensor::from_vector(out, {N, e - b}, DType::F32);
+}
+
+TEST(CrossEntropySliceCuda, SlicesComposeToTheFusedCrossEntropy) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const double dloss = 1.7;
+  struct Case {
+    std::int64_t N, V;
+  };
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Case& c : {Case{1, 37}, Case{37, 50}, Case{5, 1000}, Case{9, 50304}, Case{64, 4099}}) {
+      const std::int64_t N = c.N, V = c.V;
+      const std::string tag = test::dt_name(dt) + " N=" + std::to_string(N) + " V=" + std::to_string(V);
+      std::vector<std::int32_t> t(static_cast<std::size_t>(N));
+      for (auto& x : t) x = rng.uniform(0, 1) < 0.2 ? -100 : std::int32_t(rng.integer(0, V - 1));
+      t[0] = std::int32_t(V - 1);
+      test::DeviceIds ids(t);
+      const double D = double(count_targets(t, -100));
+      Tensor z = test::rounded_f32(rng.randn({N, V}, DType::F32, 3.0), dt);
+
+      // Reference: the whole logits on the GPU.
+      Tensor whole = test::on_gpu(z, dt);
+      Tensor ref_loss = Tensor::zeros({1}, DType::F32, Device::CUDA);
+      cross_entropy_fused(whole, ids.span(), ref_loss, dloss, {.denominator = D});
+
+      const std::int64_t bounds[] = {0, V / 5, V / 5 + V / 2, V};  // uneven
+      std::vector<Tensor> parts;
+      std::vector<double> gmax(std::size_t(N), -INFINITY), gsums(std::size_t(2 * N), 0.0);
+      for (int r = 0; r < 3; ++r) {
+        parts.push_back(test::on_gpu(columns(z, bounds[r], bounds[r + 1]), dt));
+        Tensor m = Tensor::empty({N}, DType::F64, Device::CUDA);
+        cross_entropy_slice_max(parts.back(), m);
+        const auto mv = m.to_vector();
+        for (std::int64_t n = 0; n < N; ++n) gmax[std::size_t(n)] = std::max(gmax[std::size_t(n)], mv[std::size_t(n)]);
+      }
+      const Tensor row_max = f64_on_gpu(gmax);
+      for (int r = 0; r < 3; ++r) {
+        Tensor s = Tensor::empty({2 * N}, DType::F64, Device::CUDA);
+        cross_entropy_slice_sums(parts[std::size_t(r)], ids.span(), bounds[r], -100, row_max, s, V);
+        const auto sv = s.to_vector();
+        for (std::size_t i = 0; i < sv.size(); ++i) gsums[i] += sv[i];
+      }
+      const Tensor sums = f64_on_gpu(gsums);
+      std::vector<double> grad(std::size_t(N * V)), first_loss;
+      double loss = 0;
+      for (int r = 0; r < 3; ++r) {
+        Tensor row_loss = Tensor::empty({N}, DType::F64, Device::CUDA);
+        cross_entropy_slice_grad(parts[std::size_t(r)], ids.span(), bounds[r], -100, row_max, sums, dloss / D,
+                                 row_loss);
+        const auto lv = row_loss.to_vector();
+        if (r == 0) {
+          first_loss = lv;
+          for (double l : lv) loss += l;
+        } else {
+          EXPECT_EQ(lv, first_loss) << "every slice gets the same row losses, " << tag;
+        }
+        const auto gv = parts[std::size_t(r)].to_vector();
+        const std::int64_t w = bounds[r + 1] - bounds[r];
+        for (std::int64_t n = 0; n < N; ++n)
+          for (std::int64_t k = 0; k < w; ++k) grad[std::size_t(n * V + bounds[r] + k)] = gv[std::size_t(n * w + k)];
+      }
+      loss /= D;
+      const double want = ref_loss.to_vector()[0];
+      EXPECT_NEAR(loss, want, test::kRtolF32 * std::abs(want)) << "loss " << tag;
+      test::expect_close_rms(grad, whole.to_vector(), test::rtol_for(dt), "dlogits " + tag);
+    }
+  cuda::check_id_errors();
+}
+
+TEST(CrossEntropySliceCuda, ReportsBadTargets) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  Tensor z = Tensor::zeros({3, 5}, DType::F32, Device::CUDA);
+  Tensor m = Tensor::zeros({3}, DType::F64, Device::CUDA);
+  Tensor s = Tensor::zeros({6}, DType::F64, Device::CUDA), l = Tensor::zeros({3}, DType::F64, Device::CUDA);
+  auto message = [] {
+    try {
+      cuda::check_id_errors();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("nothing reported");
+  };
+  {  // A negative target: its row's sums become NaN.
+    test::DeviceIds ids(std::vector<std::int32_t>{1, -7, 2});
+    cross_entropy_slice_max(z, m);
+    cross_entropy_slice_sums(z, ids.span(), 0, -100, m, s);
+    const auto sv = s.to_vector();
+    EXPECT_TRUE(std::isnan(sv[1]) && std::isnan(sv[4]));
+    EXPECT_FALSE(std::isnan(sv[0]) || std::isnan(sv[2]));
+    const std::string msg = message();
+    EXPECT_NE(msg.find("cross_entropy_slice_sums"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("target -7 at position 1"), std::string::npos) << msg;
+    EXPECT_EQ(message(), "nothing reported");  // cleared
+  }
+  {  // Beyond the vocabulary, when its size is given.
+    test::DeviceIds ids(std::vector<std::int32_t>{1, -100, 12});
+    cross_entropy_slice_sums(z, ids.span(), 5, -100, m, s, 10);
+    EXPECT_TRUE(std::isnan(s.to_vector()[2]));
+    const std::string msg = message();
+    EXPECT_NE(msg.find("target 12 at position 2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[0, 10)"), std::string::npos) << msg;
+  }
+  {  // The gradient: a negative target makes its row NaN.
+    test::DeviceIds ids(std::vector<std::int32_t>{1, -3, -100});
+    Tensor sums = f64_on_gpu({5.0, 5.0, 5.0, 0.0, 0.0, 0.0});
+    cross_entropy_slice_grad(z, ids.span(), 0, -100, m, sums, 1.0, l);
+    const auto lv = l.to_vector(), g = z.to_vector();
+    EXPECT_TRUE(std::isnan(lv[1]));
+    EXPECT_EQ(lv[2], 0.0);
+    for (int v = 0; v < 5; ++v) {
+      EXPECT_TRUE(std::isnan(g[std::size_t(5 + v)]));
+      EXPECT_EQ(g[std::size_t(10 + v)], 0.0);
+    }
+    const std::string msg = message();
+    EXPECT_NE(msg.find("cross_entropy_slice_grad"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("target -3 at position 1"), std::string::npos) << msg;
+  }
+}
+
+TEST(CrossEntropySliceCuda, ChecksDtypesAndDevices) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  Tensor z = Tensor::zeros({2, 5}, DType::BF16, Device::CUDA);
+  Tensor m32 = Tensor::zeros({2}, DType::F32, Device::CUDA);
+  Tensor m_cpu = Tensor::zeros({2}, DType::F64);
+  Tensor m = Tensor::zeros({2}, DType::F64, Device::CUDA);
+  EXPECT_THROW(cross_entropy_slice_max(z, m32), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_max(z, m_cpu), std::invalid_argument);
+  EXPECT_NO_THROW(cross_entropy_slice_max(z, m));
+  Tensor z64 = Tensor::zeros({2, 5}, DType::F64, Device::CUDA);
+  EXPECT_THROW(cross_entropy_slice_max(z64, m), std::invalid_argument);
+}
+
+// ---- zero_rows ---------------------------------------------------------------------------
+
+struct DeviceFlags {
+  std::uint8_t* ptr = nullptr;
+  std::size_t n = 0;
+  explicit DeviceFlags(const std::vector<std::uint8_t>& host) : n(host.size()) {
+    if (n == 0) return;
+    ptr = static_cast<std::uint8_t*>(cuda_alloc(n));
+    memcpy_any(ptr, host.data(), n, CopyKind::HostToDevice);
+  }
+  ~DeviceFlags() { cuda_free(ptr); }
+  DeviceFlags(const DeviceFlags&) = delete;
+  DeviceFlags& operator=(const DeviceFlags&) = delete;
+  std::span<const std::uint8_t> span() const { return {ptr, n}; }
+};
+
+TEST(ElementwiseCuda, ZeroRowsMatchesCpu) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Shape& s : {Shape{1, 1}, Shape{5, 7}, Shape{3, 1000}, Shape{37, 16768}, Shape{4, 3, 5},
+                           Shape{9, 1}, Shape{2, 16768}})
+      for (bool unaligned : {false, true}) {
+        const std::string tag = test::dt_name(dt) + " " + shape_str(s) + (unaligned ? " unaligned" : "");
+        const std::int64_t N = s[0];
+        std::vector<std::uint8_t> keep(static_cast<std::size_t>(N));
+        for (auto& k : keep) k = std::uint8_t(rng.integer(0, 1) * rng.integer(1, 255));
+        if (N > 1) keep[0] = 0;
+        DeviceFlags flags(keep);
+        Tensor x = rng.randn(s, DType::F32);
+        Tensor want = test::rounded_f32(x, dt).to_dtype(dt);
+        zero_rows(want, keep);
+        Tensor xd = device_logits(x.view({x.numel()}), dt, unaligned).view(s);
+        zero_rows(xd, flags.span());
+        EXPECT_TRUE(test::same_bits_any(xd, want)) << "zero_rows " << tag;
+      }
+  Tensor empty = Tensor::zeros({0, 3}, DType::F32, Device::CUDA);
+  EXPECT_NO_THROW(zero_rows(empty, std::span<const std::uint8_t>()));
+}
+
+}  // namespace
+}  // namespace nsatron
