@@ -1,11 +1,12 @@
 #!/bin/bash
-# Throughput of data and pipeline parallelism on GPUs: the 125M model (configs/nsa_125m.toml,
-# bf16, 256 x 2048 tokens per step) on one GPU, then on every GPU of the machine with data
-# parallelism, and with two pipeline stages (and dp over the rest). Prints the mean tokens/s,
+# Throughput of data, pipeline and tensor parallelism on GPUs: the 125M model
+# (configs/nsa_125m.toml, bf16, 256 x 2048 tokens per step) on one GPU, then on every GPU of the
+# machine with data parallelism, with two pipeline stages, and with tp = 2 (dp over the rest).
+# Prints the mean tokens/s,
 # ms/step and MFU of steps 3..N of each run (the first steps warm up).
 #
 #   bash bench/parallel_gpu.sh BUILD_DIR DATA_DIR [STEPS]    (DATA_DIR: prepared shards, e.g. runs/kjv/data)
-# Results: docs/performance.md, "GPU ranks: data and pipeline parallelism".
+# Results: docs/performance.md, "GPU ranks: data, pipeline and tensor parallelism".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:?usage: parallel_gpu.sh BUILD_DIR DATA_DIR [STEPS]}
@@ -37,3 +38,4 @@ echo "$(nvidia-smi -L | head -1), $GPUS GPUs; 125M model, bf16, 256 x 2048 token
 run one 1
 run dp$GPUS "$GPUS"
 run pp2_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2
+run tp2_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2
