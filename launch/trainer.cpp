@@ -364,13 +364,14 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
       // ZeRO-1: each DP rank writes the blocks whose moments it owns. Replicas are written by
       // their counting rank only. (Weights and moments are fp32; on a GPU, copied to the host.)
       auto host = [](const Tensor& t) { return t.is_cpu() ? t : t.to(Device::CPU); };
-      const Tensor hw = host(params.flat_weights()), hm = host(dpo.m()), hv = host(dpo.v());
-      const float* pw = static_cast<const float*>(hw.raw());
-      const float* pm = static_cast<const float*>(hm.raw());
-      const float* pv = static_cast<const float*>(hv.raw());
+      Tensor hw, hm, hv;  // the shards point into these until the file is written
       std::vector<ckpt::ShardSpec> shards;
-      if (sharded_state || dp_rank == 0)
-        shards = ckpt::param_shards(params, pw, pm, pv, dpo.owned_begin(), dpo.owned_begin(), dpo.owned_end());
+      if (sharded_state || dp_rank == 0) {
+        hw = host(params.flat_weights()), hm = host(dpo.m()), hv = host(dpo.v());
+        shards = ckpt::param_shards(params, static_cast<const float*>(hw.raw()), static_cast<const float*>(hm.raw()),
+                                    static_cast<const float*>(hv.raw()), dpo.owned_begin(), dpo.owned_begin(),
+                                    dpo.owned_end());
+      }
       where = save_checkpoint_from_ranks(world, ckpt_dir, state, shards, !shards.empty(),
                                          groups.layout.describe() + (sharded_state ? " zero1" : ""),
                                          int(cfg.checkpoint.keep));

@@ -2,8 +2,8 @@
 // over the PP group, independent of the model. The model is cut into P contiguous stages; PP
 // rank s (pp.rank() of P = pp.size()) runs stage s on each of the step's A micro-batches, and
 // the stages pass activations forward (s -> s + 1) and their gradients back (s + 1 -> s), one
-// tensor of a fixed shape and dtype per micro-batch and direction (CPU tensors, sent through
-// the Communicator).
+// tensor of a fixed shape, dtype and device per micro-batch and direction (CPU tensors over
+// MPI, CUDA tensors over NCCL; sent through the Communicator).
 //
 // Stage s, with W = min(P - s - 1, A) warmup micro-batches:
 //   warmup    W times:      recv input from s-1, forward, send output to s+1
@@ -33,7 +33,8 @@
 // retires one. The first stage holds the most; the last holds one.
 //
 // Deadlock: every transfer is a blocking send, recv or send_recv (MPI_Sendrecv), which MPI may
-// complete only once the peer has posted the matching receive (large messages). The pairing
+// complete only once the peer has posted the matching receive (large messages); NCCL enqueues
+// them on the stream, where a send waits for its peer's receive the same way. The pairing
 // above never waits in a cycle, for any P and A (A < P included: no steady phase, the warmup
 // and cooldown are a chain); tests/parallel/test_pipeline.cpp replays every stage's steps
 // with such blocking semantics for P <= 8, A <= 16, and runs the schedule under mpirun with
