@@ -20,28 +20,13 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/nccl_communicator.h"
 #include "parallel/process_groups.h"
+#include "tests/parallel/gpu_test_util.h"
 
 using namespace nsatron;
 using namespace nsatron::parallel;
 
 namespace {
 
-// Why NCCL cannot be tested here ("" when it can): the same answer on every rank (collective
-// over `host`, so that no rank waits in a collective that another skipped).
-std::string skip_reason(MpiCommunicator& host) {
-  std::string why;
-  try {
-    bind_local_gpu(host);
-  } catch (const UserError& e) {
-    why = e.what();
-  }
-#if !NSATRON_WITH_NCCL
-  if (why.empty()) why = "this build has no NCCL";
-#endif
-  if (all_reduce_value(host, why.empty() ? 0.0 : 1.0, ReduceOp::Max) > 0.0)
-    return why.empty() ? std::string("another rank cannot use a GPU") : why;
-  return "";
-}
 
 // A CUDA tensor holding `v` (converted to dt).
 Tensor on_gpu(const std::vector<double>& v, DType dt) {
@@ -81,7 +66,7 @@ class Nccl : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!host_) host_ = MpiCommunicator::world("world");
-    const std::string why = skip_reason(*host_);
+    const std::string why = gpu_skip_reason(*host_);
     if (!why.empty()) GTEST_SKIP() << why;
 #if NSATRON_WITH_NCCL
     if (!comm_) comm_ = NcclCommunicator::create(*host_, "world");

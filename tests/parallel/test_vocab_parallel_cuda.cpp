@@ -25,6 +25,7 @@
 #include "parallel/gpu_binding.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_groups.h"
+#include "tests/parallel/gpu_test_util.h"
 #include "parallel/vocab_parallel.h"
 #include "tests/ops_cuda/cuda_test_util.h"
 
@@ -33,21 +34,6 @@ using namespace nsatron::parallel;
 
 namespace {
 
-// Why this cannot run here ("" when it can), the same answer on every rank.
-std::string skip_reason(Communicator& host) {
-  std::string why;
-  try {
-    bind_local_gpu(host);
-  } catch (const UserError& e) {
-    why = e.what();
-  }
-#if !NSATRON_WITH_NCCL
-  if (why.empty() && host.size() > 1) why = "this build has no NCCL";
-#endif
-  if (all_reduce_value(host, why.empty() ? 0.0 : 1.0, ReduceOp::Max) > 0.0)
-    return why.empty() ? std::string("another rank cannot use a GPU") : why;
-  return "";
-}
 
 // Columns [b, e) of a CPU [N, V] tensor, as a new CPU fp32 tensor.
 Tensor columns(const Tensor& z, std::int64_t b, std::int64_t e) {
@@ -65,7 +51,7 @@ class VocabParallelCuda : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!host_) host_ = std::make_unique<ProcessGroups>(make_process_groups(Backend::Mpi, world_size(), 1));
-    const std::string why = skip_reason(*host_->world);
+    const std::string why = gpu_skip_reason(*host_->world);
     if (!why.empty()) GTEST_SKIP() << why;
     if (!dev_) dev_ = std::make_unique<ProcessGroups>(make_device_groups(*host_));
   }
