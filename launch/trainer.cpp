@@ -170,7 +170,13 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
   int gpu_index = 0;
   if (multi_gpu) gpu_index = world.together([&] { return parallel::bind_local_gpu(*groups.world); });
   const parallel::ProcessGroups tensor_groups =
-      multi_gpu ? world.together([&] { return parallel::make_device_groups(groups); }) : groups;
+      multi_gpu ? world.together([&] {
+        parallel::DeviceGroupSet which;
+        which.world = false;  // the world carries only control values
+        which.embedding = cfg.model.tie_embeddings && cfg.parallel.pp > 1;
+        return parallel::make_device_groups(groups, which);
+      })
+                : groups;
   const int dp = groups.layout.dp, dp_rank = groups.layout.dp_rank;
   const int tp = groups.layout.tp, pp = groups.layout.pp;
   out << "nsatron " << kVersion << " train " << cfg.source << "\n\n# resolved config\n" << to_toml(cfg) << "\n";

@@ -40,7 +40,7 @@ ProcessGroups make_process_groups(Backend backend, int tp, int pp) {
   return g;
 }
 
-ProcessGroups make_device_groups(const ProcessGroups& host) {
+ProcessGroups make_device_groups(const ProcessGroups& host, const DeviceGroupSet& which) {
   ProcessGroups g;
   g.layout = host.layout;
   // In this order on every rank (see the header); each create is collective over its group only.
@@ -55,11 +55,11 @@ ProcessGroups make_device_groups(const ProcessGroups& host) {
                     "in the CUDA toolkit or under -DNCCL_ROOT=...)");
 #endif
   };
-  g.world = device_group(host.world);
-  g.tp = device_group(host.tp);
-  g.dp = device_group(host.dp);
-  g.pp = device_group(host.pp);
-  g.embedding = device_group(host.embedding);
+  g.world = which.world ? device_group(host.world) : host.world;
+  g.tp = which.tp ? device_group(host.tp) : host.tp;
+  g.dp = which.dp ? device_group(host.dp) : host.dp;
+  g.pp = which.pp ? device_group(host.pp) : host.pp;
+  g.embedding = which.embedding ? device_group(host.embedding) : host.embedding;
   return g;
 }
 

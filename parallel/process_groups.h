@@ -49,6 +49,12 @@ ProcessGroups make_process_groups(Backend backend, int tp, int pp);
 // to `host` (which keeps carrying the control values); destroy it at the same point on every
 // rank (see nccl_communicator.h, Lifetime). Throws UserError when a group of more than one
 // rank needs NCCL and the build has none (a world of one needs none).
-ProcessGroups make_device_groups(const ProcessGroups& host);
+// `which` leaves out groups the caller does not use (each NCCL communicator holds buffers on
+// the GPU and a proxy thread); those keep the host's communicator, which refuses CUDA tensors
+// by name. The choice must be the same on every rank.
+struct DeviceGroupSet {
+  bool world = true, tp = true, dp = true, pp = true, embedding = true;
+};
+ProcessGroups make_device_groups(const ProcessGroups& host, const DeviceGroupSet& which = {});
 
 }  // namespace nsatron::parallel
