@@ -309,7 +309,7 @@ Tensor NsaTransformer::forward_layers(const Ids& tokens, const Tensor* input, st
   Tensor x = first_stage() ? embed(tokens, B * T) : *input;
   for (std::int64_t l = layer_begin_; l < layer_end_; ++l) {
     Tensor y;
-    layer_forward(l, x, y, nullptr, Keep::Nothing, B, T);
+    layer_forward(l, x, &y, nullptr, Keep::Nothing, B, T);
     x = y;
   }
   return x;
@@ -360,7 +360,7 @@ void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, co
   });
 }
 
-void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor& x_out, LayerActivations* acts, Keep keep,
+void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor* x_out, LayerActivations* acts, Keep keep,
                                    std::int64_t B, std::int64_t T) const {
   const ModelDims& m = local_;
   const std::int64_t N = B * T;
@@ -395,10 +395,12 @@ void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor& x_ou
   { TIMED("matmul"); linear_forward(a.hn, mlp_in(compute_, l), nullptr, a.u); }
   a.act = act({N, m.F});
   { TIMED("swiglu"); swiglu_forward(a.u, a.act); }
-  x_out = act({N, m.C});
-  { TIMED("matmul"); linear_forward(a.act, W("mlp/w_out"), nullptr, x_out); }
-  tp_sum(x_out);  // row-parallel w_out
-  { TIMED("residual add"); add(a.h, x_out, x_out); }
+  if (x_out) {  // (a recompute for the backward needs the activations, not the output)
+    *x_out = act({N, m.C});
+    { TIMED("matmul"); linear_forward(a.act, W("mlp/w_out"), nullptr, *x_out); }
+    tp_sum(*x_out);  // row-parallel w_out
+    { TIMED("residual add"); add(a.h, *x_out, *x_out); }
+  }
 
   if (!acts) return;
   switch (keep) {
@@ -417,8 +419,7 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
   const ModelDims& m = local_;
   const std::int64_t N = B * T;
   if (!a.h.defined()) {  // full recompute: only the input was kept
-    Tensor out;
-    layer_forward(l, a.x, out, &a, Keep::All, B, T);
+    layer_forward(l, a.x, nullptr, &a, Keep::All, B, T);
     return;
   }
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
@@ -553,7 +554,7 @@ StageState NsaTransformer::stage_forward(std::span<const std::int32_t> tokens, s
   st.acts.resize(std::size_t(layer_end_ - layer_begin_));
   for (std::int64_t l = layer_begin_; l < layer_end_; ++l) {
     Tensor y;
-    layer_forward(l, x, y, &st.acts[std::size_t(l - layer_begin_)], keep_mode(l), B, T);
+    layer_forward(l, x, &y, &st.acts[std::size_t(l - layer_begin_)], keep_mode(l), B, T);
     x = y;
   }
   if (!last_stage()) {

@@ -165,7 +165,8 @@ class NsaTransformer {
   void core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o, Tensor* const dparts[8],
                      std::int64_t B, std::int64_t T);
   Keep keep_mode(std::int64_t l) const;
-  void layer_forward(std::int64_t l, const Tensor& x, Tensor& x_out, LayerActivations* acts, Keep keep,
+  // x_out: the layer's output; nullptr when only the activations are wanted (full recompute).
+  void layer_forward(std::int64_t l, const Tensor& x, Tensor* x_out, LayerActivations* acts, Keep keep,
                      std::int64_t B, std::int64_t T) const;
   void complete_for_backward(std::int64_t l, LayerActivations& a, std::int64_t B, std::int64_t T) const;
   void layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in, std::int64_t B,
