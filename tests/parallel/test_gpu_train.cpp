@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 
 #include "core/device/device.h"
 #include "tests/parallel/parallel_train_fixture.h"
@@ -105,6 +106,25 @@ TEST_F(GpuTrain, TensorParallelCheckpointResumesOnOneGpu) {
   EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
   expect_same_curve("ref", "tp2_to_1", 1e-5, 10);
   expect_same_tensors("ref", "tp2_to_1", 1e-5, kTensors);
+}
+
+// CPU and GPU runs write the same checkpoint format: a CPU run's checkpoint continues on a GPU
+// (and back) on the CPU run's curve, to the precision the two devices' kernels agree (fp32
+// compute on both; summation orders differ).
+TEST_F(GpuTrain, CheckpointsMoveBetweenCpuAndGpu) {
+  REQUIRE_GPUS(1);
+  const std::string ten = kModel + " --set train.dtype=fp32 --set train.steps=10";
+  ASSERT_EQ(train(0, "cpu_ref", ten).code, 0);
+  using Move = std::tuple<std::string, std::string, std::string>;  // name, first run, second run
+  for (const auto& [name, first, second] : {Move{"cpu_to_gpu", "", kGpu}, Move{"gpu_to_cpu", kGpu, ""}}) {
+    SCOPED_TRACE(name);
+    CommandResult a = train(0, name, ten + first + " --set train.stop_at=5");
+    ASSERT_EQ(a.code, 0) << a.out << a.err;
+    CommandResult b = train(0, name, ten + second);
+    ASSERT_EQ(b.code, 0) << b.out << b.err;
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    expect_same_curve("cpu_ref", name, 1e-4, 10);
+  }
 }
 
 }  // namespace
