@@ -5,10 +5,10 @@
 // Names are paths ("model/layers.3/attn/wqkv"): checkpoints store one dataset per name.
 #pragma once
 #include <cstdint>
-#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "core/tensor/box.h"
 #include "core/tensor/tensor.h"
 
 namespace nsatron {
@@ -42,13 +42,6 @@ struct ParamInfo {
 
 bool is_whole(const ParamInfo& p);
 
-// Copies the block at `offset` of shape `box` out of a row-major tensor of shape `full_shape`
-// into a dense row-major buffer (and back, with insert_box).
-template <class T>
-void extract_box(const T* full, const Shape& full_shape, const Shape& offset, const Shape& box, T* out);
-template <class T>
-void insert_box(T* full, const Shape& full_shape, const Shape& offset, const Shape& box, const T* in);
-
 class ParamStore {
  public:
   // Declares a parameter; all declarations come before allocate().
@@ -78,40 +71,5 @@ class ParamStore {
   std::int64_t total_ = 0;
   Tensor weights_, grads_;
 };
-
-namespace detail {
-// Calls copy(full_index, box_index, n) for each contiguous run of the block (a run along the
-// last dimension).
-template <class F>
-void for_each_box_run(const Shape& full_shape, const Shape& offset, const Shape& box, F&& copy) {
-  const std::size_t r = box.size();
-  if (r == 0) return copy(std::int64_t(0), std::int64_t(0), std::int64_t(1));
-  const std::int64_t run = box[r - 1];
-  std::int64_t outer = 1;
-  for (std::size_t d = 0; d + 1 < r; ++d) outer *= box[d];
-  for (std::int64_t o = 0; o < outer; ++o) {
-    std::int64_t rest = o, at_full = 0, stride = 1;
-    for (std::size_t d = r - 1; d-- > 0;) {  // the block index of o, dimension by dimension
-      stride *= full_shape[d + 1];
-      at_full += (offset[d] + rest % box[d]) * stride;
-      rest /= box[d];
-    }
-    copy(at_full + offset[r - 1], o * run, run);
-  }
-}
-}  // namespace detail
-
-template <class T>
-void extract_box(const T* full, const Shape& full_shape, const Shape& offset, const Shape& box, T* out) {
-  detail::for_each_box_run(full_shape, offset, box, [&](std::int64_t f, std::int64_t b, std::int64_t n) {
-    std::copy(full + f, full + f + n, out + b);
-  });
-}
-template <class T>
-void insert_box(T* full, const Shape& full_shape, const Shape& offset, const Shape& box, const T* in) {
-  detail::for_each_box_run(full_shape, offset, box, [&](std::int64_t f, std::int64_t b, std::int64_t n) {
-    std::copy(in + b, in + b + n, full + f);
-  });
-}
 
 }  // namespace nsatron

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor/box.h"
 #include "core/tensor/tensor.h"
 
 namespace nsatron::test {
@@ -107,6 +108,15 @@ template <class F> void with_threads(int threads, F&& f) {
   omp_set_num_threads(threads);
   f();
   omp_set_num_threads(prev);
+}
+
+// Columns [b, e) of a CPU [N, V] tensor, as a new [N, e - b] tensor of the same dtype.
+inline Tensor columns(const Tensor& z, std::int64_t b, std::int64_t e) {
+  const std::int64_t N = z.dim(0), V = z.dim(1);
+  const std::vector<double> v = z.to_vector();
+  std::vector<double> out(std::size_t(N * (e - b)));
+  extract_box(v.data(), {N, V}, {0, b}, {N, e - b}, out.data());
+  return Tensor::from_vector(out, {N, e - b}, z.dtype());
 }
 
 }  // namespace nsatron::test

@@ -166,15 +166,6 @@ TEST(CrossEntropy, SameBitsForAnyThreadCount) {
 
 // ---- vocabulary slices ---------------------------------------------------------------------
 
-// Column slices [b, e) of a CPU [N, V] tensor, as a new [N, e - b] tensor of the same dtype.
-Tensor columns(const Tensor& z, std::int64_t b, std::int64_t e) {
-  const std::int64_t N = z.dim(0), V = z.dim(1);
-  const auto v = z.to_vector();
-  std::vector<double> out(std::size_t(N * (e - b)));
-  for (std::int64_t n = 0; n < N; ++n)
-    for (std::int64_t c = b; c < e; ++c) out[std::size_t(n * (e - b) + c - b)] = v[std::size_t(n * V + c)];
-  return Tensor::from_vector(out, {N, e - b}, z.dtype());
-}
 
 TEST(CrossEntropySlice, OpsMatchTheFormula) {
   Rng rng(45);
@@ -253,7 +244,7 @@ void compose(DType dt, std::int64_t N, std::int64_t V, double tol, std::uint64_t
   std::vector<Tensor> parts;
   std::vector<double> gmax(std::size_t(N), -INFINITY), gsums(std::size_t(2 * N), 0.0);
   for (int r = 0; r < 3; ++r) {
-    parts.push_back(columns(z, bounds[r], bounds[r + 1]));
+    parts.push_back(test::columns(z, bounds[r], bounds[r + 1]));
     Tensor m = Tensor::empty({N}, DType::F64);
     cross_entropy_slice_max(parts.back(), m);
     const auto mv = m.to_vector();

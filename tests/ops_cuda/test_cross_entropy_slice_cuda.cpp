@@ -140,15 +140,6 @@ TEST(CrossEntropySliceCuda, OpsMatchCpu) {
   cuda::check_id_errors();  // nothing recorded
 }
 
-// Columns [b, e) of a CPU [N, V] tensor, as a new CPU fp32 tensor.
-Tensor columns(const Tensor& z, std::int64_t b, std::int64_t e) {
-  const std::int64_t N = z.dim(0), V = z.dim(1);
-  const auto v = z.to_vector();
-  std::vector<double> out(std::size_t(N * (e - b)));
-  for (std::int64_t n = 0; n < N; ++n)
-    for (std::int64_t c = b; c < e; ++c) out[std::size_t(n * (e - b) + c - b)] = v[std::size_t(n * V + c)];
-  return Tensor::from_vector(out, {N, e - b}, DType::F32);
-}
 
 TEST(CrossEntropySliceCuda, SlicesComposeToTheFusedCrossEntropy) {
   NSATRON_SKIP_WITHOUT_GPU();
@@ -179,7 +170,7 @@ TEST(CrossEntropySliceCuda, SlicesComposeToTheFusedCrossEntropy) {
       std::vector<Tensor> parts;
       std::vector<double> gmax(std::size_t(N), -INFINITY), gsums(std::size_t(2 * N), 0.0);
       for (int r = 0; r < 3; ++r) {
-        parts.push_back(test::on_gpu(columns(z, bounds[r], bounds[r + 1]), dt));
+        parts.push_back(test::on_gpu(test::columns(z, bounds[r], bounds[r + 1]), dt));
         Tensor m = Tensor::empty({N}, DType::F64, Device::CUDA);
         cross_entropy_slice_max(parts.back(), m);
         const auto mv = m.to_vector();

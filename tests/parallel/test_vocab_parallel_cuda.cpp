@@ -32,21 +32,6 @@
 using namespace nsatron;
 using namespace nsatron::parallel;
 
-namespace {
-
-
-// Columns [b, e) of a CPU [N, V] tensor, as a new CPU fp32 tensor.
-Tensor columns(const Tensor& z, std::int64_t b, std::int64_t e) {
-  const std::int64_t N = z.dim(0), V = z.dim(1);
-  const auto v = z.to_vector();
-  std::vector<double> out(std::size_t(N * (e - b)));
-  for (std::int64_t n = 0; n < N; ++n)
-    for (std::int64_t c = b; c < e; ++c) out[std::size_t(n * (e - b) + c - b)] = v[std::size_t(n * V + c)];
-  return Tensor::from_vector(out, {N, e - b}, DType::F32);
-}
-
-}  // namespace
-
 class VocabParallelCuda : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -115,7 +100,7 @@ TEST_F(VocabParallelCuda, MatchesTheWholeLogits) {
       // This rank's columns: ceil(V / P) each, the last rank fewer.
       const std::int64_t per = (V + P - 1) / P, start = std::min<std::int64_t>(V, r * per),
                          end = std::min<std::int64_t>(V, start + per);
-      const Tensor mine = columns(z, start, end);
+      const Tensor mine = test::columns(z, start, end);
       VocabParallelCE opt;
       opt.vocab_start = start;
       opt.denominator = D;
@@ -124,7 +109,7 @@ TEST_F(VocabParallelCuda, MatchesTheWholeLogits) {
       const double got = vocab_parallel_cross_entropy(tp(), local, ids.span(), dloss, opt);
       EXPECT_NEAR(got, want, test::kRtolF32 * std::abs(want)) << "loss " << tag;
       EXPECT_TRUE(same_everywhere(got)) << "loss bits differ between ranks, " << tag;
-      const Tensor ref_cols = columns(whole.to(Device::CPU).to_dtype(DType::F32), start, end);
+      const Tensor ref_cols = test::columns(whole.to(Device::CPU).to_dtype(DType::F32), start, end);
       test::expect_close_rms(local, ref_cols, test::rtol_for(dt), "dlogits " + tag);
 
       // Run to run: the same bits.
