@@ -12,6 +12,7 @@
 // kernels: the row max; the sum of exp(z - m) with the target's logit; the loss and the
 // gradient in place. Their row results are fp64.
 #include <cmath>
+#include <type_traits>
 
 #include "core/ops/cross_entropy.h"
 #include "core/ops/cuda/common.cuh"
@@ -166,22 +167,29 @@ Scratch scratch(std::int64_t N, bool count) {
   return {reinterpret_cast<double*>(ws), count ? reinterpret_cast<double*>(ws + rows) : nullptr};
 }
 
+// Launches one block per row through launch(std::integral_constant<int, VEC>, threads): VEC =
+// kVec<T> (16-byte pieces) when `aligned` (the rows' data is 16-byte aligned) and V is a
+// multiple of it, else 1 (element by element).
+template <class T, class F>
+void launch_per_row(bool aligned, std::int64_t N, std::int64_t V, const char* what, F&& launch) {
+  if (N > 0x7fffffff) throw std::invalid_argument(std::string(what) + " (cuda): too many rows");
+  if (N == 0) return;
+  if (aligned && V % kVec<T> == 0)
+    launch(std::integral_constant<int, kVec<T>>{}, row_threads(V / kVec<T>, 512));
+  else
+    launch(std::integral_constant<int, 1>{}, row_threads(V, 512));
+  check_launch(what);
+}
+
 template <class T, int MODE>
 void launch_rows(T* dz, const T* z, float* lse, double* row_loss, const std::int32_t* targets,
                  std::int64_t N, std::int64_t V, std::int32_t ignore_index, double dloss,
                  double denom_host, const double* denom_dev, const char* what) {
-  if (N > 0x7fffffff) throw std::invalid_argument(std::string(what) + " (cuda): too many rows");
-  constexpr int VV = kVec<T>;
-  const bool vec = V % VV == 0 && aligned16(z) && aligned16(dz ? dz : z);
-  const int threads = row_threads(vec ? V / VV : V, 512);
   IdError* err = id_error_slot();
-  if (vec)
-    ce_row_kernel<T, VV, MODE><<<unsigned(N), threads>>>(
+  launch_per_row<T>(aligned16(z) && aligned16(dz ? dz : z), N, V, what, [&](auto vec, int threads) {
+    ce_row_kernel<T, decltype(vec)::value, MODE><<<unsigned(N), threads>>>(
         dz, z, lse, row_loss, targets, V, ignore_index, dloss, denom_host, denom_dev, err);
-  else
-    ce_row_kernel<T, 1, MODE><<<unsigned(N), threads>>>(
-        dz, z, lse, row_loss, targets, V, ignore_index, dloss, denom_host, denom_dev, err);
-  check_launch(what);
+  });
 }
 
 // ---- vocabulary slices (cross_entropy.h) ------------------------------------------------
@@ -298,33 +306,17 @@ __global__ void slice_grad_kernel(T* z, double* __restrict__ row_loss,
   }
 }
 
-// Launches kernel<T, VEC> or kernel<T, 1> with one block per row.
-template <class T> bool slice_vectorized(const void* z, std::int64_t V) {
-  return V % kVec<T> == 0 && aligned16(z);
-}
-template <class T> int slice_threads(const void* z, std::int64_t V) {
-  return row_threads(slice_vectorized<T>(z, V) ? V / kVec<T> : V, 512);
-}
-void check_rows(std::int64_t N, const char* what) {
-  if (N > 0x7fffffff) throw std::invalid_argument(std::string(what) + " (cuda): too many rows");
-}
-
 }  // namespace
 
 void cross_entropy_slice_max(DType dt, double* row_max, const void* logits, std::int64_t N,
                              std::int64_t V) {
   const char* what = "cross_entropy_slice_max";
-  check_rows(N, what);
-  if (N == 0) return;
   dispatch(dt, what, [&](auto tag) {
     using T = decltype(tag);
     const T* z = static_cast<const T*>(logits);
-    const int threads = slice_threads<T>(z, V);
-    if (slice_vectorized<T>(z, V))
-      slice_max_kernel<T, kVec<T>><<<unsigned(N), threads>>>(row_max, z, V);
-    else
-      slice_max_kernel<T, 1><<<unsigned(N), threads>>>(row_max, z, V);
-    check_launch(what);
+    launch_per_row<T>(aligned16(z), N, V, what, [&](auto vec, int threads) {
+      slice_max_kernel<T, decltype(vec)::value><<<unsigned(N), threads>>>(row_max, z, V);
+    });
   });
 }
 
@@ -333,20 +325,14 @@ void cross_entropy_slice_sums(DType dt, double* sums, const void* logits,
                               std::int64_t vocab_start, std::int32_t ignore_index,
                               const double* row_max, std::int64_t vocab_size) {
   const char* what = "cross_entropy_slice_sums";
-  check_rows(N, what);
-  if (N == 0) return;
   IdError* err = id_error_slot();
   dispatch(dt, what, [&](auto tag) {
     using T = decltype(tag);
     const T* z = static_cast<const T*>(logits);
-    const int threads = slice_threads<T>(z, V);
-    if (slice_vectorized<T>(z, V))
-      slice_sums_kernel<T, kVec<T>><<<unsigned(N), threads>>>(
+    launch_per_row<T>(aligned16(z), N, V, what, [&](auto vec, int threads) {
+      slice_sums_kernel<T, decltype(vec)::value><<<unsigned(N), threads>>>(
           sums, z, targets, N, V, vocab_start, ignore_index, row_max, vocab_size, err);
-    else
-      slice_sums_kernel<T, 1><<<unsigned(N), threads>>>(
-          sums, z, targets, N, V, vocab_start, ignore_index, row_max, vocab_size, err);
-    check_launch(what);
+    });
   });
 }
 
@@ -355,20 +341,14 @@ void cross_entropy_slice_grad(DType dt, void* logits, double* row_loss,
                               std::int64_t vocab_start, std::int32_t ignore_index,
                               const double* row_max, const double* sums, double scale) {
   const char* what = "cross_entropy_slice_grad";
-  check_rows(N, what);
-  if (N == 0) return;
   IdError* err = id_error_slot();
   dispatch(dt, what, [&](auto tag) {
     using T = decltype(tag);
     T* z = static_cast<T*>(logits);
-    const int threads = slice_threads<T>(z, V);
-    if (slice_vectorized<T>(z, V))
-      slice_grad_kernel<T, kVec<T>><<<unsigned(N), threads>>>(
+    launch_per_row<T>(aligned16(z), N, V, what, [&](auto vec, int threads) {
+      slice_grad_kernel<T, decltype(vec)::value><<<unsigned(N), threads>>>(
           z, row_loss, targets, N, V, vocab_start, ignore_index, row_max, sums, float(scale), err);
-    else
-      slice_grad_kernel<T, 1><<<unsigned(N), threads>>>(
-          z, row_loss, targets, N, V, vocab_start, ignore_index, row_max, sums, float(scale), err);
-    check_launch(what);
+    });
   });
 }
 
