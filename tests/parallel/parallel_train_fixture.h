@@ -71,5 +71,24 @@ class ParallelTrain : public TrainRun {
     EXPECT_EQ(compared, 3 * tensors);  // the parameters and their two moments
     std::printf("%s vs %s: largest difference %.3g over %d tensors\n", a.c_str(), b.c_str(), worst, compared);
   }
+
+  // One layout to another: run `name` with `first` (np ranks: first_np) to train.stop_at=5 of
+  // a 10-step run (`ten` holds the run's settings, train.steps=10 among them), resume it with
+  // `second` to step 10, and check that it follows run `ref` (the same 10 steps in one go): the
+  // curve to `rel`, and, when tensors > 0, every final weight and moment to 1e-5.
+  void stop_and_resume(const std::string& ref, const std::string& name, const std::string& ten, int first_np,
+                       const std::string& first, int second_np, const std::string& second, double rel,
+                       int tensors) {
+    SCOPED_TRACE(name);
+    CommandResult a = train(first_np, name, ten + " --set train.stop_at=5" + first);
+    ASSERT_EQ(a.code, 0) << a.out << a.err;
+    EXPECT_NE(a.out.find("stopped at step 5"), std::string::npos) << a.out;
+    CommandResult b = train(second_np, name, ten + second);
+    ASSERT_EQ(b.code, 0) << b.out << b.err;
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    EXPECT_NE(b.out.find("step      6/10"), std::string::npos) << b.out;
+    expect_same_curve(ref, name, rel, 10);
+    if (tensors > 0) expect_same_tensors(ref, name, 1e-5, tensors);
+  }
 };
 

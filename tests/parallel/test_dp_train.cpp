@@ -122,24 +122,11 @@ TEST_F(DpTrain, CheckpointsMoveBetweenLayouts) {
   const std::string ten = " --set train.steps=10";
   ASSERT_EQ(train(0, "ref", ten).code, 0);
   // dp2 -> 1 rank, 1 rank -> dp2, ZeRO-1 dp2 <-> 1 rank: stop at 5, resume to 10.
-  struct Case {
-    std::string name;
-    int first_np, second_np;
-    std::string first_extra, second_extra;
-  };
   const std::string zero1 = " --set parallel.zero1=true";
-  for (const Case& c : {Case{"dp2_to_1", 2, 0, "", ""}, Case{"one_to_dp2", 0, 2, "", ""},
-                        Case{"zero1_to_1", 2, 0, zero1, ""}, Case{"one_to_zero1", 0, 2, "", zero1}}) {
-    CommandResult a = train(c.first_np, c.name, ten + " --set train.stop_at=5" + c.first_extra);
-    ASSERT_EQ(a.code, 0) << c.name << a.out << a.err;
-    EXPECT_NE(a.out.find("stopped at step 5"), std::string::npos) << a.out;
-    CommandResult b = train(c.second_np, c.name, ten + c.second_extra);
-    ASSERT_EQ(b.code, 0) << c.name << b.out << b.err;
-    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
-    EXPECT_NE(b.out.find("step      6/10"), std::string::npos) << b.out;
-    expect_same_curve("ref", c.name, 1e-5, 10);
-    expect_same_tensors("ref", c.name, 1e-5);
-  }
+  stop_and_resume("ref", "dp2_to_1", ten, 2, "", 0, "", 1e-5, kTinyTensors);
+  stop_and_resume("ref", "one_to_dp2", ten, 0, "", 2, "", 1e-5, kTinyTensors);
+  stop_and_resume("ref", "zero1_to_1", ten, 2, zero1, 0, "", 1e-5, kTinyTensors);
+  stop_and_resume("ref", "one_to_zero1", ten, 0, "", 2, zero1, 1e-5, kTinyTensors);
 }
 
 TEST_F(DpTrain, WorldSizeMustFitTheConfig) {

@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <string>
-#include <tuple>
 
 #include "core/device/device.h"
 #include "tests/parallel/parallel_train_fixture.h"
@@ -81,31 +80,15 @@ TEST_F(GpuTrain, CheckpointsMoveBetweenGpuLayouts) {
   const std::string ten = kModel + kGpu + " --set train.dtype=fp32 --set train.steps=10";
   ASSERT_EQ(train(0, "ref", ten).code, 0);
   // pp2 on two GPUs -> one GPU, and one GPU -> dp2 (stop at 5, resume to 10).
-  CommandResult a = train(2, "pp2_to_1", ten + " --set train.stop_at=5 --set parallel.pp=2");
-  ASSERT_EQ(a.code, 0) << a.out << a.err;
-  CommandResult b = train(0, "pp2_to_1", ten);
-  ASSERT_EQ(b.code, 0) << b.out << b.err;
-  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
-  expect_same_curve("ref", "pp2_to_1", 1e-5, 10);
-  CommandResult c = train(0, "one_to_dp2", ten + " --set train.stop_at=5");
-  ASSERT_EQ(c.code, 0) << c.out << c.err;
-  CommandResult d = train(2, "one_to_dp2", ten);
-  ASSERT_EQ(d.code, 0) << d.out << d.err;
-  expect_same_curve("ref", "one_to_dp2", 1e-5, 10);
-  expect_same_tensors("ref", "one_to_dp2", 1e-5, kTensors);
+  stop_and_resume("ref", "pp2_to_1", ten, 2, " --set parallel.pp=2", 0, "", 1e-5, 0);
+  stop_and_resume("ref", "one_to_dp2", ten, 0, "", 2, "", 1e-5, kTensors);
 }
 
 TEST_F(GpuTrain, TensorParallelCheckpointResumesOnOneGpu) {
   REQUIRE_GPUS(2);
   const std::string ten = kModel + kGpu + " --set train.dtype=fp32 --set train.steps=10";
   ASSERT_EQ(train(0, "ref", ten).code, 0);
-  CommandResult a = train(2, "tp2_to_1", ten + " --set train.stop_at=5 --set parallel.tp=2");
-  ASSERT_EQ(a.code, 0) << a.out << a.err;
-  CommandResult b = train(0, "tp2_to_1", ten);
-  ASSERT_EQ(b.code, 0) << b.out << b.err;
-  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
-  expect_same_curve("ref", "tp2_to_1", 1e-5, 10);
-  expect_same_tensors("ref", "tp2_to_1", 1e-5, kTensors);
+  stop_and_resume("ref", "tp2_to_1", ten, 2, " --set parallel.tp=2", 0, "", 1e-5, kTensors);
 }
 
 // CPU and GPU runs write the same checkpoint format: a CPU run's checkpoint continues on a GPU
@@ -115,16 +98,8 @@ TEST_F(GpuTrain, CheckpointsMoveBetweenCpuAndGpu) {
   REQUIRE_GPUS(1);
   const std::string ten = kModel + " --set train.dtype=fp32 --set train.steps=10";
   ASSERT_EQ(train(0, "cpu_ref", ten).code, 0);
-  using Move = std::tuple<std::string, std::string, std::string>;  // name, first run, second run
-  for (const auto& [name, first, second] : {Move{"cpu_to_gpu", "", kGpu}, Move{"gpu_to_cpu", kGpu, ""}}) {
-    SCOPED_TRACE(name);
-    CommandResult a = train(0, name, ten + first + " --set train.stop_at=5");
-    ASSERT_EQ(a.code, 0) << a.out << a.err;
-    CommandResult b = train(0, name, ten + second);
-    ASSERT_EQ(b.code, 0) << b.out << b.err;
-    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
-    expect_same_curve("cpu_ref", name, 1e-4, 10);
-  }
+  stop_and_resume("cpu_ref", "cpu_to_gpu", ten, 0, "", 0, kGpu, 1e-4, 0);
+  stop_and_resume("cpu_ref", "gpu_to_cpu", ten, 0, kGpu, 0, "", 1e-4, 0);
 }
 
 }  // namespace

@@ -90,27 +90,12 @@ TEST_F(MpTrain, ShardedCheckpointHoldsEachBlockOnce) {
 TEST_F(MpTrain, CheckpointsReshardBetweenLayouts) {
   const std::string ten = kModel + " --set train.steps=10";
   ASSERT_EQ(train(0, "ref", ten).code, 0);
-  struct Case {
-    std::string name;
-    int first_np, second_np;
-    std::string first, second;
-  };
   const std::string tp2pp2 = " --set parallel.tp=2 --set parallel.pp=2";
-  for (const Case& c : {Case{"tp2pp2_to_1", 4, 0, tp2pp2, ""}, Case{"one_to_tp2pp2", 0, 4, "", tp2pp2},
-                        Case{"tp2_to_pp2", 2, 2, " --set parallel.tp=2", " --set parallel.pp=2"},
-                        Case{"zero1_tp2dp2_to_pp2", 4, 2, " --set parallel.tp=2 --set parallel.zero1=true",
-                             " --set parallel.pp=2"}}) {
-    SCOPED_TRACE(c.name);
-    CommandResult a = train(c.first_np, c.name, ten + " --set train.stop_at=5" + c.first);
-    ASSERT_EQ(a.code, 0) << a.out << a.err;
-    EXPECT_NE(a.out.find("stopped at step 5"), std::string::npos) << a.out;
-    CommandResult b = train(c.second_np, c.name, ten + c.second);
-    ASSERT_EQ(b.code, 0) << b.out << b.err;
-    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
-    EXPECT_NE(b.out.find("step      6/10"), std::string::npos) << b.out;
-    expect_same_curve("ref", c.name, 1e-5, 10);
-    expect_same_tensors("ref", c.name, 1e-5, kTensors);
-  }
+  stop_and_resume("ref", "tp2pp2_to_1", ten, 4, tp2pp2, 0, "", 1e-5, kTensors);
+  stop_and_resume("ref", "one_to_tp2pp2", ten, 0, "", 4, tp2pp2, 1e-5, kTensors);
+  stop_and_resume("ref", "tp2_to_pp2", ten, 2, " --set parallel.tp=2", 2, " --set parallel.pp=2", 1e-5, kTensors);
+  stop_and_resume("ref", "zero1_tp2dp2_to_pp2", ten, 4, " --set parallel.tp=2 --set parallel.zero1=true", 2,
+                  " --set parallel.pp=2", 1e-5, kTensors);
 }
 
 // A pipeline stage holds some of the model's tensors, yet a checkpoint of a deeper model is
