@@ -14,6 +14,8 @@
 
 #include "core/tensor/tensor.h"
 
+struct CUstream_st;  // cudaStream_t, without the CUDA headers
+
 namespace nsatron {
 
 struct MatmulOptions {
@@ -38,10 +40,11 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
 
 namespace cuda {
 // Same contract as cpu::gemm, on device pointers: A and B of `dtype`, C of `c_dtype` (equal,
-// or fp32 with bf16 A and B), on the default stream.
+// or fp32 with bf16 A and B), on `stream` (a cudaStream_t; null: the default stream). Any
+// pointer alignment works (the algorithm is chosen for the alignment the pointers have).
 void gemm(DType dtype, DType c_dtype, bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
           double alpha, const void* A, std::int64_t lda, const void* B, std::int64_t ldb,
-          double beta, void* C, std::int64_t ldc);
+          double beta, void* C, std::int64_t ldc, CUstream_st* stream = nullptr);
 }  // namespace cuda
 
 }  // namespace nsatron

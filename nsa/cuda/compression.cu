@@ -1,127 +1,171 @@
-// NSA compression on CUDA (fp32 math; outputs fp32):
-//   forward   Y[b,i,g,:] = sum_{r<l, c<D} (x[b, i*d+r, g, c] + p[g, r, c]) W[g][r*D+c, :],
-//             keys then rotated at i*d+l-1. One block per (16 compressed blocks, g, b):
-//             the gathered inputs and W stream through shared memory 32 rows of the
-//             flattened l*D axis at a time, thread e owns output column e of the 16 blocks.
-//   backward  dx[b,s,g,c] = sum_{blocks i containing s} sum_e W[g][(s-i*d)*D+c, e] dY_i[e]
-//             (one block per token, thread = c, reading a transposed copy of W so the loads
-//             are coalesced; overlapping blocks add in ascending i);
-//             dW[g][rc, e] += sum_{b,i} X_{b,i}[rc] dY_{b,i}[e] (one block per 32 rows rc,
-//             thread = e, pairs (b,i) in ascending order through shared memory);
-//             dp[g, r, c] += sum_e W[g][r*D+c, e] (sum_{b,i} dY_{b,i}[e]) (a warp per row).
-// Every output element is owned by one thread and summed in a fixed order.
+// NSA compression on CUDA as matrix products (cuBLASLt through nsatron::cuda::gemm; tensor
+// cores for bf16, plain fp32 for fp32).
+//
+// Math. For one KV head g, block i covers tokens [i*d, i*d + l). Split it into its l/d chunks
+// of d tokens: chunk c covers tokens [c*d, c*d + d), and block i is chunks i .. i + l/d - 1.
+// With Z the matrix of flattened chunks (row c = the d*D values of chunk c, token major) and
+// W_m = rows [m*d*D, (m+1)*d*D) of the map W (so W = [W_0; W_1; ...]),
+//   Y_i = flatten(X_i + P) W = sum_m Z_{i+m} W_m + flatten(P) W,
+// i.e. l/d products of the chunk matrix shifted by m rows, plus a bias row per head; the keys
+// are then rotated at position i*d + l - 1. The backward of Y = sum_m shift_m(Z) W_m + bias:
+//   dW_m += shift_m(Z)^T dY + flatten(P)_m^T colsum(dY)   (colsum over every block of every
+//           sequence),
+//   dZ = sum_m shift_{-m}(dY) W_m^T  (a chunk gets the gradient of every block it belongs to:
+//           the overlap of blocks when d < l), scattered back to the tokens,
+//   dP += colsum(dY) W^T         (the bias row's gradient, reshaped to [l, D]).
+//
+// Layout of the scratch (per head g, rows of R = N + l/d - 1 chunks per sequence, sequences
+// one after another; leading dimensions rounded up so that every shifted operand stays
+// 256-byte aligned for cuBLASLt):
+//   Z   [G][B*R + l/d - 1][ldz]  T     the chunks; the l/d - 1 rows after the last are zero
+//   Y   [G][B*R][ldy]            fp32  sum_m shift_m(Z) W_m (rows i >= N of a sequence unused)
+//   dY  [G][l/d - 1 + B*R][lddy] T     dY with zero rows for i >= N and l/d - 1 zero rows in
+//                                      front (bf16: two copies, the bf16 value and its rounding
+//                                      residual, so the products see ~16 significant bits of
+//                                      the fp32 gradient)
+//   dZ  [G][B*R][ldv]            fp32
+// The shifted products never cross into a neighbouring sequence's real rows: the last l/d - 1
+// rows of every sequence in dY are zero (i >= N), and so are the padding rows.
+//
+// Determinism: cuBLASLt products with a fixed algorithm per shape; the sums over m and over
+// the hi/lo parts accumulate in a fixed order (beta = 1 in sequence); the small kernels have
+// one thread per output element.
+#include <cstdint>
+
+#include "core/ops/matmul.h"
 #include "nsa/cuda/internal.cuh"
 
 namespace nsatron::nsa::cuda::detail {
 
 namespace {
 
-constexpr int IT = 16;  // compressed blocks per forward block
-constexpr int KC = 32;  // flattened rows per shared-memory step
-constexpr int THREADS = 128;
+std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+std::size_t align256(std::size_t x) { return (x + 255) & ~std::size_t(255); }
+
+// Shapes of the scratch for one call.
+struct CmpLayout {
+  int M;               // l / d: chunks per block
+  std::int64_t R;      // chunks per sequence that blocks touch (0 when N = 0)
+  std::int64_t BR;     // B * R
+  std::int64_t ldz, ldy, lddy, ldv;
+  std::int64_t z_rows, dy_rows;
+  int parts;           // 2 (hi, lo) for bf16, 1 for fp32
+  std::size_t z_bytes, y_bytes, dy_bytes, dz_bytes, bias_bytes, ones_bytes, dw_bytes;
+
+  CmpLayout(const Geo& g, int elem) {
+    M = g.l / g.d;
+    R = g.N > 0 ? g.N + M - 1 : 0;
+    BR = std::int64_t(g.B) * R;
+    const std::int64_t per256 = 256 / elem;  // elements of T in 256 bytes
+    ldz = round_up(std::int64_t(g.d) * g.D, per256);
+    lddy = round_up(g.D, per256);
+    ldy = round_up(g.D, 64);
+    ldv = round_up(std::int64_t(g.d) * g.D, 64);
+    z_rows = BR + M - 1;
+    dy_rows = M - 1 + BR;
+    parts = elem == 2 ? 2 : 1;
+    z_bytes = align256(std::size_t(g.G * z_rows * ldz) * elem);
+    y_bytes = align256(std::size_t(g.G * BR * ldy) * 4);
+    dy_bytes = align256(std::size_t(parts * g.G * dy_rows * lddy) * elem);
+    dz_bytes = align256(std::size_t(g.G * BR * ldv) * 4);
+    bias_bytes = align256(std::size_t(g.G * g.D) * 4);
+    ones_bytes = align256(std::size_t(BR + 1) * elem);
+    dw_bytes = align256(std::size_t(g.G) * g.l * g.D * g.D * 4);
+  }
+};
 
 template <class T>
-__global__ void __launch_bounds__(THREADS)
-    compress_fwd_kernel(Geo g, const T* __restrict__ x, const T* __restrict__ w,
-                        const T* __restrict__ p, const float2* __restrict__ rope,
-                        float* __restrict__ y) {
-  __shared__ float Xs[IT][KC + 1];
-  __shared__ float Ws[KC][128];
-  __shared__ float Ys[IT][128];
-  const int i0 = blockIdx.x * IT, gi = blockIdx.y, b = blockIdx.z;
-  const int e = threadIdx.x;
-  const int LD = g.l * g.D;
-  float acc[IT];
-#pragma unroll
-  for (int ii = 0; ii < IT; ++ii) acc[ii] = 0.f;
-  for (int kk = 0; kk < LD; kk += KC) {
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < IT * KC; idx += blockDim.x) {
-      const int ii = idx / KC, c = idx % KC, f = kk + c, i = i0 + ii;
-      float v = 0.f;
-      if (i < g.N && f < LD) {
-        const int r = f / g.D, cc = f % g.D;
-        v = ldf(x[((std::int64_t(b) * g.T + i * g.d + r) * g.G + gi) * g.D + cc]) +
-            ldf(p[(std::int64_t(gi) * g.l + r) * g.D + cc]);
-      }
-      Xs[ii][c] = v;
-    }
-    for (int idx = threadIdx.x; idx < KC * 128; idx += blockDim.x) {
-      const int c = idx / 128, e2 = idx % 128, f = kk + c;
-      Ws[c][e2] = (f < LD && e2 < g.D) ? ldf(w[(std::int64_t(gi) * LD + f) * g.D + e2]) : 0.f;
-    }
-    __syncthreads();
-#pragma unroll 4
-    for (int c = 0; c < KC; ++c) {
-      const float wv = Ws[c][e];
-#pragma unroll
-      for (int ii = 0; ii < IT; ++ii) acc[ii] += Xs[ii][c] * wv;
-    }
-  }
-  if (rope) {
-#pragma unroll
-    for (int ii = 0; ii < IT; ++ii) Ys[ii][e] = acc[ii];
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < IT * g.D; idx += blockDim.x) {
-      const int ii = idx / g.D, dd = idx % g.D, i = i0 + ii;
-      if (i >= g.N) continue;
-      y[((std::int64_t(b) * g.N + i) * g.G + gi) * g.D + dd] =
-          rope_elem(&Ys[ii][0], dd, g.half, rope + std::int64_t(i * g.d + g.l - 1) * g.half);
-    }
-  } else if (e < g.D) {
-#pragma unroll
-    for (int ii = 0; ii < IT; ++ii)
-      if (i0 + ii < g.N) y[((std::int64_t(b) * g.N + i0 + ii) * g.G + gi) * g.D + e] = acc[ii];
-  }
+constexpr DType dtype_of() {
+  return sizeof(T) == 2 ? DType::BF16 : DType::F32;
 }
 
-// wt[g][r][e][c] = W[g][r*D+c][e]
+// Z[g][b*R + c][r*D + e] = x[b, c*d + r, g, e]; rows past B*R zero.
 template <class T>
-__global__ void transpose_w_kernel(Geo g, const T* __restrict__ w, float* __restrict__ wt) {
-  const std::int64_t total = std::int64_t(g.G) * g.l * g.D * g.D;
+__global__ void gather_chunks_kernel(Geo g, std::int64_t R, std::int64_t ldz, std::int64_t z_rows,
+                                     const T* __restrict__ x, T* __restrict__ z) {
+  const std::int64_t dD = std::int64_t(g.d) * g.D;
+  const std::int64_t total = std::int64_t(g.G) * z_rows * dD;
+  const std::int64_t BR = std::int64_t(g.B) * R;
   for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += std::int64_t(gridDim.x) * blockDim.x) {
-    const int c = int(idx % g.D);
-    const int e = int((idx / g.D) % g.D);
-    const std::int64_t gr = idx / (std::int64_t(g.D) * g.D);  // g*l + r
-    wt[idx] = ldf(w[(gr * g.D + c) * g.D + e]);
+    const std::int64_t f = idx % dD, row = (idx / dD) % z_rows;
+    const int gi = int(idx / (dD * z_rows));
+    T v = stf<T>(0.f);
+    if (row < BR) {
+      const std::int64_t b = row / R, c = row % R;
+      const std::int64_t s = c * g.d + f / g.D;
+      v = x[((b * g.T + s) * g.G + gi) * g.D + f % g.D];
+    }
+    z[(gi * z_rows + row) * ldz + f] = v;
   }
 }
 
-template <class T>
-__global__ void __launch_bounds__(128)
-    compress_dx_kernel(Geo g, const float* __restrict__ wt, const float* __restrict__ dy,
-                       T* __restrict__ dx) {
-  __shared__ float dys[128];
-  const int s = blockIdx.x, gi = blockIdx.y, b = blockIdx.z, c = threadIdx.x;
-  const int lo_num = s - g.l + 1;
-  const int i_lo = lo_num <= 0 ? 0 : (lo_num + g.d - 1) / g.d;
-  const int i_hi = min(g.N - 1, s / g.d);
-  float acc = 0.f;
-  for (int i = i_lo; i <= i_hi; ++i) {
-    __syncthreads();
-    if (c < g.D) dys[c] = dy[((std::int64_t(b) * g.N + i) * g.G + gi) * g.D + c];
-    __syncthreads();
-    if (c < g.D) {
-      const float* wr = wt + (std::int64_t(gi) * g.l + (s - i * g.d)) * g.D * g.D + c;
-      for (int e = 0; e < g.D; ++e) acc += wr[std::int64_t(e) * g.D] * dys[e];
+// y[b, i, g, :] = Y[g][b*R + i] + bias[g], rotated at position i*d + l - 1 when rope is set.
+__global__ void finish_forward_kernel(Geo g, std::int64_t R, std::int64_t ldy,
+                                      const float* __restrict__ yacc, const float* __restrict__ bias,
+                                      const float2* __restrict__ rope, float* __restrict__ y) {
+  const std::int64_t total = std::int64_t(g.B) * g.N * g.G * g.D;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const int e = int(idx % g.D), gi = int((idx / g.D) % g.G);
+    const std::int64_t bi = idx / (std::int64_t(g.D) * g.G);
+    const std::int64_t b = bi / g.N, i = bi % g.N;
+    const float* row = yacc + (std::int64_t(gi) * g.B * R + b * R + i) * ldy;
+    const float* bs = bias + std::int64_t(gi) * g.D;
+    if (rope) {
+      const bool lo = e < g.half;
+      const int k = lo ? e : e - g.half, ep = lo ? e + g.half : e - g.half;
+      const float v = row[e] + bs[e], vp = row[ep] + bs[ep];
+      const float2 cs = rope[(i * g.d + g.l - 1) * g.half + k];
+      y[idx] = lo ? v * cs.x - vp * cs.y : v * cs.x + vp * cs.y;
+    } else {
+      y[idx] = row[e] + bs[e];
     }
   }
-  if (c < g.D) dx[((std::int64_t(b) * g.T + s) * g.G + gi) * g.D + c] = stf<T>(acc);
 }
 
-// sum[g, e] = sum over (b, i) ascending of dy[b, i, g, e]
-__global__ void dy_sum_kernel(Geo g, const float* __restrict__ dy, float* __restrict__ sum) {
-  const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= g.G * g.D) return;
-  const int gi = idx / g.D, e = idx % g.D;
-  float s = 0.f;
-  for (int b = 0; b < g.B; ++b)
-    for (int i = 0; i < g.N; ++i) s += dy[((std::int64_t(b) * g.N + i) * g.G + gi) * g.D + e];
-  sum[idx] = s;
+// dY parts: hi[g][M-1 + b*R + i][e] = dy[b, i, g, e] for i < N, else 0 (and the M-1 leading
+// rows); for bf16 the rounding residual goes to lo (same layout).
+template <class T>
+__global__ void pack_dy_kernel(Geo g, std::int64_t R, std::int64_t lddy, std::int64_t dy_rows,
+                               int lead, const float* __restrict__ dy, T* __restrict__ hi,
+                               T* __restrict__ lo) {
+  const std::int64_t total = std::int64_t(g.G) * dy_rows * g.D;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const int e = int(idx % g.D);
+    const std::int64_t row = (idx / g.D) % dy_rows;
+    const int gi = int(idx / (std::int64_t(g.D) * dy_rows));
+    float v = 0.f;
+    const std::int64_t r = row - lead;
+    if (r >= 0) {
+      const std::int64_t b = r / R, i = r % R;
+      if (i < g.N) v = dy[((b * g.N + i) * g.G + gi) * g.D + e];
+    }
+    const T h = stf<T>(v);
+    const std::int64_t o = (gi * dy_rows + row) * lddy + e;
+    hi[o] = h;
+    if (lo) lo[o] = stf<T>(v - ldf(h));
+  }
 }
 
-// dp[g, r, c] += W[g][r*D+c, :] . sum[g, :], one warp per row.
+// dx[b, s, g, e] = dZ[g][b*R + s/d][(s%d)*D + e] for tokens inside the R chunks, else 0.
+template <class T>
+__global__ void scatter_dx_kernel(Geo g, std::int64_t R, std::int64_t ldv,
+                                  const float* __restrict__ dz, T* __restrict__ dx) {
+  const std::int64_t total = std::int64_t(g.B) * g.T * g.G * g.D;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const int e = int(idx % g.D), gi = int((idx / g.D) % g.G);
+    const std::int64_t bs = idx / (std::int64_t(g.D) * g.G);
+    const std::int64_t b = bs / g.T, s = bs % g.T, c = s / g.d;
+    float v = 0.f;
+    if (c < R) v = dz[(std::int64_t(gi) * g.B * R + b * R + c) * ldv + (s % g.d) * g.D + e];
+    dx[idx] = stf<T>(v);
+  }
+}
+
+// dp[g, row] += W[g][row, :] . colsum[g, :], one warp per row of the flattened [l*D] axis.
 template <class T>
 __global__ void compress_dp_kernel(Geo g, const T* __restrict__ w, const float* __restrict__ sum,
                                    float* __restrict__ dp) {
@@ -135,102 +179,146 @@ __global__ void compress_dp_kernel(Geo g, const T* __restrict__ w, const float* 
   if (lane == 0) dp[row] += s;
 }
 
-constexpr int DW_ROWS = 32, DW_PAIRS = 32;
+// dw[g][f][e] += (zdy[g][f][e] + p[g][f] colsum[g][e]): the chunk products plus the bias
+// row's share flatten(P)^T colsum(dY), added to the accumulated gradient in one step (so
+// dw_in + dW is rounded once, whatever dw held before).
+template <class T>
+__global__ void add_dw_kernel(Geo g, const float* __restrict__ zdy, const T* __restrict__ p,
+                              const float* __restrict__ sum, float* __restrict__ dw) {
+  const std::int64_t total = std::int64_t(g.G) * g.l * g.D * g.D;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t gf = idx / g.D;  // g * l*D + f
+    const int gi = int(gf / (std::int64_t(g.l) * g.D));
+    dw[idx] += zdy[idx] + ldf(p[gf]) * sum[gi * g.D + idx % g.D];
+  }
+}
 
 template <class T>
-__global__ void __launch_bounds__(128)
-    compress_dw_kernel(Geo g, const T* __restrict__ x, const T* __restrict__ p,
-                       const float* __restrict__ dy, float* __restrict__ dw) {
-  __shared__ float Xs[DW_PAIRS][DW_ROWS + 1];
-  __shared__ float Ys[DW_PAIRS][128];
-  const int rc0 = blockIdx.x * DW_ROWS, gi = blockIdx.y, e = threadIdx.x;
-  const int LD = g.l * g.D, BN = g.B * g.N;
-  float acc[DW_ROWS];
-#pragma unroll
-  for (int rr = 0; rr < DW_ROWS; ++rr) acc[rr] = 0.f;
-  for (int p0 = 0; p0 < BN; p0 += DW_PAIRS) {
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < DW_PAIRS * DW_ROWS; idx += blockDim.x) {
-      const int pp = idx / DW_ROWS, rr = idx % DW_ROWS, pair = p0 + pp, rc = rc0 + rr;
-      float v = 0.f;
-      if (pair < BN && rc < LD) {
-        const int b = pair / g.N, i = pair % g.N, r = rc / g.D, c = rc % g.D;
-        v = ldf(x[((std::int64_t(b) * g.T + i * g.d + r) * g.G + gi) * g.D + c]) +
-            ldf(p[(std::int64_t(gi) * g.l + r) * g.D + c]);
-      }
-      Xs[pp][rr] = v;
-    }
-    for (int idx = threadIdx.x; idx < DW_PAIRS * 128; idx += blockDim.x) {
-      const int pp = idx / 128, e2 = idx % 128, pair = p0 + pp;
-      float v = 0.f;
-      if (pair < BN && e2 < g.D) {
-        const int b = pair / g.N, i = pair % g.N;
-        v = dy[((std::int64_t(b) * g.N + i) * g.G + gi) * g.D + e2];
-      }
-      Ys[pp][e2] = v;
-    }
-    __syncthreads();
-#pragma unroll 2
-    for (int pp = 0; pp < DW_PAIRS; ++pp) {
-      const float yv = Ys[pp][e];
-#pragma unroll
-      for (int rr = 0; rr < DW_ROWS; ++rr) acc[rr] += Xs[pp][rr] * yv;
-    }
-  }
-  if (e < g.D) {
-#pragma unroll
-    for (int rr = 0; rr < DW_ROWS; ++rr) {
-      const int rc = rc0 + rr;
-      if (rc < LD) dw[(std::int64_t(gi) * LD + rc) * g.D + e] += acc[rr];
-    }
-  }
+__global__ void fill_kernel(T* __restrict__ p, std::int64_t n, float v) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x)
+    p[i] = stf<T>(v);
+}
+
+// Row-major C[M,N] (+)= op(A) op(B) on the NSA stream.
+template <class T>
+void product(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const T* A,
+             std::int64_t lda, const T* B, std::int64_t ldb, bool accumulate, float* C,
+             std::int64_t ldc, cudaStream_t s) {
+  nsatron::cuda::gemm(dtype_of<T>(), DType::F32, ta, tb, M, N, K, 1.0, A, lda, B, ldb,
+                      accumulate ? 1.0 : 0.0, C, ldc, s);
+}
+
+template <class T>
+T* gather(const Geo& g, const CmpLayout& L, const T* x, char* scratch, cudaStream_t s) {
+  T* z = reinterpret_cast<T*>(scratch);
+  gather_chunks_kernel<T><<<grid1(g.G * L.z_rows * g.d * g.D, 256), 256, 0, s>>>(g, L.R, L.ldz,
+                                                                               L.z_rows, x, z);
+  check_launch("gather_chunks_kernel");
+  return z;
 }
 
 }  // namespace
 
+std::size_t compress_scratch_bytes(const Geo& g, int elem_bytes) {
+  const CmpLayout L(g, elem_bytes);
+  const std::size_t fwd = L.z_bytes + L.y_bytes + L.bias_bytes;
+  const std::size_t bwd =
+      L.z_bytes + L.dy_bytes + L.dz_bytes + L.bias_bytes + L.ones_bytes + L.dw_bytes;
+  return fwd > bwd ? fwd : bwd;
+}
+
 template <class T>
 void launch_compress_forward(const Geo& g, const T* x, const T* w, const T* p, const float2* rope,
-                             float* y, cudaStream_t s) {
+                             float* y, void* scratch, cudaStream_t s) {
   if (g.N == 0) return;
-  const dim3 grid(unsigned((g.N + IT - 1) / IT), unsigned(g.G), unsigned(g.B));
-  compress_fwd_kernel<T><<<grid, THREADS, 0, s>>>(g, x, w, p, rope, y);
-  check_launch("compress_fwd_kernel");
+  const CmpLayout L(g, sizeof(T));
+  char* base = static_cast<char*>(scratch);
+  const T* z = gather<T>(g, L, x, base, s);
+  auto* yacc = reinterpret_cast<float*>(base + L.z_bytes);
+  auto* bias = reinterpret_cast<float*>(base + L.z_bytes + L.y_bytes);
+  const std::int64_t dD = std::int64_t(g.d) * g.D, lD = std::int64_t(g.l) * g.D;
+  for (int gi = 0; gi < g.G; ++gi) {
+    const T* wg = w + gi * lD * g.D;
+    // bias_g = flatten(P_g) W_g
+    product<T>(false, false, 1, g.D, lD, p + gi * lD, lD, wg, g.D, false, bias + gi * g.D, g.D, s);
+    for (int m = 0; m < L.M; ++m)
+      product<T>(false, false, L.BR, g.D, dD, z + (gi * L.z_rows + m) * L.ldz, L.ldz,
+                 wg + m * dD * g.D, g.D, m > 0, yacc + gi * L.BR * L.ldy, L.ldy, s);
+  }
+  finish_forward_kernel<<<grid1(std::int64_t(g.B) * g.N * g.G * g.D, 256), 256, 0, s>>>(
+      g, L.R, L.ldy, yacc, bias, rope, y);
+  check_launch("finish_forward_kernel");
 }
 
 template <class T>
 void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, const float* dy,
-                              T* dx, float* dw, float* dp, float* scratch_wt, float* scratch_sum,
-                              cudaStream_t s) {
-  if (dx) {
-    if (g.N > 0) {
-      transpose_w_kernel<T><<<grid1(std::int64_t(g.G) * g.l * g.D * g.D, 256), 256, 0, s>>>(
-          g, w, scratch_wt);
-      check_launch("transpose_w_kernel");
-    }
-    const dim3 grid(unsigned(g.T), unsigned(g.G), unsigned(g.B));
-    compress_dx_kernel<T><<<grid, 128, 0, s>>>(g, scratch_wt, dy, dx);
-    check_launch("compress_dx_kernel");
+                              T* dx, float* dw, float* dp, void* scratch, cudaStream_t s) {
+  const CmpLayout L(g, sizeof(T));
+  char* base = static_cast<char*>(scratch);
+  if (g.N == 0) {  // no block: the tokens get no gradient (assigned), the maps none
+    if (dx) CUDA_CHECK(cudaMemsetAsync(dx, 0, std::size_t(g.B) * g.T * g.G * g.D * sizeof(T), s));
+    return;
   }
-  if (g.N == 0) return;
-  if (dp) {
-    dy_sum_kernel<<<grid1(g.G * g.D, 128), 128, 0, s>>>(g, dy, scratch_sum);
-    check_launch("dy_sum_kernel");
-    compress_dp_kernel<T><<<grid1(std::int64_t(g.G) * g.l * g.D * 32, 256), 256, 0, s>>>(
-        g, w, scratch_sum, dp);
-    check_launch("compress_dp_kernel");
+  const std::int64_t dD = std::int64_t(g.d) * g.D, lD = std::int64_t(g.l) * g.D;
+  const int lead = L.M - 1;
+  T* dyh = reinterpret_cast<T*>(base + L.z_bytes);
+  T* dyl = L.parts == 2 ? dyh + g.G * L.dy_rows * L.lddy : nullptr;
+  pack_dy_kernel<T><<<grid1(g.G * L.dy_rows * g.D, 256), 256, 0, s>>>(g, L.R, L.lddy, L.dy_rows,
+                                                                    lead, dy, dyh, dyl);
+  check_launch("pack_dy_kernel");
+  const T* parts[2] = {dyh, dyl};
+  auto* colsum = reinterpret_cast<float*>(base + L.z_bytes + L.dy_bytes + L.dz_bytes);
+  if (dw || dp) {
+    T* ones = reinterpret_cast<T*>(base + L.z_bytes + L.dy_bytes + L.dz_bytes + L.bias_bytes);
+    fill_kernel<T><<<grid1(L.BR, 256), 256, 0, s>>>(ones, L.BR, 1.f);
+    check_launch("fill_kernel");
+    for (int gi = 0; gi < g.G; ++gi)
+      for (int k = 0; k < L.parts; ++k)  // colsum_g = 1^T dY_g
+        product<T>(false, false, 1, g.D, L.BR, ones, L.BR,
+                   parts[k] + (gi * L.dy_rows + lead) * L.lddy, L.lddy, k > 0,
+                   colsum + gi * g.D, g.D, s);
   }
   if (dw) {
-    const dim3 grid(unsigned((g.l * g.D + DW_ROWS - 1) / DW_ROWS), unsigned(g.G));
-    compress_dw_kernel<T><<<grid, 128, 0, s>>>(g, x, p, dy, dw);
-    check_launch("compress_dw_kernel");
+    const T* z = gather<T>(g, L, x, base, s);
+    auto* zdy = reinterpret_cast<float*>(base + L.z_bytes + L.dy_bytes + L.dz_bytes +
+                                         L.bias_bytes + L.ones_bytes);
+    for (int gi = 0; gi < g.G; ++gi)
+      for (int m = 0; m < L.M; ++m)
+        for (int k = 0; k < L.parts; ++k)  // zdy_m = shift_m(Z)^T dY
+          product<T>(true, false, dD, g.D, L.BR, z + (gi * L.z_rows + m) * L.ldz, L.ldz,
+                     parts[k] + (gi * L.dy_rows + lead) * L.lddy, L.lddy, k > 0,
+                     zdy + (gi * lD + m * dD) * g.D, g.D, s);
+    add_dw_kernel<T><<<grid1(std::int64_t(g.G) * lD * g.D, 256), 256, 0, s>>>(g, zdy, p, colsum,
+                                                                             dw);
+    check_launch("add_dw_kernel");
+  }
+  if (dx) {
+    auto* dz = reinterpret_cast<float*>(base + L.z_bytes + L.dy_bytes);
+    for (int gi = 0; gi < g.G; ++gi)
+      for (int m = 0; m < L.M; ++m)
+        for (int k = 0; k < L.parts; ++k)  // dZ += shift_{-m}(dY) W_m^T
+          product<T>(false, true, L.BR, dD, g.D,
+                     parts[k] + (gi * L.dy_rows + lead - m) * L.lddy, L.lddy,
+                     w + (gi * lD + m * dD) * g.D, g.D, m > 0 || k > 0, dz + gi * L.BR * L.ldv,
+                     L.ldv, s);
+    scatter_dx_kernel<T><<<grid1(std::int64_t(g.B) * g.T * g.G * g.D, 256), 256, 0, s>>>(
+        g, L.R, L.ldv, dz, dx);
+    check_launch("scatter_dx_kernel");
+  }
+  if (dp) {  // dP += colsum(dY) W^T
+    compress_dp_kernel<T><<<grid1(std::int64_t(g.G) * lD * 32, 256), 256, 0, s>>>(g, w, colsum,
+                                                                                 dp);
+    check_launch("compress_dp_kernel");
   }
 }
 
-#define NSA_INSTANTIATE(T)                                                                    \
-  template void launch_compress_forward<T>(const Geo&, const T*, const T*, const T*,         \
-                                           const float2*, float*, cudaStream_t);            \
-  template void launch_compress_backward<T>(const Geo&, const T*, const T*, const T*,        \
-                                            const float*, T*, float*, float*, float*, float*, \
+#define NSA_INSTANTIATE(T)                                                                      \
+  template void launch_compress_forward<T>(const Geo&, const T*, const T*, const T*,           \
+                                           const float2*, float*, void*, cudaStream_t);        \
+  template void launch_compress_backward<T>(const Geo&, const T*, const T*, const T*,          \
+                                            const float*, T*, float*, float*, void*,           \
                                             cudaStream_t);
 NSA_INSTANTIATE(float)
 NSA_INSTANTIATE(bf16)

@@ -108,14 +108,15 @@ inline unsigned grid1(std::int64_t units, int threads) {
 }
 
 // ---- launchers (one translation unit each) -------------------------------------------------
-// compression.cu
+// compression.cu: the compressed keys/values as matrix products. `scratch` holds at least
+// compress_scratch_bytes(g, sizeof(T)) bytes (256-byte aligned).
+std::size_t compress_scratch_bytes(const Geo& g, int elem_bytes);
 template <class T>
 void launch_compress_forward(const Geo& g, const T* x, const T* w, const T* p, const float2* rope,
-                             float* y, cudaStream_t s);
+                             float* y, void* scratch, cudaStream_t s);
 template <class T>
 void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, const float* dy,
-                              T* dx, float* dw, float* dp, float* scratch_wt, float* scratch_sum,
-                              cudaStream_t s);
+                              T* dx, float* dw, float* dp, void* scratch, cudaStream_t s);
 // selection.cu
 template <class T>
 void launch_select(const Geo& g, const T* q, const float2* rope, const float* kc,

@@ -78,7 +78,7 @@ __global__ void dq_rotate_kernel(T* __restrict__ dq_out, const float* __restrict
 class Workspace {
  public:
   enum Slot : int {
-    kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDq, kDkc, kDvc, kTokK, kTokV, kWt, kSum,
+    kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDq, kDkc, kDvc, kTokK, kTokV, kCmpScratch,
     kTcK, kTcV, kSplit, kTcQ, kTcO, kInvMask, kInvCnt, kInvOff, kInvPos, kSlcPart, kTicket,
     kNumSlots
   };
@@ -274,8 +274,9 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   }
   // The branch outputs live in the workspace only until the gated sum.
   o = static_cast<T*>(ws.get(Workspace::kO, std::size_t(3 * BTH * dims.D) * sizeof(T), stream));
-  launch_compress_forward<T>(g, in.k_cmp, in.cmp_wk, in.cmp_pk, rope, kc, stream);
-  launch_compress_forward<T>(g, in.v_cmp, in.cmp_wv, in.cmp_pv, nullptr, vc, stream);
+  void* cmp_scratch = ws.get(Workspace::kCmpScratch, compress_scratch_bytes(g, sizeof(T)), stream);
+  launch_compress_forward<T>(g, in.k_cmp, in.cmp_wk, in.cmp_pk, rope, kc, cmp_scratch, stream);
+  launch_compress_forward<T>(g, in.v_cmp, in.cmp_wv, in.cmp_pv, nullptr, vc, cmp_scratch, stream);
 
   RowArgs a{};
   a.q = in.q;
@@ -439,15 +440,13 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       ka.split_dv = part + std::size_t(nsplit) * kvn;
     }
     key_pass(kCmp, saved.k_cmp_blocks, saved.v_cmp_blocks, dkc, dvc);
-    auto* wt = static_cast<float*>(ws.get(
-        Workspace::kWt, std::size_t(dims.G * dims.cmp_block * D * D) * 4, stream));
-    auto* sum = static_cast<float*>(ws.get(Workspace::kSum, std::size_t(dims.G * D) * 4, stream));
+    void* scratch = ws.get(Workspace::kCmpScratch, compress_scratch_bytes(g, sizeof(T)), stream);
     if (need_k)
       launch_compress_backward<T>(g, in.k_cmp, in.cmp_wk, in.cmp_pk, dkc, grads.k_cmp,
-                                  grads.cmp_wk, grads.cmp_pk, wt, sum, stream);
+                                  grads.cmp_wk, grads.cmp_pk, scratch, stream);
     if (need_v)
       launch_compress_backward<T>(g, in.v_cmp, in.cmp_wv, in.cmp_pv, dvc, grads.v_cmp,
-                                  grads.cmp_wv, grads.cmp_pv, wt, sum, stream);
+                                  grads.cmp_wv, grads.cmp_pv, scratch, stream);
   }
 }
 

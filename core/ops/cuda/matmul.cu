@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -42,7 +43,16 @@ struct Plan {
 };
 
 using PlanKey = std::tuple<int, int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                           std::int64_t>;
+                           std::int64_t, int, int, int>;
+
+// Largest power of two (at most 256, cuBLASLt's default assumption) dividing the address:
+// an algorithm is chosen that works at this alignment.
+int alignment_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  int al = 256;
+  while (al > 1 && a % al != 0) al >>= 1;
+  return al;
+}
 
 constexpr std::size_t kWorkspaceBytes = 32u << 20;
 
@@ -64,10 +74,11 @@ LtState& lt() {
 }
 
 const Plan& plan_for(cudaDataType_t ab, cudaDataType_t c_type, bool ta, bool tb, std::int64_t M, std::int64_t N,
-                     std::int64_t K, std::int64_t lda, std::int64_t ldb, std::int64_t ldc) {
+                     std::int64_t K, std::int64_t lda, std::int64_t ldb, std::int64_t ldc, int align_a, int align_b,
+                     int align_c) {
   LtState& s = lt();
   std::lock_guard<std::mutex> lock(s.mutex);
-  PlanKey key{int(ab), int(c_type), ta, tb, M, N, K, lda, ldb, ldc};
+  PlanKey key{int(ab), int(c_type), ta, tb, M, N, K, lda, ldb, ldc, align_a, align_b, align_c};
   if (auto it = s.plans.find(key); it != s.plans.end()) return it->second;
   Plan p;
   check_lt(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
@@ -83,6 +94,14 @@ const Plan& plan_for(cudaDataType_t ab, cudaDataType_t c_type, bool ta, bool tb,
   check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
   std::size_t ws = kWorkspaceBytes;
   check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "ws");
+  // cuBLASLt's A is our B (see above), its B our A; C and D are our C.
+  const std::uint32_t al[4] = {std::uint32_t(align_b), std::uint32_t(align_a), std::uint32_t(align_c),
+                               std::uint32_t(align_c)};
+  const cublasLtMatmulPreferenceAttributes_t al_attr[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i)
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al[i], sizeof al[i]), "alignment");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   check_lt(cublasLtMatmulAlgoGetHeuristic(s.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found), "heuristic");
@@ -96,11 +115,13 @@ const Plan& plan_for(cudaDataType_t ab, cudaDataType_t c_type, bool ta, bool tb,
 
 void gemm(DType dtype, DType c_dtype, bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K,
           double alpha, const void* A, std::int64_t lda, const void* B, std::int64_t ldb,
-          double beta, void* C, std::int64_t ldc) {
+          double beta, void* C, std::int64_t ldc, CUstream_st* stream) {
   if (M == 0 || N == 0) return;
   if (c_dtype != dtype && !(dtype == DType::BF16 && c_dtype == DType::F32))
     throw std::logic_error("gemm: bad output dtype");
   if (dtype == DType::F64) {
+    if (cublasSetStream(blas_handle(), stream) != CUBLAS_STATUS_SUCCESS)
+      throw std::runtime_error("cublasSetStream failed");
     cublasStatus_t st = cublasGemmEx(blas_handle(), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                      int(N), int(M), int(K), &alpha, B, CUDA_R_64F, int(ldb), A, CUDA_R_64F, int(lda),
                                      &beta, C, CUDA_R_64F, int(ldc), CUBLAS_COMPUTE_64F, CUBLAS_GEMM_DEFAULT);
@@ -112,15 +133,15 @@ void gemm(DType dtype, DType c_dtype, bool ta, bool tb, std::int64_t M, std::int
   const cudaDataType_t c_type = c_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
   if (K == 0) {  // C = beta C: cuBLASLt wants K >= 1
     if (beta == 0.0) CUDA_CHECK(cudaMemset2DAsync(C, std::size_t(ldc) * (c_dtype == DType::BF16 ? 2 : 4), 0,
-                                                  std::size_t(N) * (c_dtype == DType::BF16 ? 2 : 4), std::size_t(M), 0));
+                                                  std::size_t(N) * (c_dtype == DType::BF16 ? 2 : 4), std::size_t(M), stream));
     else if (beta != 1.0) throw std::logic_error("gemm: K = 0 with beta other than 0 or 1");
     return;
   }
-  const Plan& p = plan_for(ab, c_type, ta, tb, M, N, K, lda, ldb, ldc);
+  const Plan& p = plan_for(ab, c_type, ta, tb, M, N, K, lda, ldb, ldc, alignment_of(A), alignment_of(B), alignment_of(C));
   const float alpha32 = float(alpha), beta32 = float(beta);
   LtState& s = lt();
   check_lt(cublasLtMatmul(s.handle, p.op, &alpha32, B, p.a, A, p.b, &beta32, C, p.c, C, p.c, &p.algo, s.workspace,
-                          kWorkspaceBytes, 0),
+                          kWorkspaceBytes, stream),
            "matmul");
 }
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs on a GPU machine (the device tool's H100/H200): builds the NSA CUDA test and benchmark
+# for sm_90, runs the NSA parity tests, the benchmark and a per-kernel profile, logs under $OUT.
+# Usage: scripts/gpu_nsa.sh [tests] [bench] [ncu] [train]   (default: all but train)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+steps=${*:-tests bench ncu}
+has() { [[ " $steps " == *" $1 "* ]]; }
+{ nvidia-smi -L; nvcc --version | tail -1; git rev-parse --short HEAD 2>/dev/null; } 2>&1 | tee "$OUT/device.txt"
+targets="test_nsa_cuda bench_nsa_gpu"
+has train && targets="$targets train_gpu nsatron"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DNSATRON_TOMLPP_DIR="$PWD/.carry/include" -DNSATRON_PYTHON="$(command -v python3)" >"$OUT/configure.log" 2>&1 \
+  || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build-gpu -j"$(nproc)" --target $targets >"$OUT/build.log" 2>&1 \
+  || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
+echo "build ok"
+if has tests; then
+  build-gpu/tests/nsa_cuda/test_nsa_cuda 2>&1 | tee "$OUT/test_nsa_cuda.log" | grep -E "^\[  (FAILED|PASSED) |worst|seed|Failure|error" | head -60
+fi
+if has bench; then
+  build-gpu/bench/bench_nsa_gpu --shapes 125m,paper --T 8192,65536 2>&1 | tee "$OUT/bench.log" | tail -12
+fi
+if has ncu; then
+  for spec in "125m" "paper --T 8192"; do
+    echo "== ncu $spec"
+    ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+      build-gpu/bench/bench_nsa_gpu --shapes $spec --reps 1 --no-dense >>"$OUT/ncu.log" 2>&1
+  done
+fi
+if has train; then
+  build-gpu/bench/train_gpu configs/nsa_125m.toml --micro 16,64 --policies none 2>&1 | tee "$OUT/train.log" | tail -8
+  build-gpu/bench/train_gpu configs/nsa_125m.toml --micro 16 --policies none --profile 2>&1 | tee -a "$OUT/train.log" | tail -25
+fi
