@@ -1,12 +1,11 @@
 // Tensor-core row side of the branch attention (bf16 storage only; included by attention.cu).
 //
-// One warp owns 16 query rows of one (batch, group) and runs the whole key range of those
-// rows on its own (no block-wide barrier): selection, the h heads of one position (in
-// chunks of 16; rows past h are zero); window and compression, 16 consecutive rows of the
-// flattened (position, head) order of the group, i.e. all heads of ceil(16/h)+1 positions
-// at most. Keys come from a padded bf16 copy [B, NK, G, DP] (RoPE already applied, zeros
-// past D: see tc_pad_kernel), streamed through the warp's shared memory in tiles of KTC keys
-// with cp.async, double buffered. Products are mma.sync m16n8k16 (bf16 in, fp32 accumulate):
+// A block of 4 warps owns 64 consecutive query rows of the flattened (position, head) order
+// of one (batch, group), 16 per warp, and the block's warps share every key tile (see
+// row_kernel below for the key sets of the selection and window branches). Keys come from a
+// padded bf16 copy [B, T, G, DP] (RoPE already applied, zeros past D: see pad_kernel),
+// staged 64 keys at a time in shared memory with cp.async, double buffered. Products are
+// mma.sync m16n8k16 (bf16 in, fp32 accumulate):
 //   forward   S = Q K^T, online softmax in fp32 (exp2 domain), O += P V (P rounded to bf16),
 //             O / l and lse = m + log(l) written as the fp32 kernel does;
 //   backward  two passes over the keys. Pass 1: S = Q K^T, dP = dO V^T, p = exp(scale s -
@@ -25,12 +24,6 @@ namespace tc {
 
 using bf16 = __nv_bfloat16;
 constexpr int kWarps = 4;
-
-template <int DP>
-struct Cfg {
-  static constexpr int KTC = 16;  // keys per tile
-  static constexpr int STR = DP + 8;               // bf16 per shared row (16 B pad: no conflicts)
-};
 
 __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -131,12 +124,6 @@ __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
   }
 }
 
-template <int DP, bool BWD>
-constexpr std::size_t smem_bytes() {
-  using C = Cfg<DP>;
-  return std::size_t(kWarps) * (16 * C::STR * (BWD ? 2 : 1) + 4 * C::KTC * C::STR) * 2;
-}
-
 template <int BR>
 __device__ __forceinline__ bool kmask(const Geo& g, int t, int s) {
   if constexpr (BR == kWin) return s <= t && s > t - g.w;
@@ -144,54 +131,107 @@ __device__ __forceinline__ bool kmask(const Geo& g, int t, int s) {
   return s <= t;
 }
 
+// ---- Tensor-core row side: a block of kRowsPerBlock query rows sharing every key tile -------
+//
+// A block owns kRowsPerBlock = 64 consecutive rows of the flattened (position, head) order of
+// one (batch, group), i.e. the heads of up to 64 consecutive positions; each warp owns 16 of
+// them. Key tiles of KT = 64 keys are staged once per block in shared memory (cp.async, double
+// buffered, two barriers per tile) and serve every warp, so each key is read from L2 once per
+// 64 rows instead of once per 16.
+//   window:    the keys [t_first - w + 1, t_last] of the block's positions;
+//   selection: the union over the block's positions of their selected blocks, as 64-aligned
+//              key tiles (a bitmask over tiles, walked in ascending order); per tile and
+//              position a 64-bit mask of the keys that position may see (its selected blocks,
+//              s <= t), built when the tile is issued.
+// A warp skips a tile none of its rows may see (the online softmax state is unchanged), so a
+// small group (h < 16) no longer pads a 16-row tile with empty rows, and positions that chose
+// different blocks cost only the shared loads of the tiles they do not use.
+constexpr int kRowsPerBlock = kWarps * 16;
+constexpr int kMaxPos = kRowsPerBlock;  // positions per block (h = 1)
+
+template <int DP>
+struct RowCfg {
+  static constexpr int KT = 64;        // keys per shared tile
+  static constexpr int STR = DP + 8;   // bf16 per shared row (16 B pad: no bank conflicts)
+};
+
+struct RowSmem {  // byte offsets of the dynamic shared memory of row_kernel
+  std::size_t q, o, k, v, kmask, selp, tbits, total;
+};
 template <int DP, int BR, bool BWD>
-__global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int nunits) {
-  using C = Cfg<DP>;
-  constexpr int KTC = C::KTC, STR = C::STR, NT = KTC / 8, DT = DP / 8;
+__host__ __device__ inline RowSmem row_smem(int n, int ntw) {
+  using C = RowCfg<DP>;
+  RowSmem L;
+  const std::size_t rows = std::size_t(kRowsPerBlock) * C::STR * 2;
+  const std::size_t tile = std::size_t(2) * C::KT * C::STR * 2;
+  L.q = 0;
+  L.o = L.q + rows;
+  L.k = L.o + (BWD ? rows : 0);
+  L.v = L.k + tile;
+  L.kmask = L.v + tile;
+  const bool slc = BR == kSlc;
+  L.selp = L.kmask + (slc ? std::size_t(2) * kMaxPos * 8 : 0);
+  L.tbits = L.selp + (slc ? std::size_t(kMaxPos) * n * 4 : 0);
+  L.total = L.tbits + (slc ? std::size_t(ntw) * 4 : 0);
+  return L;
+}
+
+// Smallest set bit of bits[0, nw) after position cur (-1: from the start); -1 when none.
+__device__ __forceinline__ int next_set_bit(const std::uint32_t* bits, int nw, int cur) {
+  int w = (cur + 1) >> 5;
+  if (w >= nw) return -1;
+  std::uint32_t m = bits[w] & (~0u << ((cur + 1) & 31));
+  while (m == 0) {
+    if (++w >= nw) return -1;
+    m = bits[w];
+  }
+  return w * 32 + __ffs(m) - 1;
+}
+
+// Keys [lo, hi) of a 64-key tile as bits (0 <= lo <= hi <= 64).
+__device__ __forceinline__ unsigned long long key_bits(int lo, int hi) {
+  if (hi <= lo) return 0ull;
+  const unsigned long long upto = hi == 64 ? ~0ull : ((1ull << hi) - 1ull);
+  return upto & ~((1ull << lo) - 1ull);
+}
+
+template <int DP, int BR, bool BWD>
+__global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int ntw) {
+  using C = RowCfg<DP>;
+  constexpr int KT = C::KT, STR = C::STR, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ float4 smem4[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int unit = blockIdx.x * kWarps + warp;
-  if (unit >= nunits) return;  // warp-uniform; no block-wide barriers below
-  bf16* Qs = reinterpret_cast<bf16*>(smem4) +
-             std::size_t(warp) * (16 * STR * (BWD ? 2 : 1) + 4 * KTC * STR);
-  bf16* Os = Qs + 16 * STR;                      // backward: d_out rows
-  bf16* Ks = Qs + 16 * STR * (BWD ? 2 : 1);      // [2][KTC][STR]
-  bf16* Vs = Ks + 2 * KTC * STR;                 // [2][KTC][STR]
+  char* sm = reinterpret_cast<char*>(smem4);
+  const RowSmem L = row_smem<DP, BR, BWD>(g.n, ntw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  bf16* Qs = reinterpret_cast<bf16*>(sm + L.q) + warp * 16 * STR;
+  bf16* Os = reinterpret_cast<bf16*>(sm + L.o) + warp * 16 * STR;  // backward: d_out rows
+  bf16* Ks = reinterpret_cast<bf16*>(sm + L.k);                      // [2][KT][STR]
+  bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);
+  auto* kmask = reinterpret_cast<unsigned long long*>(sm + L.kmask);  // slc: [2][kMaxPos]
+  int* selp = reinterpret_cast<int*>(sm + L.selp);                    // slc: [kMaxPos][n]
+  auto* tbits = reinterpret_cast<std::uint32_t*>(sm + L.tbits);       // slc: [ntw]
   const int b = blockIdx.y / g.G, gi = blockIdx.y % g.G;
-  const int NK = BR == kCmp ? g.N : g.T;
   const bf16* kp = static_cast<const bf16*>(a.tck);
   const bf16* vp = static_cast<const bf16*>(a.tcv);
   const bf16* q = static_cast<const bf16*>(a.q);
 
-  // Rows of this warp: row i -> (t, head). Slc: one position; others: flattened order.
-  int tfirst, tlast;
+  // Rows of the block: rho = blockIdx.x * 64 + i -> (t = rho / h, head = rho % h).
+  const std::int64_t rho0 = std::int64_t(blockIdx.x) * kRowsPerBlock;
+  const int t_first = int(rho0 / g.h);
+  const int t_last = int(min(std::int64_t(g.T - 1), (rho0 + kRowsPerBlock - 1) / g.h));
+  const int npos = t_last - t_first + 1;
   auto row_of = [&](int i, int& t, int& head) -> bool {
-    if constexpr (BR == kSlc) {
-      const int nch = (g.h + 15) / 16;
-      t = unit / nch;
-      head = (unit % nch) * 16 + i;
-      return head < g.h;
-    } else {
-      const std::int64_t rho = std::int64_t(unit) * 16 + i;
-      t = int(rho / g.h);
-      head = int(rho % g.h);
-      return t < g.T;
-    }
+    const std::int64_t rho = rho0 + i;
+    t = int(rho / g.h);
+    head = int(rho % g.h);
+    return t < g.T;
   };
-  {
-    int t, hd;
-    row_of(0, t, hd);
-    tfirst = t;
-    int i = 15;
-    while (!row_of(i, t, hd)) --i;  // row 0 is always valid
-    tlast = t;
-  }
-  // Stage the rotated queries (and d_out) as bf16.
+  // Stage the warp's rotated queries (and d_out) as bf16.
   for (int idx = lane; idx < 16 * (DP / 2); idx += 32) {
     const int i = idx / (DP / 2), dd = (idx % (DP / 2)) * 2;
     int t, hd;
-    const bool ok = row_of(i, t, hd) && dd < g.D;
+    const bool ok = row_of(warp * 16 + i, t, hd) && dd < g.D;
     float q0 = 0.f, q1 = 0.f, o0 = 0.f, o1 = 0.f;
     if (ok) {
       const std::int64_t row = (std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd;
@@ -199,8 +239,8 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
       q0 = rope_elem(q + row * g.D, dd, g.half, cs);
       q1 = rope_elem(q + row * g.D, dd + 1, g.half, cs);
       if constexpr (BWD) {
-        const __nv_bfloat162 ov =
-            *reinterpret_cast<const __nv_bfloat162*>(static_cast<const bf16*>(a.dout) + row * g.D + dd);
+        const __nv_bfloat162 ov = *reinterpret_cast<const __nv_bfloat162*>(
+            static_cast<const bf16*>(a.dout) + row * g.D + dd);
         o0 = __bfloat162float(ov.x);
         o1 = __bfloat162float(ov.y);
       }
@@ -208,61 +248,83 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
     *reinterpret_cast<std::uint32_t*>(Qs + i * STR + dd) = pack2(q0, q1);
     if constexpr (BWD) *reinterpret_cast<std::uint32_t*>(Os + i * STR + dd) = pack2(o0, o1);
   }
-  // This thread's two rows: r = lane/4 and lane/4 + 8.
+  // This thread's two rows: r = lane/4 and lane/4 + 8 of the warp.
   const int gr = lane >> 2, gc = lane & 3;
-  int rt[2];
+  int rt[2], rp[2];
   bool rv[2];
   std::int64_t rowg[2];
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     int t, hd;
-    rv[h2] = row_of(gr + 8 * h2, t, hd);
-    rt[h2] = rv[h2] ? t : tfirst;
+    rv[h2] = row_of(warp * 16 + gr + 8 * h2, t, hd);
+    rt[h2] = rv[h2] ? t : t_first;
+    rp[h2] = rt[h2] - t_first;
     rowg[h2] = (std::int64_t(b) * g.T + rt[h2]) * g.H + gi * g.h + (rv[h2] ? hd : 0);
   }
-
-  // Key tiles: tile k -> [s0, s0 + cnt).
-  const std::int32_t* selrow =
-      BR == kSlc ? a.sel + ((std::int64_t(b) * g.T + tfirst) * g.G + gi) * g.n : nullptr;
-  int ntiles, beg = 0, end = 0, tpb = 1;
+  // Key tiles. Window: [beg + k*KT, ...) up to t_last. Selection: the set bits of tbits.
+  int ntiles = 0, beg = 0;
   if constexpr (BR == kSlc) {
-    tpb = (g.ls + KTC - 1) / KTC;
-    int nv = 0;
-    while (nv < g.n && selrow[nv] >= 0) ++nv;
-    ntiles = nv * tpb;
-  } else if constexpr (BR == kWin) {
-    beg = max(0, tfirst - g.w + 1);
-    end = tlast + 1;
-    ntiles = (end - beg + KTC - 1) / KTC;
+    for (int idx = tid; idx < ntw; idx += blockDim.x) tbits[idx] = 0u;
+    for (int idx = tid; idx < kMaxPos * g.n; idx += blockDim.x) {
+      const int p = idx / g.n, e = idx % g.n;
+      selp[idx] = p < npos ? a.sel[((std::int64_t(b) * g.T + t_first + p) * g.G + gi) * g.n + e]
+                           : -1;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < npos * g.n; idx += blockDim.x) {
+      const int j = selp[idx];
+      if (j < 0) continue;
+      const int t = t_first + idx / g.n;
+      const int last = min(j * g.ls + g.ls - 1, t);  // s <= t
+      for (int tt = (j * g.ls) / KT; tt <= last / KT; ++tt) atomicOr(&tbits[tt >> 5], 1u << (tt & 31));
+    }
+    __syncthreads();
+    for (int w2 = 0; w2 < ntw; ++w2) ntiles += __popc(tbits[w2]);
   } else {
-    end = visible_blocks(g, tlast);
-    ntiles = (end + KTC - 1) / KTC;
+    beg = max(0, t_first - g.w + 1);
+    ntiles = (t_last + 1 - beg + KT - 1) / KT;
   }
-  auto tile = [&](int k, int& s0, int& cnt) {
+  const int nsteps = BWD ? 2 * ntiles : ntiles;
+  int issue_tile = -1;  // selection: the tile index of the last issued step
+  auto step_tile = [&](int k, int& cur) {  // window: s0 of step k; selection: advances cur
     if constexpr (BR == kSlc) {
-      const int j = selrow[k / tpb];
-      s0 = j * g.ls + (k % tpb) * KTC;
-      cnt = min(KTC, min(j * g.ls + g.ls, tfirst + 1) - s0);
+      cur = next_set_bit(tbits, ntw, (k % ntiles) == 0 ? -1 : cur);
     } else {
-      s0 = beg + k * KTC;
-      cnt = min(KTC, end - s0);
+      cur = beg + (k % ntiles) * KT;
     }
   };
-  const int nsteps = BWD ? 2 * ntiles : ntiles;
-  auto issue = [&](int k) {
+  int s0_next = 0;
+  auto issue = [&](int k) {  // step k into stage k & 1
     if (k < nsteps) {
-      int s0, cnt;
-      tile(k % ntiles, s0, cnt);
-      bf16* kd = Ks + (k & 1) * KTC * STR;
-      bf16* vd = Vs + (k & 1) * KTC * STR;
-      const std::int64_t base = (std::int64_t(b) * NK) * g.G + gi;
-      for (int idx = lane; idx < KTC * (DP / 8); idx += 32) {
-        const int kk = idx / (DP / 8), ch = (idx % (DP / 8)) * 8;
+      step_tile(k, issue_tile);
+      const int s0 = BR == kSlc ? issue_tile * KT : issue_tile;
+      const int cnt = min(KT, t_last + 1 - s0);
+      bf16* kd = Ks + (k & 1) * KT * STR;
+      bf16* vd = Vs + (k & 1) * KT * STR;
+      const std::int64_t base = (std::int64_t(b) * g.T) * g.G + gi;
+      for (int idx = tid; idx < KT * CH; idx += blockDim.x) {
+        const int kk = idx / CH, ch = (idx % CH) * 8;
         const bool ok = kk < cnt;
         const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch : 0;
         cp16(kd + kk * STR + ch, kp + off, ok);
         cp16(vd + kk * STR + ch, vp + off, ok);
       }
+      if constexpr (BR == kSlc) {
+        for (int p = tid; p < kMaxPos; p += blockDim.x) {
+          unsigned long long m = 0ull;
+          const int t = t_first + p;
+          if (p < npos && t >= s0) {
+            for (int e = 0; e < g.n; ++e) {
+              const int j = selp[p * g.n + e];
+              if (j < 0) break;
+              m |= key_bits(max(j * g.ls, s0) - s0, min(j * g.ls + g.ls, s0 + KT) - s0);
+            }
+            if (t - s0 < KT - 1) m &= key_bits(0, t - s0 + 1);
+          }
+          kmask[(k & 1) * kMaxPos + p] = m;
+        }
+      }
+      s0_next = s0;
     }
     cp_commit();
   };
@@ -288,6 +350,7 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
   }
 
   issue(0);
+  int s0_cur = s0_next;
   for (int k = 0; k < nsteps; ++k) {
     const bool pass2 = BWD && k >= ntiles;
     if (BWD && k == ntiles) {  // end of pass 1: full row sums (fixed xor order)
@@ -297,137 +360,135 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
         dot[h2] += __shfl_xor_sync(0xffffffffu, dot[h2], 2);
       }
     }
+    const int s0 = s0_cur;
     issue(k + 1);
+    s0_cur = s0_next;
     cp_wait1();
-    __syncwarp();
-    int s0, cnt;
-    tile(k % ntiles, s0, cnt);
-    const bf16* Kt = Ks + (k & 1) * KTC * STR;
-    const bf16* Vt = Vs + (k & 1) * KTC * STR;
-    float s[NT][4], dp[BWD ? NT : 1][4];
+    __syncthreads();
+    // Which keys of the tile each of this thread's rows may see.
+    unsigned long long vis[2];
+    if constexpr (BR == kSlc) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = 0.f;
-        if constexpr (BWD) dp[n][e] = 0.f;
-      }
-#pragma unroll
-    for (int kk = 0; kk < DP / 16; ++kk) {
-      std::uint32_t qa[4], oa[4];
-      if constexpr (BWD) {
-        frag_a<STR>(qa, Qs, kk * 16, lane);
-        frag_a<STR>(oa, Os, kk * 16, lane);
-      }
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        std::uint32_t kb[4];
-        frag_bt<STR>(kb, Kt, np * 16, kk * 16, lane);
-        const std::uint32_t* qq = BWD ? qa : qf[kk];
-        mma(s[2 * np], qq, kb[0], kb[1]);
-        mma(s[2 * np + 1], qq, kb[2], kb[3]);
-        if constexpr (BWD) {
-          std::uint32_t vb[4];
-          frag_bt<STR>(vb, Vt, np * 16, kk * 16, lane);
-          mma(dp[2 * np], oa, vb[0], vb[1]);
-          mma(dp[2 * np + 1], oa, vb[2], vb[3]);
-        }
-      }
-    }
-    // Masks and probabilities (fp32).
-    bool ok[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
-        ok[n][e] = rv[h2] && kk < cnt && kmask<BR>(g, rt[h2], s0 + kk);
-      }
-    std::uint32_t pa[BWD ? 1 : NT / 2][4], ea[BWD ? NT / 2 : 1][4];
-    if constexpr (!BWD) {
-#pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int ee = 2 * h2 + e;
-            s[n][ee] = ok[n][ee] ? s[n][ee] * sl2 : -INFINITY;
-            mx = fmaxf(mx, s[n][ee]);
-          }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(m2[h2], mx);
-        float corr = 1.f;
-        if (mnew != -INFINITY) corr = exp2f(m2[h2] - mnew);
-        const float msub = mnew == -INFINITY ? 0.f : mnew;
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int ee = 2 * h2 + e;
-            s[n][ee] = ok[n][ee] ? exp2f(s[n][ee] - msub) : 0.f;
-            sum += s[n][ee];
-          }
-        ls[h2] = ls[h2] * corr + sum;
-        m2[h2] = mnew;
-#pragma unroll
-        for (int j = 0; j < DT; ++j) {
-          acc[j][2 * h2] *= corr;
-          acc[j][2 * h2 + 1] *= corr;
-        }
-      }
+      for (int h2 = 0; h2 < 2; ++h2) vis[h2] = rv[h2] ? kmask[(k & 1) * kMaxPos + rp[h2]] : 0ull;
     } else {
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2)
+        vis[h2] = rv[h2] ? key_bits(max(0, rt[h2] - g.w + 1 - s0), min(KT, rt[h2] + 1 - s0)) : 0ull;
+    }
+    if (__any_sync(0xffffffffu, (vis[0] | vis[1]) != 0ull)) {  // else: nothing to see here
+      const bf16* Kt = Ks + (k & 1) * KT * STR;
+      const bf16* Vt = Vs + (k & 1) * KT * STR;
+      float s[NT][4], dp[BWD ? NT : 1][4];
 #pragma unroll
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int h2 = e >> 1;
-          const float p = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[h2]) : 0.f;
-          if (pass2) {
-            dp[n][e] = p * (dp[n][e] - dot[h2]);  // dS / scale
-          } else {
-            ls[h2] += p * dp[n][e];
+          s[n][e] = 0.f;
+          if constexpr (BWD) dp[n][e] = 0.f;
+        }
+#pragma unroll
+      for (int kk = 0; kk < DP / 16; ++kk) {
+        std::uint32_t qa[4], oa[4];
+        if constexpr (BWD) {
+          frag_a<STR>(qa, Qs, kk * 16, lane);
+          frag_a<STR>(oa, Os, kk * 16, lane);
+        }
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          std::uint32_t kb[4];
+          frag_bt<STR>(kb, Kt, np * 16, kk * 16, lane);
+          const std::uint32_t* qq = BWD ? qa : qf[kk];
+          mma(s[2 * np], qq, kb[0], kb[1]);
+          mma(s[2 * np + 1], qq, kb[2], kb[3]);
+          if constexpr (BWD) {
+            std::uint32_t vb[4];
+            frag_bt<STR>(vb, Vt, np * 16, kk * 16, lane);
+            mma(dp[2 * np], oa, vb[0], vb[1]);
+            mma(dp[2 * np + 1], oa, vb[2], vb[3]);
           }
         }
-      if (!pass2) {
-        __syncwarp();
-        continue;
       }
-    }
+      // Masks and probabilities (fp32).
+      bool ok[NT][4];
 #pragma unroll
-    for (int k2 = 0; k2 < NT / 2; ++k2) {
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
+          ok[n][e] = (vis[h2] >> kk) & 1ull;
+        }
       if constexpr (!BWD) {
-        pa[k2][0] = pack2(s[2 * k2][0], s[2 * k2][1]);
-        pa[k2][1] = pack2(s[2 * k2][2], s[2 * k2][3]);
-        pa[k2][2] = pack2(s[2 * k2 + 1][0], s[2 * k2 + 1][1]);
-        pa[k2][3] = pack2(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int ee = 2 * h2 + e;
+              s[n][ee] = ok[n][ee] ? s[n][ee] * sl2 : -INFINITY;
+              mx = fmaxf(mx, s[n][ee]);
+            }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float mnew = fmaxf(m2[h2], mx);
+          float corr = 1.f;
+          if (mnew != -INFINITY) corr = exp2f(m2[h2] - mnew);
+          const float msub = mnew == -INFINITY ? 0.f : mnew;
+          float sum = 0.f;
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int ee = 2 * h2 + e;
+              s[n][ee] = ok[n][ee] ? exp2f(s[n][ee] - msub) : 0.f;
+              sum += s[n][ee];
+            }
+          ls[h2] = ls[h2] * corr + sum;
+          m2[h2] = mnew;
+#pragma unroll
+          for (int j = 0; j < DT; ++j) {
+            acc[j][2 * h2] *= corr;
+            acc[j][2 * h2 + 1] *= corr;
+          }
+        }
       } else {
-        ea[k2][0] = pack2(dp[2 * k2][0], dp[2 * k2][1]);
-        ea[k2][1] = pack2(dp[2 * k2][2], dp[2 * k2][3]);
-        ea[k2][2] = pack2(dp[2 * k2 + 1][0], dp[2 * k2 + 1][1]);
-        ea[k2][3] = pack2(dp[2 * k2 + 1][2], dp[2 * k2 + 1][3]);
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h2 = e >> 1;
+            const float p = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[h2]) : 0.f;
+            if (pass2) {
+              dp[n][e] = p * (dp[n][e] - dot[h2]);  // dS / scale
+            } else {
+              ls[h2] += p * dp[n][e];
+            }
+          }
       }
-    }
-    // forward: acc += P V; backward (pass 2): acc += dS K.
+      if (!BWD || pass2) {
+        // forward: acc += P V; backward (pass 2): acc += dS K.
 #pragma unroll
-    for (int k2 = 0; k2 < NT / 2; ++k2)
+        for (int k2 = 0; k2 < NT / 2; ++k2) {
+          std::uint32_t xa[4];
+          const float (*src)[4] = BWD ? dp : s;
+          xa[0] = pack2(src[2 * k2][0], src[2 * k2][1]);
+          xa[1] = pack2(src[2 * k2][2], src[2 * k2][3]);
+          xa[2] = pack2(src[2 * k2 + 1][0], src[2 * k2 + 1][1]);
+          xa[3] = pack2(src[2 * k2 + 1][2], src[2 * k2 + 1][3]);
 #pragma unroll
-      for (int jp = 0; jp < DT / 2; ++jp) {
-        std::uint32_t xb[4];
-        frag_b<STR>(xb, BWD ? Kt : Vt, k2 * 16, jp * 16, lane);
-        if constexpr (BWD) {
-          mma(acc[2 * jp], ea[k2], xb[0], xb[1]);
-          mma(acc[2 * jp + 1], ea[k2], xb[2], xb[3]);
-        } else {
-          mma(acc[2 * jp], pa[k2], xb[0], xb[1]);
-          mma(acc[2 * jp + 1], pa[k2], xb[2], xb[3]);
+          for (int jp = 0; jp < DT / 2; ++jp) {
+            std::uint32_t xb[4];
+            frag_b<STR>(xb, BWD ? Kt : Vt, k2 * 16, jp * 16, lane);
+            mma(acc[2 * jp], xa, xb[0], xb[1]);
+            mma(acc[2 * jp + 1], xa, xb[2], xb[3]);
+          }
         }
       }
-    __syncwarp();  // the buffer of tile k is refilled by issue(k + 2)
+    }
+    __syncthreads();  // stage k & 1 is refilled by issue(k + 2)
   }
+  cp_wait0();
 
   // Row sums over the 4 threads of a row (fixed order of the xor tree).
   if constexpr (!BWD) {
@@ -487,13 +548,14 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
 
 template <int DP, int BR, bool BWD>
 void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
-  const int nunits = BR == kSlc ? g.T * ((g.h + 15) / 16) : int((std::int64_t(g.T) * g.h + 15) / 16);
-  if (nunits == 0) return;
-  constexpr std::size_t smem = smem_bytes<DP, BWD>();
+  const std::int64_t nblocks = (std::int64_t(g.T) * g.h + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (nblocks == 0) return;
+  const int ntw = int(((g.T + RowCfg<DP>::KT - 1) / RowCfg<DP>::KT + 31) / 32);
+  const std::size_t smem = row_smem<DP, BR, BWD>(g.n, ntw).total;
   CUDA_CHECK(cudaFuncSetAttribute(row_kernel<DP, BR, BWD>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned((nunits + kWarps - 1) / kWarps), unsigned(g.B * g.G));
-  row_kernel<DP, BR, BWD><<<grid, kWarps * 32, smem, s>>>(g, a, nunits);
+  const dim3 grid(unsigned(nblocks), unsigned(g.B * g.G));
+  row_kernel<DP, BR, BWD><<<grid, kWarps * 32, smem, s>>>(g, a, ntw);
   check_launch("tc::row_kernel");
 }
 
