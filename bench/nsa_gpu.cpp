@@ -3,11 +3,13 @@
 // `ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel`
 // with `--reps 1` (docs/performance.md, "NSA CUDA kernels: optimisation log").
 //
-//   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m] [--T 8192,32768,65536]
-//                 [--no-dense]
+//   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups]
+//                 [--T 8192,32768,65536] [--D 128] [--no-dense]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
-// "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); both with
+// "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); "groups", the GQA
+// group sizes h = 1, 2, 4, 6, 8, 16 at 48 query heads (G = 48/h), B=1, at the --T lengths and
+// --D head dims; all with
 // l=32, d=16, l'=64, n=16, w=512. Each time is the median of R runs (default: as many as fit
 // in about 10 s, at least 1, at most 10) after one untimed forward+backward. The inputs
 // are pseudo-random on the device (unit scale; W scaled by 1/sqrt(l*D)). "pairs" counts the
@@ -214,7 +216,7 @@ static std::vector<std::int64_t> parse_list(const std::string& s) {
 
 int main(int argc, char** argv) {
   std::string dtype = "bf16", which = "paper,125m";
-  std::vector<std::int64_t> Ts = {8192, 32768, 65536};
+  std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128};
   int reps = 0;
   bool dense = true;
   for (int i = 1; i < argc; ++i) {
@@ -230,11 +232,12 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::stoi(val());
     else if (a == "--shapes") which = val();
     else if (a == "--T") Ts = parse_list(val());
+    else if (a == "--D") Ds = parse_list(val());
     else if (a == "--no-dense") dense = false;
     else {
       std::fprintf(stderr,
-                   "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m] "
-                   "[--T 8192,32768,65536] [--no-dense]\n");
+                   "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups] "
+                   "[--T 8192,32768,65536] [--D 128] [--no-dense]\n");
       return 2;
     }
   }
@@ -269,6 +272,10 @@ int main(int argc, char** argv) {
   if (which.find("125m") != std::string::npos) shapes.push_back({"125m", dims(16, 2048, 12, 2, 64)});
   if (which.find("paper") != std::string::npos)
     for (auto T : Ts) shapes.push_back({"paper", dims(1, T, 64, 4, 128)});
+  if (which.find("groups") != std::string::npos)
+    for (auto T : Ts)
+      for (auto D : Ds)
+        for (std::int64_t h : {1, 2, 4, 6, 8, 16}) shapes.push_back({"groups", dims(1, T, 48, 48 / h, D)});
   for (const auto& s : shapes) {
     if (dtype == "fp32") run<float>(s, reps, dense);
     else run<cuda::bf16>(s, reps, dense);

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine (the device tool's H100/H200): builds the NSA CUDA test and benchmark
 # for sm_90, runs the NSA parity tests, the benchmark and a per-kernel profile, logs under $OUT.
-# Usage: scripts/gpu_nsa.sh [tests] [bench] [ncu] [train]   (default: all but train)
+# Usage: scripts/gpu_nsa.sh [tests] [bench] [groups] [ncu] [train]   (default: all but train)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-steps=${*:-tests bench ncu}
+steps=${*:-tests bench groups ncu}
 has() { [[ " $steps " == *" $1 "* ]]; }
 { nvidia-smi -L; nvcc --version | tail -1; git rev-parse --short HEAD 2>/dev/null; } 2>&1 | tee "$OUT/device.txt"
 targets="test_nsa_cuda bench_nsa_gpu"
@@ -21,7 +21,10 @@ if has tests; then
   build-gpu/tests/nsa_cuda/test_nsa_cuda 2>&1 | tee "$OUT/test_nsa_cuda.log" | grep -E "^\[  (FAILED|PASSED) |worst|seed|Failure|error" | head -60
 fi
 if has bench; then
-  build-gpu/bench/bench_nsa_gpu --shapes 125m,paper --T 8192,65536 2>&1 | tee "$OUT/bench.log" | tail -12
+  build-gpu/bench/bench_nsa_gpu --shapes 125m,paper --T 8192,32768,65536 2>&1 | tee "$OUT/bench.log" | tail -6
+fi
+if has groups; then  # the group-size table (h = 1..16, D = 64 and 128)
+  build-gpu/bench/bench_nsa_gpu --shapes groups --T 8192,65536 --D 64,128 --no-dense 2>&1 | tee "$OUT/groups.log" | grep -E "^\| groups" | cut -c1-110
 fi
 if has ncu; then
   for spec in "125m" "paper --T 8192"; do

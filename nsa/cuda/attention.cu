@@ -542,7 +542,7 @@ void check_grid_z(const Geo& g) {
 
 template <class T, int DP, int BR, bool BWD>
 void row_impl(const Geo& g, const RowArgs& a, cudaStream_t s) {
-  if constexpr (std::is_same_v<T, bf16> && BR != kCmp) {
+  if constexpr (std::is_same_v<T, bf16>) {
     if (a.tck) {
       tc::row_launch<DP, BR, BWD>(g, a, s);
       return;
@@ -563,7 +563,7 @@ void row_impl(const Geo& g, const RowArgs& a, cudaStream_t s) {
 
 template <class T, int DP, int BR>
 void keys_impl(const Geo& g, const KeyArgs& a, cudaStream_t s) {
-  if constexpr (std::is_same_v<T, bf16> && BR != kCmp) {
+  if constexpr (std::is_same_v<T, bf16>) {
     if (a.tck) {
       tc::key_launch<DP, BR>(g, a, s);
       return;

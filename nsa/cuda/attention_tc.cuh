@@ -23,7 +23,6 @@
 namespace tc {
 
 using bf16 = __nv_bfloat16;
-constexpr int kWarps = 4;
 
 __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -133,12 +132,14 @@ __device__ __forceinline__ bool kmask(const Geo& g, int t, int s) {
 
 // ---- Tensor-core row side: a block of kRowsPerBlock query rows sharing every key tile -------
 //
-// A block owns kRowsPerBlock = 64 consecutive rows of the flattened (position, head) order of
+// A block of W = 4 warps owns 64 consecutive rows of the flattened (position, head) order of
 // one (batch, group), i.e. the heads of up to 64 consecutive positions; each warp owns 16 of
 // them. Key tiles of KT = 64 keys are staged once per block in shared memory (cp.async, double
 // buffered, two barriers per tile) and serve every warp, so each key is read from L2 once per
 // 64 rows instead of once per 16.
 //   window:    the keys [t_first - w + 1, t_last] of the block's positions;
+//   compression: the compressed keys [0, N_t_last) (backward only, bf16: the forward's fp32
+//              kernel gives the lse the selection needs);
 //   selection: the union over the block's positions of their selected blocks, as 64-aligned
 //              key tiles (a bitmask over tiles, walked in ascending order); per tile and
 //              position a 64-bit mask of the keys that position may see (its selected blocks,
@@ -146,8 +147,11 @@ __device__ __forceinline__ bool kmask(const Geo& g, int t, int s) {
 // A warp skips a tile none of its rows may see (the online softmax state is unchanged), so a
 // small group (h < 16) no longer pads a 16-row tile with empty rows, and positions that chose
 // different blocks cost only the shared loads of the tiles they do not use.
-constexpr int kRowsPerBlock = kWarps * 16;
-constexpr int kMaxPos = kRowsPerBlock;  // positions per block (h = 1)
+// Warps per block. Measured on an H100 (docs/performance.md, 2026-11-24) with 1, 2 and 4
+// warps for the selection at h = 1..16 (T = 8192, D = 128) and at the 125M shape: 4 was the
+// fastest at every group size (sharing the key tiles outweighs the barrier coupling of warps
+// whose positions chose different blocks).
+constexpr int kRowWarps = 4;
 
 template <int DP>
 struct RowCfg {
@@ -161,8 +165,9 @@ struct RowSmem {  // byte offsets of the dynamic shared memory of row_kernel
 template <int DP, int BR, bool BWD>
 __host__ __device__ inline RowSmem row_smem(int n, int ntw) {
   using C = RowCfg<DP>;
+  constexpr int kMaxPos = 16 * kRowWarps;
   RowSmem L;
-  const std::size_t rows = std::size_t(kRowsPerBlock) * C::STR * 2;
+  const std::size_t rows = std::size_t(16 * kRowWarps) * C::STR * 2;
   const std::size_t tile = std::size_t(2) * C::KT * C::STR * 2;
   L.q = 0;
   L.o = L.q + rows;
@@ -196,8 +201,9 @@ __device__ __forceinline__ unsigned long long key_bits(int lo, int hi) {
 }
 
 template <int DP, int BR, bool BWD>
-__global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int ntw) {
+__global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, int ntw) {
   using C = RowCfg<DP>;
+  constexpr int kRowsPerBlock = 16 * kRowWarps, kMaxPos = kRowsPerBlock;
   constexpr int KT = C::KT, STR = C::STR, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ float4 smem4[];
@@ -263,6 +269,9 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
   }
   // Key tiles. Window: [beg + k*KT, ...) up to t_last. Selection: the set bits of tbits.
   int ntiles = 0, beg = 0;
+  // One past the last key any row of the block sees (compression: compressed blocks).
+  const int key_end = BR == kCmp ? visible_blocks(g, t_last) : t_last + 1;
+  const int NK = BR == kCmp ? g.N : g.T;
   if constexpr (BR == kSlc) {
     for (int idx = tid; idx < ntw; idx += blockDim.x) tbits[idx] = 0u;
     for (int idx = tid; idx < kMaxPos * g.n; idx += blockDim.x) {
@@ -281,10 +290,13 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
     __syncthreads();
     for (int w2 = 0; w2 < ntw; ++w2) ntiles += __popc(tbits[w2]);
   } else {
-    beg = max(0, t_first - g.w + 1);
-    ntiles = (t_last + 1 - beg + KT - 1) / KT;
+    beg = BR == kWin ? max(0, t_first - g.w + 1) : 0;
+    ntiles = (key_end - beg + KT - 1) / KT;
   }
-  const int nsteps = BWD ? 2 * ntiles : ntiles;
+  // Passes over the tiles: forward 1; backward 2 (lsum, dq), the compression branch 3 (its
+  // own tensor-core lse first: see the launcher).
+  constexpr int kPasses = BWD ? (BR == kCmp ? 3 : 2) : 1;
+  const int nsteps = kPasses * ntiles;
   int issue_tile = -1;  // selection: the tile index of the last issued step
   auto step_tile = [&](int k, int& cur) {  // window: s0 of step k; selection: advances cur
     if constexpr (BR == kSlc) {
@@ -298,10 +310,10 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
     if (k < nsteps) {
       step_tile(k, issue_tile);
       const int s0 = BR == kSlc ? issue_tile * KT : issue_tile;
-      const int cnt = min(KT, t_last + 1 - s0);
+      const int cnt = min(KT, key_end - s0);
       bf16* kd = Ks + (k & 1) * KT * STR;
       bf16* vd = Vs + (k & 1) * KT * STR;
-      const std::int64_t base = (std::int64_t(b) * g.T) * g.G + gi;
+      const std::int64_t base = (std::int64_t(b) * NK) * g.G + gi;
       for (int idx = tid; idx < KT * CH; idx += blockDim.x) {
         const int kk = idx / CH, ch = (idx % CH) * 8;
         const bool ok = kk < cnt;
@@ -352,8 +364,20 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
   issue(0);
   int s0_cur = s0_next;
   for (int k = 0; k < nsteps; ++k) {
-    const bool pass2 = BWD && k >= ntiles;
-    if (BWD && k == ntiles) {  // end of pass 1: full row sums (fixed xor order)
+    // Backward phases: 0 softmax statistics (compression only), 1 lsum, 2 dq.
+    const int phase = BWD ? k / ntiles + (3 - kPasses) : 0;
+    const bool pass2 = BWD && phase == 2;
+    if (BWD && kPasses == 3 && k == ntiles) {  // end of the statistics pass: lse per row
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        float l = ls[h2] + __shfl_xor_sync(0xffffffffu, ls[h2], 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        lrow2[h2] = l > 0.f ? m2[h2] + log2f(l) : 0.f;
+        if (rv[h2] && gc == 0 && a.lse_tc) a.lse_tc[rowg[h2]] = l > 0.f ? lrow2[h2] / kLog2e : -INFINITY;
+        ls[h2] = 0.f;
+      }
+    }
+    if (BWD && k == (kPasses - 1) * ntiles) {  // end of the lsum pass: full row sums
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {
         dot[h2] = ls[h2] + __shfl_xor_sync(0xffffffffu, ls[h2], 1);
@@ -370,10 +394,14 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
     if constexpr (BR == kSlc) {
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) vis[h2] = rv[h2] ? kmask[(k & 1) * kMaxPos + rp[h2]] : 0ull;
-    } else {
+    } else if constexpr (BR == kWin) {
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2)
         vis[h2] = rv[h2] ? key_bits(max(0, rt[h2] - g.w + 1 - s0), min(KT, rt[h2] + 1 - s0)) : 0ull;
+    } else {
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2)
+        vis[h2] = rv[h2] ? key_bits(0, min(KT, visible_blocks(g, rt[h2]) - s0)) : 0ull;
     }
     if (__any_sync(0xffffffffu, (vis[0] | vis[1]) != 0ull)) {  // else: nothing to see here
       const bf16* Kt = Ks + (k & 1) * KT * STR;
@@ -401,10 +429,12 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
           mma(s[2 * np], qq, kb[0], kb[1]);
           mma(s[2 * np + 1], qq, kb[2], kb[3]);
           if constexpr (BWD) {
-            std::uint32_t vb[4];
-            frag_bt<STR>(vb, Vt, np * 16, kk * 16, lane);
-            mma(dp[2 * np], oa, vb[0], vb[1]);
-            mma(dp[2 * np + 1], oa, vb[2], vb[3]);
+            if (phase > 0) {
+              std::uint32_t vb[4];
+              frag_bt<STR>(vb, Vt, np * 16, kk * 16, lane);
+              mma(dp[2 * np], oa, vb[0], vb[1]);
+              mma(dp[2 * np + 1], oa, vb[2], vb[3]);
+            }
           }
         }
       }
@@ -417,7 +447,7 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
           const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
           ok[n][e] = (vis[h2] >> kk) & 1ull;
         }
-      if constexpr (!BWD) {
+      if (!BWD || phase == 0) {  // online softmax (forward; backward statistics pass)
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
           float mx = -INFINITY;
@@ -446,10 +476,12 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
             }
           ls[h2] = ls[h2] * corr + sum;
           m2[h2] = mnew;
+          if constexpr (!BWD) {
 #pragma unroll
-          for (int j = 0; j < DT; ++j) {
-            acc[j][2 * h2] *= corr;
-            acc[j][2 * h2 + 1] *= corr;
+            for (int j = 0; j < DT; ++j) {
+              acc[j][2 * h2] *= corr;
+              acc[j][2 * h2 + 1] *= corr;
+            }
           }
         }
       } else {
@@ -548,14 +580,15 @@ __global__ void __launch_bounds__(kWarps * 32) row_kernel(Geo g, RowArgs a, int 
 
 template <int DP, int BR, bool BWD>
 void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
-  const std::int64_t nblocks = (std::int64_t(g.T) * g.h + kRowsPerBlock - 1) / kRowsPerBlock;
+  constexpr int kRows = 16 * kRowWarps;
+  const std::int64_t nblocks = (std::int64_t(g.T) * g.h + kRows - 1) / kRows;
   if (nblocks == 0) return;
   const int ntw = int(((g.T + RowCfg<DP>::KT - 1) / RowCfg<DP>::KT + 31) / 32);
   const std::size_t smem = row_smem<DP, BR, BWD>(g.n, ntw).total;
   CUDA_CHECK(cudaFuncSetAttribute(row_kernel<DP, BR, BWD>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned(nblocks), unsigned(g.B * g.G));
-  row_kernel<DP, BR, BWD><<<grid, kWarps * 32, smem, s>>>(g, a, ntw);
+  row_kernel<DP, BR, BWD><<<grid, kRowWarps * 32, smem, s>>>(g, a, ntw);
   check_launch("tc::row_kernel");
 }
 
@@ -609,7 +642,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
   int* rtp = reinterpret_cast<int*>(rs + 6 * kRB);        // [2][RB] position, -1: none
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.z / g.G, gi = blockIdx.z % g.G;
-  int s0, s1, npos, p0 = 0, nsplit = 1, off = 0;
+  int s0, s1, npos, p0 = 0, nsplit = 1, off = 0, rsplit = kRS;
   std::int64_t unit = 0;
   const std::int32_t* list = nullptr;
   if constexpr (BR == kWin) {
@@ -617,6 +650,14 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
     s1 = min(g.T, s0 + kKB);
     p0 = s0;
     npos = min(g.T, s1 - 1 + g.w) - s0;
+  } else if constexpr (BR == kCmp) {  // compressed blocks s0..s1-1; positions p0..T-1
+    s0 = blockIdx.x * kKB;
+    s1 = min(g.N, s0 + kKB);
+    p0 = min(g.T, s0 * g.d + g.l - 1);
+    npos = g.T - p0;
+    rsplit = cmp_key_rows_per_split(g);
+    nsplit = max(1, (npos * g.h + rsplit - 1) / rsplit);
+    unit = (std::int64_t(b) * g.G + gi) * gridDim.x + blockIdx.x;
   } else {
     const int j = blockIdx.x / nsub;
     s0 = j * g.ls + (blockIdx.x % nsub) * kKB;
@@ -629,8 +670,8 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
   }
   if (s0 >= s1 || int(blockIdx.y) >= nsplit) return;  // block-uniform
   // This block's rows: [rbeg, rend) of the list's (position, head) rows.
-  const int rbeg = int(blockIdx.y) * kRS;
-  const int nrows = BR == kSlc ? min(npos * g.h, rbeg + kRS) : npos * g.h;  // rend
+  const int rbeg = int(blockIdx.y) * rsplit;
+  const int nrows = BR != kWin ? min(npos * g.h, rbeg + rsplit) : npos * g.h;  // rend
   const int nbatch = (nrows - rbeg + kRB - 1) / kRB;
   const bf16* kp = static_cast<const bf16*>(a.tck);
   const bf16* vp = static_cast<const bf16*>(a.tcv);
@@ -642,7 +683,8 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
   for (int idx = tid; idx < kKB * CH; idx += blockDim.x) {
     const int kk = idx / CH, ch = (idx % CH) * 8;
     const bool ok = s0 + kk < s1;
-    const std::int64_t ko = ok ? ((std::int64_t(b) * g.T + s0 + kk) * g.G + gi) * DP + ch : 0;
+    const std::int64_t ko =
+        ok ? ((std::int64_t(b) * (BR == kCmp ? g.N : g.T) + s0 + kk) * g.G + gi) * DP + ch : 0;
     cp16(Ks + kk * STR + ch, kp + ko, ok);
     cp16(Vs + kk * STR + ch, vp + ko, ok);
   }
@@ -658,7 +700,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
         std::int64_t go = 0;
         if (ok) {
           const int pi = rho / g.h;
-          const int t = BR == kWin ? p0 + pi : list[pi];
+          const int t = BR == kSlc ? list[pi] : p0 + pi;
           go = ((std::int64_t(b) * g.T + t) * g.H + gi * g.h + rho % g.h) * DP + ch;
         }
         cp16(qd + r * STR + ch, qp + go, ok);
@@ -673,7 +715,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
         float L = 0.f, Gs = 0.f, Dl = 0.f;
         if (rho < nrows) {
           const int pi = rho / g.h;
-          t = BR == kWin ? p0 + pi : list[pi];
+          t = BR == kSlc ? list[pi] : p0 + pi;
           const std::int64_t row = (std::int64_t(b) * g.T + t) * g.H + gi * g.h + rho % g.h;
           L = a.lse[row] * kLog2e;
           Gs = a.gsig[row];
@@ -724,7 +766,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
         const int tA = td[r0];
         if (tA < 0) break;  // invalid rows only at the end
         const int tB = td[r0 + 15] >= 0 ? td[r0 + 15] : g.T;
-        if (tB < ws0) continue;                           // every key after every row
+        if (tB < (BR == kCmp ? ws0 * g.d + g.l - 1 : ws0)) continue;  // no row sees a key
         if (BR == kWin && tA - g.w >= wlast) continue;    // every key left the window
         float st[2][4], dpt[2][4];
 #pragma unroll
@@ -817,8 +859,10 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
     // Selection, split list: partial sums to slot (off*h/RS + unit + split) [2][KB][DP] (the
     // slots of a unit are distinct from every other unit's); the last block of the unit to
     // finish adds the partials in split order (the result does not depend on which one).
+    // Compression: slot unit * kCmpKeyMaxSplits + split.
     const int sub = int(blockIdx.x) % nsub;
-    const std::int64_t slot0 = std::int64_t(off) * g.h / kRS + unit;
+    const std::int64_t slot0 =
+        BR == kCmp ? unit * kCmpKeyMaxSplits : std::int64_t(off) * g.h / kRS + unit;
     auto part = [&](int sp) {
       return a.slc_part + ((slot0 + sp) * nsub + sub) * std::int64_t(2 * kKB * DP);
     };
@@ -834,7 +878,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
     __threadfence();
     __syncthreads();
     __shared__ int last;
-    int* ticket = a.slc_ticket + unit * nsub + sub;
+    int* ticket = a.slc_ticket + (BR == kCmp ? unit : unit * nsub + sub);
     if (tid == 0) last = atomicAdd(ticket, 1) == nsplit - 1;
     __syncthreads();
     if (!last) return;  // block-uniform
@@ -857,10 +901,17 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
     const int kk = idx / DP, dd = idx % DP;
     if (dd >= g.D) continue;
     const int s = s0 + kk;
-    const float dk = rope_back_elem(Tk + kk * FS, dd, g.half, a.rope + std::int64_t(s) * g.half);
-    const std::int64_t o = ((std::int64_t(b) * g.T + s) * g.G + gi) * g.D + dd;
-    static_cast<bf16*>(a.dk)[o] = __float2bfloat16_rn(dk);
-    static_cast<bf16*>(a.dv)[o] = __float2bfloat16_rn(Tv[kk * FS + dd]);
+    const int pos = BR == kCmp ? s * g.d + g.l - 1 : s;  // RoPE position of the key
+    const float dk = rope_back_elem(Tk + kk * FS, dd, g.half, a.rope + std::int64_t(pos) * g.half);
+    if constexpr (BR == kCmp) {  // fp32 [B,N,G,D]: the compression backward takes them on
+      const std::int64_t o = ((std::int64_t(b) * g.N + s) * g.G + gi) * g.D + dd;
+      static_cast<float*>(a.dk)[o] = dk;
+      static_cast<float*>(a.dv)[o] = Tv[kk * FS + dd];
+    } else {
+      const std::int64_t o = ((std::int64_t(b) * g.T + s) * g.G + gi) * g.D + dd;
+      static_cast<bf16*>(a.dk)[o] = __float2bfloat16_rn(dk);
+      static_cast<bf16*>(a.dv)[o] = __float2bfloat16_rn(Tv[kk * FS + dd]);
+    }
   }
 }
 
@@ -869,6 +920,8 @@ void key_launch(const Geo& g, const KeyArgs& a, cudaStream_t s) {
   int tiles, nsub = 1;
   if constexpr (BR == kWin) {
     tiles = (g.T + kKB - 1) / kKB;
+  } else if constexpr (BR == kCmp) {
+    tiles = cmp_key_blocks(g);
   } else {
     nsub = (g.ls + kKB - 1) / kKB;
     tiles = g.NB * nsub;
@@ -878,7 +931,7 @@ void key_launch(const Geo& g, const KeyArgs& a, cudaStream_t s) {
   static_assert(smem >= std::size_t(2 * kKB * (DP + 4)) * 4, "epilogue fits");
   CUDA_CHECK(cudaFuncSetAttribute(key_kernel<DP, BR>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const int ysplits = BR == kSlc ? key_max_splits(g) : 1;
+  const int ysplits = BR == kSlc ? key_max_splits(g) : (BR == kCmp ? cmp_key_max_splits(g) : 1);
   const dim3 grid(unsigned(tiles), unsigned(ysplits), unsigned(g.B * g.G));
   key_kernel<DP, BR><<<grid, kKeyWarps * 32, smem, s>>>(g, a, nsub);
   check_launch("tc::key_kernel");

@@ -142,6 +142,8 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   void* dgate;         // T [B,T,H,3] or null
   float* dq;           // fp32 [B,T,H,D], rotated space, or null
   bool accumulate;     // dq += (else =)
+  float* lse_tc;       // bf16 compression backward: the lse of the tensor-core scores, [B,T,H]
+                       // (the key side's probabilities must match the row side's)
   // bf16 only, optional: padded bf16 copies [B, NK, G, padded_dim(D)] of the branch keys
   // (RoPE applied) and values (launch_tc_pad); when set, the tensor-core kernel runs.
   const void* tck;
@@ -211,6 +213,30 @@ inline std::int64_t key_split_floats(const Geo& g, int DP) {
 // B*G*NB*ceil(T/32) words and cnt B*G*NB ints of scratch; pos at most B*T*G*n ints.
 void launch_inverse_index(const Geo& g, const std::int32_t* sel, std::uint32_t* mask, int* cnt,
                           int* off, int* pos, cudaStream_t s);
+// Tensor-core compression key side (bf16): blocks of 64 compressed keys; a block's rows (the
+// positions from its first key's i*d + l - 1 on, x h heads) are split into ranges of
+// cmp_key_rows_per_split(g) rows (a function of the shape only), at most kCmpKeyMaxSplits,
+// whose fp32 partials the last block to finish adds in order (as for split selection lists):
+// scratch of cmp_key_split_floats(g, DP) floats and cmp_key_blocks(g) * B * G zeroed tickets.
+constexpr int kCmpKeyMaxSplits = 16;
+inline int cmp_key_blocks(const Geo& g) { return (g.N + 63) / 64; }
+__host__ __device__ inline int cmp_key_rows_per_split(const Geo& g) {
+  const std::int64_t rows = std::int64_t(g.T - g.l + 1 > 0 ? g.T - g.l + 1 : 0) * g.h;
+  std::int64_t per = (rows + kCmpKeyMaxSplits - 1) / kCmpKeyMaxSplits;
+  if (per < kKeyRowSplit) per = kKeyRowSplit;  // (a constexpr: usable in device code)
+  return int((per + 63) / 64 * 64);
+}
+inline int cmp_key_max_splits(const Geo& g) {
+  const std::int64_t rows = std::int64_t(g.T - g.l + 1 > 0 ? g.T - g.l + 1 : 0) * g.h;
+  const std::int64_t s = (rows + cmp_key_rows_per_split(g) - 1) / cmp_key_rows_per_split(g);
+  return int(s < 1 ? 1 : s);
+}
+inline std::int64_t cmp_key_tickets(const Geo& g) {
+  return std::int64_t(g.B) * g.G * cmp_key_blocks(g);
+}
+inline std::int64_t cmp_key_split_floats(const Geo& g, int DP) {
+  return cmp_key_tickets(g) * kCmpKeyMaxSplits * 2 * 64 * DP;
+}
 inline int cmp_key_splits(const Geo& g) {
   if (g.N == 0) return 1;
   const int s = g.T / 512;

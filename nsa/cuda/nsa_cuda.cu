@@ -80,7 +80,7 @@ class Workspace {
   enum Slot : int {
     kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDq, kDkc, kDvc, kTokK, kTokV, kCmpScratch,
     kTcK, kTcV, kSplit, kTcQ, kTcO, kInvMask, kInvCnt, kInvOff, kInvPos, kSlcPart, kTicket,
-    kNumSlots
+    kTcKc, kTcVc, kLseTc, kCmpPart, kCmpTicket, kNumSlots
   };
   ~Workspace() {
     for (auto& b : bufs_)
@@ -142,17 +142,19 @@ void check_dims(const NsaDims& dims) {
     throw UserError("NSA attention on CUDA: batch * model.n_kv_heads must be at most 65535");
 }
 
-// bf16: padded bf16 copies of a branch's keys (rotated) and values for the tensor-core row
-// kernels (RowArgs::tck, tcv); fp32: nothing (the fp32 kernels read the inputs).
+// bf16: padded bf16 copies of a branch's keys (rotated when rope is set) and values for the
+// tensor-core kernels (RowArgs::tck, tcv), in workspace slots ks, vs; fp32: nothing (the fp32
+// kernels read the inputs).
 template <class T, class S>
 void tc_prepare(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v,
-                const float2* rope, int NK, cudaStream_t s) {
+                const float2* rope, int NK, cudaStream_t s,
+                Workspace::Slot ks = Workspace::kTcK, Workspace::Slot vs = Workspace::kTcV) {
   a.tck = a.tcv = nullptr;
   if constexpr (std::is_same_v<T, bf16>) {
     const std::size_t bytes =
         std::size_t(std::max<std::int64_t>(1, std::int64_t(g.B) * NK * g.G * padded_dim(g.D))) * 2;
-    auto* kd = static_cast<bf16*>(ws.get(Workspace::kTcK, bytes, s));
-    auto* vd = static_cast<bf16*>(ws.get(Workspace::kTcV, bytes, s));
+    auto* kd = static_cast<bf16*>(ws.get(ks, bytes, s));
+    auto* vd = static_cast<bf16*>(ws.get(vs, bytes, s));
     launch_tc_pad<S>(g, k, kd, rope, NK, s);
     launch_tc_pad<S>(g, v, vd, nullptr, NK, s);
     a.tck = kd;
@@ -331,6 +333,14 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
                       : nullptr;
   const void* win_tck = nullptr;  // bf16: padded window keys/values left by the row side
   const void* win_tcv = nullptr;
+  const void* cmp_tck = nullptr;  // bf16: padded compressed keys/values (their own slots)
+  const void* cmp_tcv = nullptr;
+  // bf16: the compression branch's row side runs on the tensor cores with its own lse (the
+  // forward's fp32 lse feeds the selection; the backward's probabilities must match the
+  // tensor-core scores, see attention_tc.cuh), which the key side then reads.
+  float* lse_tc = std::is_same_v<T, bf16>
+                      ? static_cast<float*>(ws.get(Workspace::kLseTc, std::size_t(BTH) * 4, stream))
+                      : nullptr;
   {
     RowArgs a{};
     a.q = in.q;
@@ -349,11 +359,13 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       a.gsig = gsig + br * BTH;
       a.delta = delta + br * BTH;
       a.accumulate = br != kCmp;
-      // The compression branch stays on the fp32 kernel: its delta feeds the fp32 key side
-      // and the compression maps, whose parity needs scores consistent with the fp32 lse.
-      if (br == kCmp)
-        a.tck = a.tcv = nullptr;
-      else if (br == kSlc)
+      a.lse_tc = br == kCmp ? lse_tc : nullptr;
+      if (br == kCmp) {
+        tc_prepare<T>(g, ws, a, saved.k_cmp_blocks, saved.v_cmp_blocks, nullptr, g.N, stream,
+                      Workspace::kTcKc, Workspace::kTcVc);
+        cmp_tck = a.tck;
+        cmp_tcv = a.tcv;
+      } else if (br == kSlc)
         tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
       else
         tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream);
@@ -374,9 +386,12 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   ka.rope = rope;
   ka.sel = saved.sel_blocks;
   const bool need_win = grads.k_win || grads.v_win, need_slc = grads.k_slc || grads.v_slc;
+  const bool need_k = grads.k_cmp || grads.cmp_wk || grads.cmp_pk;
+  const bool need_v = grads.v_cmp || grads.cmp_wv || grads.cmp_pv;
   if constexpr (std::is_same_v<T, bf16>) {
-    // Tensor-core key side (selection, window).
-    if (need_win || need_slc) tc_prepare_keys(g, ws, ka, in.q, d_out, rope, BTH, stream);
+    // Tensor-core key side (every branch).
+    if (need_win || need_slc || ((need_k || need_v) && g.N > 0))
+      tc_prepare_keys(g, ws, ka, in.q, d_out, rope, BTH, stream);
     if (need_slc) {
       const std::int64_t U = std::int64_t(g.B) * g.G * g.NB;
       const std::int64_t W = (g.T + 31) / 32;
@@ -401,7 +416,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   auto key_pass = [&](int br, const void* k, const void* v, void* dk, void* dv) {
     ka.k = k;
     ka.v = v;
-    ka.lse = saved.lse + br * BTH;
+    ka.lse = br == kCmp && lse_tc ? lse_tc : saved.lse + br * BTH;
     ka.gsig = gsig + br * BTH;
     ka.delta = delta + br * BTH;
     ka.dk = dk;
@@ -427,19 +442,27 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   }
   ka.tck = ka.tcv = nullptr;
 
-  const bool need_k = grads.k_cmp || grads.cmp_wk || grads.cmp_pk;
-  const bool need_v = grads.v_cmp || grads.cmp_wv || grads.cmp_pv;
   if (need_k || need_v) {
     auto* dkc = static_cast<float*>(ws.get(Workspace::kDkc, kvn * 4 + 4, stream));
     auto* dvc = static_cast<float*>(ws.get(Workspace::kDvc, kvn * 4 + 4, stream));
     const int nsplit = cmp_key_splits(g);
-    if (nsplit > 1) {
+    if (std::is_same_v<T, bf16>) {  // tensor-core key side: its own split scratch and lse
+      ka.tck = cmp_tck;
+      ka.tcv = cmp_tcv;
+      ka.slc_part = static_cast<float*>(ws.get(
+          Workspace::kCmpPart,
+          std::size_t(std::max<std::int64_t>(1, cmp_key_split_floats(g, padded_dim(g.D)))) * 4,
+          stream));
+      const std::size_t tb = std::size_t(std::max<std::int64_t>(1, cmp_key_tickets(g))) * 4;
+      ka.slc_ticket = static_cast<int*>(ws.get(Workspace::kCmpTicket, tb, stream));
+      CUDA_CHECK(cudaMemsetAsync(ka.slc_ticket, 0, tb, stream));
+    } else if (nsplit > 1) {
       auto* part = static_cast<float*>(
           ws.get(Workspace::kSplit, std::size_t(2 * nsplit) * kvn * 4 + 4, stream));
       ka.split_dk = part;
       ka.split_dv = part + std::size_t(nsplit) * kvn;
     }
-    key_pass(kCmp, saved.k_cmp_blocks, saved.v_cmp_blocks, dkc, dvc);
+    key_pass(kCmp, saved.k_cmp_blocks, saved.v_cmp_blocks, dkc, dvc);  // lse: see key_pass
     void* scratch = ws.get(Workspace::kCmpScratch, compress_scratch_bytes(g, sizeof(T)), stream);
     if (need_k)
       launch_compress_backward<T>(g, in.k_cmp, in.cmp_wk, in.cmp_pk, dkc, grads.k_cmp,
