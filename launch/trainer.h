@@ -11,6 +11,9 @@
 // same bits on every rank). With dp = 1 this is the single-process computation, bit for bit.
 // Rank 0 writes the log, the metrics file and the checkpoints (ZeRO-1: every DP rank writes
 // its tensors); a stop signal on any rank stops every rank after the same step.
+//
+// The code: run_training (trainer.cpp) is the loop over the phases of train/phases.h, which
+// share one state object (train/run.h); each phase lives in the file named after it.
 #pragma once
 #include <cstdint>
 #include <iosfwd>

@@ -5,10 +5,10 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "core/comm/single_communicator.h"
 #include "core/config/config.h"
 #include "core/util/error.h"
 #include "parallel/mpi_communicator.h"
-#include "parallel/single_communicator.h"
 
 namespace nsatron {
 

@@ -31,7 +31,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "parallel/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace nsatron {
 

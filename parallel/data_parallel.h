@@ -29,8 +29,8 @@
 #include <memory>
 #include <vector>
 
+#include "core/comm/communicator.h"
 #include "core/ops/adamw.h"
-#include "parallel/communicator.h"
 
 namespace nsatron::parallel {
 

@@ -8,7 +8,7 @@
 // exactly one device and those devices differ (the launcher gave each rank its own GPU, e.g.
 // CUDA_VISIBLE_DEVICES per rank or `srun --gpus-per-task=1`), each rank takes its device 0.
 #pragma once
-#include "parallel/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace nsatron::parallel {
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace nsatron::parallel {
 

@@ -35,7 +35,7 @@
 #include <memory>
 #include <string>
 
-#include "parallel/communicator.h"
+#include "core/comm/communicator.h"
 
 struct ncclComm;  // nccl.h's ncclComm_t is `struct ncclComm*`; only the .cpp includes nccl.h
 

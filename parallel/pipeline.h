@@ -46,8 +46,8 @@
 #include <functional>
 #include <vector>
 
+#include "core/comm/communicator.h"
 #include "core/tensor/tensor.h"
-#include "parallel/communicator.h"
 
 namespace nsatron::parallel {
 

@@ -1,9 +1,9 @@
 #include "parallel/process_groups.h"
 
+#include "core/comm/single_communicator.h"
 #include "core/util/error.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/nccl_communicator.h"
-#include "parallel/single_communicator.h"
 
 namespace nsatron::parallel {
 

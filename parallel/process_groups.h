@@ -11,7 +11,7 @@
 #pragma once
 #include <memory>
 
-#include "parallel/communicator.h"
+#include "core/comm/communicator.h"
 #include "parallel/layout.h"
 
 namespace nsatron::parallel {

@@ -6,17 +6,17 @@
 #include <stdexcept>
 
 #include "core/device/device.h"
+#include "core/model/nsa_core_cuda.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
-#include "core/model/nsa_core_cuda.h"
 #include "core/ops/linear.h"
 #include "core/ops/rmsnorm.h"
 #include "core/ops/swiglu.h"
+#include "core/ops/vocab_parallel_cross_entropy.h"
 #include "core/util/error.h"
 #include "core/util/op_timer.h"
 #include "nsa/nsa.h"
-#include "parallel/vocab_parallel.h"
 
 // Time this statement's op under a family name when op_timer is on (benchmarks).
 #define NSA_TIMED_CONCAT2(a, b) a##b

@@ -30,8 +30,8 @@
 // LM head); the norm gains are replicated. Per layer the forward all-reduces (sum) the
 // outputs of wo and w_out, the backward the gradients of the two norm outputs; the
 // embedding's output and the gradient of the final norm's output are all-reduced too, and
-// the loss is the vocab-parallel cross entropy (parallel/vocab_parallel.h). The NSA core
-// itself needs no communication. Pipeline parallelism: the model holds the layers
+// the loss is the vocab-parallel cross entropy (core/ops/vocab_parallel_cross_entropy.h).
+// The NSA core itself needs no communication. Pipeline parallelism: the model holds the layers
 // [layer_begin, layer_end) only, the embedding on the first stage, the final norm and head on
 // the last (with tied embeddings, the last stage holds a replica of the embedding; the
 // trainer adds the two stages' gradients). Parameter names are the global ones.
@@ -48,10 +48,10 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/communicator.h"
 #include "core/config/config.h"
 #include "core/model/layer_activations.h"
 #include "core/model/params.h"
-#include "parallel/communicator.h"
 
 namespace nsatron {
 

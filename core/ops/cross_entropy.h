@@ -28,9 +28,10 @@
 // [0, V); any other value is an error that names its position.
 // Deterministic: rows are independent and the loss is summed over rows in order.
 //
-// Vocabulary slices (the vocab-parallel cross entropy, parallel/vocab_parallel.h): logits
-// z [N, V_r] hold the columns [vocab_start, vocab_start + V_r) of every row of a vocabulary
-// of V split over ranks; targets t [N] are global ids. Three ops, between which the caller
+// Vocabulary slices (the vocab-parallel cross entropy,
+// core/ops/vocab_parallel_cross_entropy.h): logits z [N, V_r] hold the columns
+// [vocab_start, vocab_start + V_r) of every row of a vocabulary of V split over ranks;
+// targets t [N] are global ids. Three ops, between which the caller
 // combines the ranks' results (an all-reduce max after the first, an all-reduce sum after the
 // second):
 //   cross_entropy_slice_max:   row_max[n]  = max_{v in slice} z_nv

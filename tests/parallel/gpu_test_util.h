@@ -2,8 +2,8 @@
 #pragma once
 #include <string>
 
+#include "core/comm/communicator.h"
 #include "core/util/error.h"
-#include "parallel/communicator.h"
 #include "parallel/gpu_binding.h"
 
 namespace nsatron::parallel {

@@ -8,12 +8,12 @@
 #include <cstring>
 #include <random>
 
+#include "core/comm/single_communicator.h"
 #include "core/util/error.h"
 #include "parallel/data_parallel.h"
 #include "parallel/layout.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_groups.h"
-#include "parallel/single_communicator.h"
 
 using namespace nsatron;
 using namespace nsatron::parallel;

@@ -19,9 +19,9 @@
 #include <map>
 #include <string>
 
+#include "core/comm/single_communicator.h"
 #include "parallel/pipeline.h"
 #include "parallel/process_groups.h"
-#include "parallel/single_communicator.h"
 
 using namespace nsatron;
 using namespace nsatron::parallel;

@@ -8,8 +8,8 @@
 
 #include "core/model/rng.h"
 #include "core/ops/cross_entropy.h"
+#include "core/ops/vocab_parallel_cross_entropy.h"
 #include "parallel/mpi_communicator.h"
-#include "parallel/vocab_parallel.h"
 
 using namespace nsatron;
 

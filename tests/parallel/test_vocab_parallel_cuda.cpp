@@ -21,13 +21,13 @@
 #include <vector>
 
 #include "core/ops/cross_entropy.h"
+#include "core/ops/vocab_parallel_cross_entropy.h"
 #include "core/util/error.h"
 #include "parallel/gpu_binding.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_groups.h"
-#include "tests/parallel/gpu_test_util.h"
-#include "parallel/vocab_parallel.h"
 #include "tests/ops_cuda/cuda_test_util.h"
+#include "tests/parallel/gpu_test_util.h"
 
 using namespace nsatron;
 using namespace nsatron::parallel;

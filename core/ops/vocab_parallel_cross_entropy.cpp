@@ -1,4 +1,4 @@
-#include "parallel/vocab_parallel.h"
+#include "core/ops/vocab_parallel_cross_entropy.h"
 
 #include <stdexcept>
 #include <string>

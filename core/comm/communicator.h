@@ -1,9 +1,13 @@
 // Communicator: the collectives and point-to-point transfers of one process group (the world,
-// or a TP/DP/PP group, see layout.h), behind one interface with several backends:
-//   SingleCommunicator  (single_communicator.h)  a group of one: every call is a no-op copy
-//   MpiCommunicator     (mpi_communicator.h)     MPI, CPU tensors (fp32, fp64)
-//   NcclCommunicator    (nccl_communicator.h)    NCCL, CUDA tensors (fp32, fp64, bf16), in CUDA
-//                                                builds that found NCCL
+// or a TP/DP/PP group, see parallel/layout.h), behind one interface with several backends:
+//   SingleCommunicator  (core/comm/single_communicator.h)  a group of one: every call is a
+//                                                          no-op copy
+//   MpiCommunicator     (parallel/mpi_communicator.h)      MPI, CPU tensors (fp32, fp64)
+//   NcclCommunicator    (parallel/nccl_communicator.h)     NCCL, CUDA tensors (fp32, fp64,
+//                                                          bf16), in CUDA builds that found NCCL
+// The interface lives in core/ (the ground floor, docs/architecture.md "Layers") so that the
+// model can take a group for tensor parallelism without depending on MPI or NCCL; it keeps the
+// namespace nsatron::parallel of the backends in parallel/.
 //
 // Contract of every call, whatever the backend:
 //   - It is collective over the group (send/recv/send_recv: over the peers): every rank of the

@@ -4,7 +4,7 @@
 // recv have no peer to talk to (the argument checks refuse them); send_recv with both peers 0
 // (itself) copies send into recv.
 #pragma once
-#include "parallel/communicator.h"
+#include "core/comm/communicator.h"
 
 namespace nsatron::parallel {
 

@@ -19,12 +19,14 @@
 // an NcclCommunicator for CUDA logits (or a SingleCommunicator for a group of one). Equal, to
 // rounding, to cross_entropy_fused on the gathered logits (tested under mpirun, CPU and CUDA).
 // The loss is the same bits on every rank (each gets the same reduced values).
+// It sits with the op families (it only needs the Communicator interface) so that the model
+// can use it without depending on parallel/; it keeps the namespace of tensor parallelism.
 #pragma once
 #include <cstdint>
 #include <span>
 
+#include "core/comm/communicator.h"
 #include "core/tensor/tensor.h"
-#include "parallel/communicator.h"
 
 namespace nsatron::parallel {
 

@@ -1,4 +1,4 @@
-#include "parallel/communicator.h"
+#include "core/comm/communicator.h"
 
 #include "core/util/error.h"
 

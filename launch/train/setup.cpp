@@ -1,0 +1,81 @@
+// Setup phases: the world and its groups, the data, the model and the optimizer.
+#include <tuple>
+#include <vector>
+
+#include "core/device/device.h"
+#include "core/util/error.h"
+#include "launch/train/phases.h"
+#include "parallel/gpu_binding.h"
+
+namespace nsatron::train {
+
+Run::Run(const RunConfig& cfg, std::ostream& out, World& world, const TrainOptions& options)
+    : cfg(cfg),
+      out(out),
+      world(world),
+      options(options),
+      device(cfg.train.device == "cuda" ? Device::CUDA : Device::CPU),
+      dtype(cfg.train.dtype == "bf16" ? DType::BF16 : DType::F32),
+      root(world.rank() == 0),
+      started(Clock::now()),
+      dims(ModelDims::from_config(cfg)),
+      bar(cfg.train.steps, world.rank() == 0) {}
+
+void setup_world(Run& run) {
+  const RunConfig& cfg = run.cfg;
+  World& world = run.world;
+  // Checks every rank makes alike, then the process groups (collective over the world).
+  world.together([&] {
+    if (run.device == Device::CUDA && !cuda_available())
+      throw UserError(cfg.source + ": train.device: \"cuda\", but " + cuda_device_summary());
+    if (cfg.data.train.empty()) throw UserError(cfg.source + ": data.train: required to train (a glob of token shards)");
+  });
+  run.groups = world.together([&] {
+    return parallel::make_process_groups(world.size() > 1 ? parallel::Backend::Mpi : parallel::Backend::Single,
+                                         int(cfg.parallel.tp), int(cfg.parallel.pp));
+  });
+  // Several GPU ranks: one GPU each (before any other CUDA call), and NCCL communicators for
+  // the tensors (gradients, pipeline messages); the MPI groups keep carrying control values.
+  run.multi_gpu = run.device == Device::CUDA && world.size() > 1;
+  if (!run.multi_gpu) {
+    run.tensor_groups = run.groups;
+    return;
+  }
+  run.gpu_index = world.together([&] { return parallel::bind_local_gpu(*run.groups.world); });
+  run.tensor_groups = world.together([&] {
+    parallel::DeviceGroupSet which;
+    which.world = false;  // the world carries only control values
+    which.embedding = cfg.model.tie_embeddings && cfg.parallel.pp > 1;
+    return parallel::make_device_groups(run.groups, which);
+  });
+}
+
+void open_data(Run& run) {
+  run.world.together([&] { run.data = data::open_run_data(run.cfg, run.groups.layout.dp_rank); });
+}
+
+void build_model_and_optimizer(Run& run) {
+  const RunConfig& cfg = run.cfg;
+  run.world.together([&] {
+    ModelShard shard;
+    shard.tp = run.tp();
+    shard.tp_rank = run.groups.layout.tp_rank;
+    shard.tp_group = run.tensor_groups.tp;
+    std::tie(shard.layer_begin, shard.layer_end) = cfg.stage_layers(run.groups.layout.pp_rank);
+    run.model = std::make_unique<NsaTransformer>(run.dims, run.dtype, run.device, shard);
+    run.model->set_recompute(parse_recompute_policy(cfg.recompute.policy), cfg.recompute.layers);
+    ParamStore& params = run.model->params();
+    params.initialize(std::uint64_t(cfg.train.seed));
+    std::vector<ParamSegment> segments;
+    for (const auto& p : params.infos()) segments.push_back({p.offset, p.numel, p.decay});
+    run.optimizer = std::make_unique<parallel::DataParallelOptimizer>(
+        run.tensor_groups.dp, params.flat_weights(), params.flat_grads(), segments, cfg.parallel.zero1);
+    std::vector<bool> counted;
+    for (const auto& p : params.infos()) counted.push_back(!p.replica);
+    run.optimizer->set_norm_scope({run.groups.tp, run.groups.pp}, counted);
+  });
+  run.separate_compute_copy = run.model->compute_weights().raw() != run.model->params().flat_weights().raw();
+  run.sharded_state = run.optimizer->zero1() && run.dp() > 1;
+}
+
+}  // namespace nsatron::train

@@ -1,0 +1,139 @@
+// One optimizer step (launch/trainer.h has the whole computation): the micro-batches'
+// forward and backward (one stage, or the 1F1B pipeline schedule over the stages), the
+// reduction over data parallelism, the gradient norm, and the update (clipping and AdamW) or
+// the skip of a non-finite step.
+#include <cmath>
+#include <deque>
+#include <stdexcept>
+#include <string>
+
+#include "core/device/device.h"
+#include "core/ops/adamw.h"
+#include "core/ops/grad_norm.h"
+#include "core/optim/schedule.h"
+#include "launch/train/phases.h"
+#include "parallel/pipeline.h"
+
+namespace nsatron::train {
+
+namespace {
+
+// Every rank scales its micro-batches by 1 / (A * dp): the sum over DP is the mean over the
+// global batch (dp = 1: 1 / A, as a single process).
+double micro_batch_scale(const Run& run) { return 1.0 / double(run.micro_batches() * run.dp()); }
+
+// The whole model on this rank (pp = 1): forward and backward of each micro-batch in turn,
+// the gradients accumulating. Sets the loss (this rank's share) and the activation peak.
+void forward_backward(Run& run, StepResult& r) {
+  const std::int64_t A = run.micro_batches();
+  const double scale = micro_batch_scale(run);
+  data::TokenBatch batch;
+  for (std::int64_t m = 0; m < A; ++m) {
+    run.data.sampler->next(run.data.layout, m, batch);
+    r.loss += run.model->forward_backward(batch.inputs, batch.targets, batch.rows, batch.seq_len, scale) /
+              double(A * run.dp());
+    r.activation_peak_bytes = std::max(r.activation_peak_bytes, run.model->last_activation_peak_bytes());
+  }
+}
+
+// This rank's pipeline stage (pp > 1): 1F1B over the stages (parallel/pipeline.h), the
+// micro-batches in flight on this stage waiting in order for their backward. Then the loss
+// (the last stage's) goes to every stage, and a tied embedding's gradient becomes the sum of
+// the first stage's (lookup) and the last stage's (head) parts.
+void forward_backward_pipeline(Run& run, StepResult& r) {
+  const std::int64_t A = run.micro_batches();
+  const double scale = micro_batch_scale(run);
+  NsaTransformer& model = *run.model;
+  data::TokenBatch batch;
+  std::deque<StageState> in_flight;
+  parallel::PipelineStage stage;
+  stage.activation_shape = {run.cfg.train.micro_batch * run.cfg.train.seq_len, run.dims.C};
+  stage.dtype = run.dtype;
+  stage.device = run.device;
+  stage.forward = [&](std::int64_t m, const Tensor* input) {
+    run.data.sampler->next(run.data.layout, m, batch);
+    in_flight.push_back(model.stage_forward(batch.inputs, batch.targets, input, batch.rows, batch.seq_len, scale));
+    in_flight.back().micro_batch = m;
+    r.loss += in_flight.back().loss / double(A * run.dp());
+    return std::move(in_flight.back().output);  // the stage keeps no copy of what it sends
+  };
+  stage.backward = [&](std::int64_t m, const Tensor* d_output) {
+    if (in_flight.empty() || in_flight.front().micro_batch != m)
+      throw std::logic_error("pipeline: backward of micro-batch " + std::to_string(m) + " out of order");
+    StageState st = std::move(in_flight.front());
+    in_flight.pop_front();
+    return model.stage_backward(st, d_output);
+  };
+  const std::size_t base = memory_stats(run.device).current;
+  reset_peak_memory(run.device);
+  parallel::run_1f1b(*run.tensor_groups.pp, A, stage);
+  r.activation_peak_bytes = memory_stats(run.device).peak - base;  // every micro-batch in flight at once
+  r.loss = parallel::all_reduce_value(*run.groups.pp, model.last_stage() ? r.loss : 0.0, parallel::ReduceOp::Sum);
+  if (run.dims.tie_embeddings && (model.first_stage() || model.last_stage())) {
+    Tensor g = model.params().grad("model/embedding");
+    run.tensor_groups.embedding->all_reduce(g);
+  }
+}
+
+// The gradients and the loss summed over DP, the global gradient norm (the same on every
+// rank), and whether the step is bad (loss or norm not finite).
+void reduce(Run& run, StepResult& r) {
+  run.optimizer->reduce_gradients();
+  if (run.dp() > 1) r.loss = parallel::all_reduce_value(*run.groups.dp, r.loss, parallel::ReduceOp::Sum);
+  r.grad_norm = run.optimizer->grad_norm();
+  r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+}
+
+// A bad step: no update, counted and logged; train.max_bad_steps in a row stop the run (the
+// loss and the norm are the same on every rank: every rank stops here).
+void skip(Run& run, const StepResult& r) {
+  ++run.summary.skipped_steps;
+  ++run.bad_in_row;
+  run.bar.clear();
+  run.out << "step " << r.step << ": skipped (loss " << r.loss << ", grad norm " << r.grad_norm << " not finite); "
+          << run.bad_in_row << " in a row, " << run.summary.skipped_steps << " in all\n";
+  if (run.bad_in_row >= run.cfg.train.max_bad_steps)
+    throw JobError(1,
+                   "nsatron train: " + std::to_string(run.bad_in_row) +
+                       " steps in a row had a non-finite loss or gradient norm (train.max_bad_steps = " +
+                       std::to_string(run.cfg.train.max_bad_steps) + "); stopping at step " + std::to_string(r.step) +
+                       "; the last checkpoint is kept",
+                   run.root);
+}
+
+// Clipping to optim.grad_clip and AdamW (the same bits on every rank).
+void update(Run& run, const StepResult& r) {
+  const OptimConfig& o = run.cfg.optim;
+  run.bad_in_row = 0;
+  const double clip = o.grad_clip > 0 ? clip_coefficient(r.grad_norm, o.grad_clip) : 1.0;
+  AdamWHyper hp{r.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+  AdamWExtra extra;
+  // AdamW writes the bf16 compute copy as it goes; with ZeRO-1 over several ranks the
+  // weights arrive by all-gather, so the copy is refreshed afterwards.
+  if (run.separate_compute_copy && !run.sharded_state) extra.compute_copy = &run.model->compute_weights();
+  run.optimizer->step(hp, ++run.optimizer_step, clip, extra);
+  if (run.separate_compute_copy && run.sharded_state) run.model->sync_compute_weights();
+}
+
+}  // namespace
+
+StepResult optimizer_step(Run& run, std::int64_t step) {
+  const auto t0 = Clock::now();
+  StepResult r;
+  r.step = step + 1;
+  r.last = r.step == run.cfg.train.steps;
+  r.lr = learning_rate(run.cfg.optim, run.cfg.train.steps, step);
+  run.model->params().zero_grads();
+  if (run.pp() == 1) forward_backward(run, r);
+  else forward_backward_pipeline(run, r);
+  run.data.sampler->advance(run.data.layout);
+  reduce(run, r);
+  if (r.skipped) skip(run, r);
+  else update(run, r);
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  run.summary.steps_done = r.step;
+  run.summary.last_loss = r.loss;
+  return r;
+}
+
+}  // namespace nsatron::train
