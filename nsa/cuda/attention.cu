@@ -653,18 +653,18 @@ void launch_inverse_index(const Geo& g, const std::int32_t* sel, std::uint32_t* 
 
 template <class S>
 void launch_tc_pad(const Geo& g, const S* src, bf16* dst, const float2* rope, int NK,
-                   cudaStream_t s, bf16* dst_lo) {
+                   cudaStream_t s, int parts) {
   const std::int64_t rows = std::int64_t(g.B) * NK * g.G;
   if (rows == 0) return;
   const int DP = padded_dim(g.D);
-  tc::pad_kernel<S><<<grid1(rows * (DP / 2), 256), 256, 0, s>>>(src, dst, dst_lo, rope, rows, NK, g.G,
+  tc::pad_kernel<S><<<grid1(rows * (DP / 2), 256), 256, 0, s>>>(src, dst, parts, rope, rows, NK, g.G,
                                                                 g.D, DP);
   check_launch("tc::pad_kernel");
 }
 template void launch_tc_pad<float>(const Geo&, const float*, bf16*, const float2*, int,
-                                   cudaStream_t, bf16*);
+                                   cudaStream_t, int);
 template void launch_tc_pad<bf16>(const Geo&, const bf16*, bf16*, const float2*, int,
-                                  cudaStream_t, bf16*);
+                                  cudaStream_t, int);
 
 template void launch_row<float>(const Geo&, int, bool, const RowArgs&, cudaStream_t);
 template void launch_row<bf16>(const Geo&, int, bool, const RowArgs&, cudaStream_t);

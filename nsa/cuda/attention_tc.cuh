@@ -88,11 +88,12 @@ __device__ __forceinline__ void frag_b(std::uint32_t* r, const bf16* base, int k
 }
 
 // Padded bf16 copy: dst[row][0..DP) = (rope ? RoPE(src row, pos) : src row), zeros past D.
-// Rows are (b, s, g) with s < NK; the RoPE position of key s is s (tokens). With dst_lo, also
-// the rounding residual: dst_lo = bf16(x - float(dst)) (dst + dst_lo carries ~16 bits).
+// Rows are (b, s, g) with s < NK; the RoPE position of key s is s (tokens). With parts > 1,
+// also the rounding residuals, part p at dst + p * rows * DP: part p = bf16(x - the parts
+// before it), so 2 parts carry ~16 significant bits and 3 parts ~24 (fp32).
 template <class S>
 __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
-                           bf16* __restrict__ dst_lo, const float2* __restrict__ rope,
+                           int parts, const float2* __restrict__ rope,
                            std::int64_t rows, int NK, int G, int D, int DP) {
   const int half = D / 2, hp = DP / 2;
   const std::int64_t total = rows * hp;
@@ -113,12 +114,12 @@ __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
         v1 = ldf(x[dd + 1]);
       }
     }
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(v0, v1);
-    *reinterpret_cast<__nv_bfloat162*>(dst + row * DP + dd) = hi;
-    if (dst_lo) {
-      const float2 hf = __bfloat1622float2(hi);
-      *reinterpret_cast<__nv_bfloat162*>(dst_lo + row * DP + dd) =
-          __floats2bfloat162_rn(v0 - hf.x, v1 - hf.y);
+    for (int p = 0; p < parts; ++p) {
+      const __nv_bfloat162 part = __floats2bfloat162_rn(v0, v1);
+      *reinterpret_cast<__nv_bfloat162*>(dst + p * rows * DP + row * DP + dd) = part;
+      const float2 pf = __bfloat1622float2(part);
+      v0 -= pf.x;
+      v1 -= pf.y;
     }
   }
 }
@@ -169,11 +170,12 @@ __host__ __device__ inline RowSmem row_smem(int n, int ntw) {
   RowSmem L;
   const std::size_t rows = std::size_t(16 * kRowWarps) * C::STR * 2;
   const std::size_t tile = std::size_t(2) * C::KT * C::STR * 2;
+  constexpr int kKParts = BR == kCmp && BWD ? kCmpKVParts : 1;
   L.q = 0;
   L.o = L.q + rows;
   L.k = L.o + (BWD ? rows : 0);
-  L.v = L.k + tile;
-  L.kmask = L.v + tile;
+  L.v = L.k + tile * kKParts;
+  L.kmask = L.v + tile * kKParts;
   const bool slc = BR == kSlc;
   L.selp = L.kmask + (slc ? std::size_t(2) * kMaxPos * 8 : 0);
   L.tbits = L.selp + (slc ? std::size_t(kMaxPos) * n * 4 : 0);
@@ -204,6 +206,9 @@ template <int DP, int BR, bool BWD>
 __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, int ntw) {
   using C = RowCfg<DP>;
   constexpr int kRowsPerBlock = 16 * kRowWarps, kMaxPos = kRowsPerBlock;
+  // Parts of each key and value (compression backward: the fp32 compressed keys and values as
+  // bf16 hi + lo, every product with them is the sum of the parts' products).
+  constexpr int kKParts = BR == kCmp && BWD ? kCmpKVParts : 1;
   constexpr int KT = C::KT, STR = C::STR, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ float4 smem4[];
@@ -212,8 +217,8 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   bf16* Qs = reinterpret_cast<bf16*>(sm + L.q) + warp * 16 * STR;
   bf16* Os = reinterpret_cast<bf16*>(sm + L.o) + warp * 16 * STR;  // backward: d_out rows
-  bf16* Ks = reinterpret_cast<bf16*>(sm + L.k);                      // [2][KT][STR]
-  bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);
+  bf16* Ks = reinterpret_cast<bf16*>(sm + L.k);                      // [2][parts][KT][STR]
+  bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);                      // [2][parts][KT][STR]
   auto* kmask = reinterpret_cast<unsigned long long*>(sm + L.kmask);  // slc: [2][kMaxPos]
   int* selp = reinterpret_cast<int*>(sm + L.selp);                    // slc: [kMaxPos][n]
   auto* tbits = reinterpret_cast<std::uint32_t*>(sm + L.tbits);       // slc: [ntw]
@@ -311,15 +316,20 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
       step_tile(k, issue_tile);
       const int s0 = BR == kSlc ? issue_tile * KT : issue_tile;
       const int cnt = min(KT, key_end - s0);
-      bf16* kd = Ks + (k & 1) * KT * STR;
-      bf16* vd = Vs + (k & 1) * KT * STR;
+      bf16* kd = Ks + (k & 1) * kKParts * KT * STR;
+      bf16* vd = Vs + (k & 1) * kKParts * KT * STR;
       const std::int64_t base = (std::int64_t(b) * NK) * g.G + gi;
+      const std::int64_t part_stride = std::int64_t(g.B) * NK * g.G * DP;
       for (int idx = tid; idx < KT * CH; idx += blockDim.x) {
         const int kk = idx / CH, ch = (idx % CH) * 8;
         const bool ok = kk < cnt;
         const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch : 0;
-        cp16(kd + kk * STR + ch, kp + off, ok);
-        cp16(vd + kk * STR + ch, vp + off, ok);
+#pragma unroll
+        for (int p = 0; p < kKParts; ++p) {
+          const std::int64_t po = ok ? p * part_stride + off : 0;
+          cp16(kd + (p * KT + kk) * STR + ch, kp + po, ok);
+          cp16(vd + (p * KT + kk) * STR + ch, vp + po, ok);
+        }
       }
       if constexpr (BR == kSlc) {
         for (int p = tid; p < kMaxPos; p += blockDim.x) {
@@ -404,8 +414,8 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
         vis[h2] = rv[h2] ? key_bits(0, min(KT, visible_blocks(g, rt[h2]) - s0)) : 0ull;
     }
     if (__any_sync(0xffffffffu, (vis[0] | vis[1]) != 0ull)) {  // else: nothing to see here
-      const bf16* Kt = Ks + (k & 1) * KT * STR;
-      const bf16* Vt = Vs + (k & 1) * KT * STR;
+      const bf16* Kt = Ks + (k & 1) * kKParts * KT * STR;
+      const bf16* Vt = Vs + (k & 1) * kKParts * KT * STR;
       float s[NT][4], dp[BWD ? NT : 1][4];
 #pragma unroll
       for (int n = 0; n < NT; ++n)
@@ -423,17 +433,23 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
         }
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
-          std::uint32_t kb[4];
-          frag_bt<STR>(kb, Kt, np * 16, kk * 16, lane);
           const std::uint32_t* qq = BWD ? qa : qf[kk];
-          mma(s[2 * np], qq, kb[0], kb[1]);
-          mma(s[2 * np + 1], qq, kb[2], kb[3]);
+#pragma unroll
+          for (int p = kKParts - 1; p >= 0; --p) {  // smallest part first
+            std::uint32_t kb[4];
+            frag_bt<STR>(kb, Kt + p * KT * STR, np * 16, kk * 16, lane);
+            mma(s[2 * np], qq, kb[0], kb[1]);
+            mma(s[2 * np + 1], qq, kb[2], kb[3]);
+          }
           if constexpr (BWD) {
             if (phase > 0) {
-              std::uint32_t vb[4];
-              frag_bt<STR>(vb, Vt, np * 16, kk * 16, lane);
-              mma(dp[2 * np], oa, vb[0], vb[1]);
-              mma(dp[2 * np + 1], oa, vb[2], vb[3]);
+#pragma unroll
+              for (int p = kKParts - 1; p >= 0; --p) {
+                std::uint32_t vb[4];
+                frag_bt<STR>(vb, Vt + p * KT * STR, np * 16, kk * 16, lane);
+                mma(dp[2 * np], oa, vb[0], vb[1]);
+                mma(dp[2 * np + 1], oa, vb[2], vb[3]);
+              }
             }
           }
         }
@@ -509,12 +525,14 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
           xa[2] = pack2(src[2 * k2 + 1][0], src[2 * k2 + 1][1]);
           xa[3] = pack2(src[2 * k2 + 1][2], src[2 * k2 + 1][3]);
 #pragma unroll
-          for (int jp = 0; jp < DT / 2; ++jp) {
-            std::uint32_t xb[4];
-            frag_b<STR>(xb, BWD ? Kt : Vt, k2 * 16, jp * 16, lane);
-            mma(acc[2 * jp], xa, xb[0], xb[1]);
-            mma(acc[2 * jp + 1], xa, xb[2], xb[3]);
-          }
+          for (int jp = 0; jp < DT / 2; ++jp)
+#pragma unroll
+            for (int p = kKParts - 1; p >= 0; --p) {
+              std::uint32_t xb[4];
+              frag_b<STR>(xb, (BWD ? Kt : Vt) + p * KT * STR, k2 * 16, jp * 16, lane);
+              mma(acc[2 * jp], xa, xb[0], xb[1]);
+              mma(acc[2 * jp + 1], xa, xb[2], xb[3]);
+            }
         }
       }
     }
@@ -621,24 +639,32 @@ constexpr int key_rows() {  // rows per staged batch (RB)
   return DP > 64 ? 32 : 64;
 }
 
-template <int DP>
+// Parts of each key and value (the compression's fp32 keys and values as bf16 hi + lo).
+template <int BR>
+constexpr int key_parts() {
+  return BR == kCmp ? kCmpKVParts : 1;
+}
+
+template <int DP, int BR>
 constexpr std::size_t key_smem_bytes() {
   constexpr int STR = DP + 8, kRB = key_rows<DP>();
-  return std::size_t(6 * kRB * STR + 2 * kKB * STR) * 2 + std::size_t(2 * 4 * kRB) * 4;
+  return std::size_t(6 * kRB * STR + 2 * key_parts<BR>() * kKB * STR) * 2 +
+         std::size_t(2 * 4 * kRB) * 4;
 }
 
 template <int DP, int BR>
 __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, int nsub) {
   constexpr int STR = DP + 8, DT = DP / 8, KS = DP / 16, CH = DP / 8, kRB = key_rows<DP>();
-  constexpr bool kHoist = DP <= 64;  // K, V fragments in registers
+  constexpr int P = key_parts<BR>();
+  constexpr bool kHoist = DP <= 64 && P == 1;  // K, V fragments in registers
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ float4 smem4[];
   bf16* Qb = reinterpret_cast<bf16*>(smem4);  // [2][RB][STR]
   bf16* Ob = Qb + 2 * kRB * STR;              // [2][RB][STR]
   bf16* Lb = Ob + 2 * kRB * STR;              // [2][RB][STR] q residuals
-  bf16* Ks = Lb + 2 * kRB * STR;              // [KB][STR]
-  bf16* Vs = Ks + kKB * STR;                  // [KB][STR]
-  float* rs = reinterpret_cast<float*>(Vs + kKB * STR);  // [2][3][RB] lse*log2e, g, delta
+  bf16* Ks = Lb + 2 * kRB * STR;              // [P][KB][STR]
+  bf16* Vs = Ks + P * kKB * STR;              // [P][KB][STR]
+  float* rs = reinterpret_cast<float*>(Vs + P * kKB * STR);  // [2][3][RB] lse*log2e, g, delta
   int* rtp = reinterpret_cast<int*>(rs + 6 * kRB);        // [2][RB] position, -1: none
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.z / g.G, gi = blockIdx.z % g.G;
@@ -683,10 +709,14 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
   for (int idx = tid; idx < kKB * CH; idx += blockDim.x) {
     const int kk = idx / CH, ch = (idx % CH) * 8;
     const bool ok = s0 + kk < s1;
-    const std::int64_t ko =
-        ok ? ((std::int64_t(b) * (BR == kCmp ? g.N : g.T) + s0 + kk) * g.G + gi) * DP + ch : 0;
-    cp16(Ks + kk * STR + ch, kp + ko, ok);
-    cp16(Vs + kk * STR + ch, vp + ko, ok);
+    const std::int64_t NK = BR == kCmp ? g.N : g.T;
+    const std::int64_t ko = ok ? ((std::int64_t(b) * NK + s0 + kk) * g.G + gi) * DP + ch : 0;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {  // part p at p * B*NK*G*DP (launch_tc_pad)
+      const std::int64_t po = ok ? p * std::int64_t(g.B) * NK * g.G * DP + ko : 0;
+      cp16(Ks + (p * kKB + kk) * STR + ch, kp + po, ok);
+      cp16(Vs + (p * kKB + kk) * STR + ch, vp + po, ok);
+    }
   }
   auto issue = [&](int i) {
     if (i < nbatch) {
@@ -784,13 +814,16 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
             mma(dpt[0], vf[kk], ob[0], ob[1]);
             mma(dpt[1], vf[kk], ob[2], ob[3]);
           } else {
-            std::uint32_t ka[4], va[4];
-            frag_a<STR>(ka, Kw, kk * 16, lane);
-            frag_a<STR>(va, Vw, kk * 16, lane);
-            mma(st[0], ka, qb[0], qb[1]);
-            mma(st[1], ka, qb[2], qb[3]);
-            mma(dpt[0], va, ob[0], ob[1]);
-            mma(dpt[1], va, ob[2], ob[3]);
+#pragma unroll
+            for (int p = P - 1; p >= 0; --p) {  // smallest part first
+              std::uint32_t ka[4], va[4];
+              frag_a<STR>(ka, Kw + p * kKB * STR, kk * 16, lane);
+              frag_a<STR>(va, Vw + p * kKB * STR, kk * 16, lane);
+              mma(st[0], ka, qb[0], qb[1]);
+              mma(st[1], ka, qb[2], qb[3]);
+              mma(dpt[0], va, ob[0], ob[1]);
+              mma(dpt[1], va, ob[2], ob[3]);
+            }
           }
         }
         // p and dS / scale per (key, row); C layout: key gr (+8), row n*8 + 2gc (+1).
@@ -927,7 +960,7 @@ void key_launch(const Geo& g, const KeyArgs& a, cudaStream_t s) {
     tiles = g.NB * nsub;
   }
   if (tiles == 0) return;
-  constexpr std::size_t smem = key_smem_bytes<DP>();
+  constexpr std::size_t smem = key_smem_bytes<DP, BR>();
   static_assert(smem >= std::size_t(2 * kKB * (DP + 4)) * 4, "epilogue fits");
   CUDA_CHECK(cudaFuncSetAttribute(key_kernel<DP, BR>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

@@ -145,16 +145,24 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   float* lse_tc;       // bf16 compression backward: the lse of the tensor-core scores, [B,T,H]
                        // (the key side's probabilities must match the row side's)
   // bf16 only, optional: padded bf16 copies [B, NK, G, padded_dim(D)] of the branch keys
-  // (RoPE applied) and values (launch_tc_pad); when set, the tensor-core kernel runs.
+  // (RoPE applied) and values (launch_tc_pad); when set, the tensor-core kernel runs. The
+  // compression branch's backward takes its fp32 keys and values as kCmpKVParts parts each,
+  // B*N*G*padded_dim(D) elements apart.
   const void* tck;
   const void* tcv;
 };
 // Padded bf16 copy of src [B, NK, G, D] (S = bf16 or float) into dst [B, NK, G, padded_dim(D)],
 // rotated at position s (the row's key index) when rope is non-null; zeros past D. With
-// dst_lo, also the bf16 rounding residuals (dst + dst_lo ~ 16 significant bits).
+// parts > 1, also the bf16 rounding residuals, part p at dst + p * B*NK*G*padded_dim(D): 2 parts
+// carry ~16 significant bits, 3 parts ~24 (fp32).
+// The compression branch's tensor-core backward (row and key sides) reads its fp32 compressed
+// keys and values as this many bf16 parts (x = hi + lo to ~16 bits; the other branches' keys
+// and values are bf16 inputs already), so their rounding adds no error of its own to the
+// products (with one part, grad_cmp_pk reached 9.6e-3 of the 1e-2 bound at D = 6).
+constexpr int kCmpKVParts = 2;
 template <class S>
 void launch_tc_pad(const Geo& g, const S* src, __nv_bfloat16* dst, const float2* rope, int NK,
-                   cudaStream_t s, __nv_bfloat16* dst_lo = nullptr);
+                   cudaStream_t s, int parts = 1);
 template <class T>
 void launch_row(const Geo& g, int branch, bool backward, const RowArgs& a, cudaStream_t s);
 

@@ -148,15 +148,16 @@ void check_dims(const NsaDims& dims) {
 template <class T, class S>
 void tc_prepare(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v,
                 const float2* rope, int NK, cudaStream_t s,
-                Workspace::Slot ks = Workspace::kTcK, Workspace::Slot vs = Workspace::kTcV) {
+                Workspace::Slot ks = Workspace::kTcK, Workspace::Slot vs = Workspace::kTcV,
+                int parts = 1) {
   a.tck = a.tcv = nullptr;
   if constexpr (std::is_same_v<T, bf16>) {
     const std::size_t bytes =
         std::size_t(std::max<std::int64_t>(1, std::int64_t(g.B) * NK * g.G * padded_dim(g.D))) * 2;
-    auto* kd = static_cast<bf16*>(ws.get(ks, bytes, s));
-    auto* vd = static_cast<bf16*>(ws.get(vs, bytes, s));
-    launch_tc_pad<S>(g, k, kd, rope, NK, s);
-    launch_tc_pad<S>(g, v, vd, nullptr, NK, s);
+    auto* kd = static_cast<bf16*>(ws.get(ks, bytes * parts, s));
+    auto* vd = static_cast<bf16*>(ws.get(vs, bytes * parts, s));
+    launch_tc_pad<S>(g, k, kd, rope, NK, s, parts);
+    launch_tc_pad<S>(g, v, vd, nullptr, NK, s, parts);
     a.tck = kd;
     a.tcv = vd;
   }
@@ -172,7 +173,7 @@ inline void tc_prepare_keys(const Geo& g, Workspace& ws, KeyArgs& ka, const bf16
   gq.G = g.H;
   const std::size_t bytes = std::size_t(std::max<std::int64_t>(1, BTH * DP)) * 2;
   auto* qd = static_cast<bf16*>(ws.get(Workspace::kTcQ, 2 * bytes, stream));
-  launch_tc_pad<bf16>(gq, q, qd, rope, g.T, stream, qd + bytes / 2);
+  launch_tc_pad<bf16>(gq, q, qd, rope, g.T, stream, 2);
   ka.tcq = qd;
   ka.tcql = qd + bytes / 2;
   if (DP == g.D && reinterpret_cast<std::uintptr_t>(d_out) % 16 == 0) {
@@ -288,6 +289,10 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   a.v = vc;
   a.o = o;
   a.lse = lse;
+  // The compression branch's forward stays on the fp32 kernel (a.tck unset): its lse feeds the
+  // selection, whose block scores must rank as the fp32 reference's do. (Tensor cores with the
+  // keys as three bf16 parts were tried: the query rotation rounded to bf16 alone moved
+  // selections beyond the tie tolerance, docs/performance.md.)
   launch_row<T>(g, kCmp, false, a, stream);
   launch_select<T>(g, in.q, rope, kc, lse, sel, stream);
   a.k = in.k_slc;
@@ -362,7 +367,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       a.lse_tc = br == kCmp ? lse_tc : nullptr;
       if (br == kCmp) {
         tc_prepare<T>(g, ws, a, saved.k_cmp_blocks, saved.v_cmp_blocks, nullptr, g.N, stream,
-                      Workspace::kTcKc, Workspace::kTcVc);
+                      Workspace::kTcKc, Workspace::kTcVc, kCmpKVParts);
         cmp_tck = a.tck;
         cmp_tcv = a.tcv;
       } else if (br == kSlc)
