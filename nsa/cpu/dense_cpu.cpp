@@ -7,7 +7,6 @@
 // inverse rotation); the key side per (b, g, key tile) (window_backward_keys with w = T).
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -21,15 +20,8 @@ namespace nsatron::nsa {
 using cpu::KeyRange;
 
 void DenseDims::validate() const {
-  auto fail = [&](const std::string& what) { throw UserError("dense attention (" + str() + "): " + what); };
-  if (B < 1 || T < 1) fail("batch and sequence length must be >= 1");
-  if (T > std::numeric_limits<std::int32_t>::max()) fail("sequence length must fit in int32");
-  if (H < 1) fail("model.n_heads must be >= 1");
-  if (G < 1) fail("model.n_kv_heads must be >= 1");
-  if (H % G != 0) fail("model.n_heads must be a multiple of model.n_kv_heads (H % G == 0)");
-  if (D < 2 || D % 2 != 0) fail("model.head_dim must be even and >= 2 (RoPE rotates halves)");
-  if (!(rope_theta > 0.0) || rope_theta == std::numeric_limits<double>::infinity())
-    fail("model.rope_theta must be a positive finite number");
+  if (const std::string p = attention_shape_problem(B, T, H, G, D, rope_theta); !p.empty())
+    throw UserError("dense attention (" + str() + "): " + p);
 }
 
 std::string DenseDims::str() const {

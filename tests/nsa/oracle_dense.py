@@ -12,20 +12,18 @@ runs dense_oracle_driver (the engine's fp64 CPU core) on them and requires out, 
 and dv within 1e-10 relative (max abs error / max abs value), and the reference to be
 non-degenerate (every gradient non-zero where the shape allows).
 
-Run: /usr/bin/python3 oracle_dense.py --driver PATH/dense_oracle_driver [--seed S] [--only NAME]
+Run: /usr/bin/python3 oracle_dense.py --dense_oracle_driver PATH [--seed S] [--only NAME]
 """
-import argparse
 import math
 import os
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from oracle_nsa import masked_attention, rel_err, rope  # noqa: E402
+from oracle_nsa import masked_attention, rel_err, rope, run_oracle  # noqa: E402
 
 RTOL = 1e-10
 
@@ -105,32 +103,6 @@ def self_test():
     assert torch.equal(out, v[:, :, :1].expand(1, 1, 2, 4))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--nsatron", required=False, help="path to the nsatron executable (unused)")
-    ap.add_argument("--driver", required=True, help="path to dense_oracle_driver")
-    ap.add_argument("--seed", type=int, default=None, help="reproduce a run")
-    ap.add_argument("--only", default=None, help="run one shape by name")
-    args = ap.parse_args()
-    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    print(f"oracle_dense: seed {seed} (rerun with --seed {seed}); torch {torch.__version__}")
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    self_test()
-    rng = np.random.default_rng(seed)
-    failures = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, dims in SHAPES.items():
-            if args.only and name != args.only:
-                continue
-            check_shape(name, dims, rng, args.driver, tmp, failures)
-    if failures:
-        print(f"FAILED (seed {seed}):")
-        for m in failures:
-            print("  " + m)
-        return 1
-    print("oracle_dense: all shapes agree")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_oracle("oracle_dense", __doc__.split("\n")[0], SHAPES, check_shape, self_test,
+                        program="dense_oracle_driver"))
