@@ -18,9 +18,9 @@
 // (QK, dO.V recomputed twice: query side and key side, plus dq, dk, dv), both over the
 // forward time of that pass.
 //
-// Dense baseline (unless --no-dense): the NSA window branch alone with w = T, which is dense
-// causal attention (RoPE, GQA) through the same flash-style bf16 tensor-core kernels
-// (nsa/cuda/window_bench.h): forward = padded K/V copies + row kernel; backward = row side
+// Dense baseline (unless --no-dense): dense causal attention (RoPE, GQA; nsa/cuda/dense.h,
+// the engine's model.attention = "dense"), which is the NSA window branch with w = T and no
+// gate, through the same flash-style bf16 tensor-core kernels: forward = padded K/V copies + row kernel; backward = row side
 // (dq) + dq rotation + padded q/d_out copies + key side (dk, dv). Timed the same way
 // (median of up to 5 runs after one warm-up, fewer when a run takes over 1 s). "x" columns:
 // dense time / NSA time; dTF/s counts 4*D (forward) and 10*D (backward) flops per causal
@@ -39,7 +39,7 @@
 #include "core/device/cuda_check.h"
 #include "core/device/device.h"
 #include "nsa/cuda/nsa_cuda.h"
-#include "nsa/cuda/window_bench.h"
+#include "nsa/cuda/dense.h"
 
 using namespace nsatron::nsa;
 
@@ -160,17 +160,15 @@ static void run(const Shape& sh, int reps_arg, bool dense) {
               (long long)dm.D, sizeof(T) == 2 ? "bf16" : "fp32", fm, bm, fm + bm, tf_f, tf_b,
               int(fs.size()));
   if (dense) {
-    // Dense causal baseline: the window branch alone with w = T (inputs: q, k_win, v_win,
-    // gate, d_out of the NSA run; outputs into the NSA output/gradient buffers).
-    NsaDims dd = dm;
-    dd.window = dm.T;
+    // Dense causal baseline (inputs: q, k_win, v_win, d_out of the NSA run; outputs into the
+    // NSA output/gradient buffers).
+    const DenseDims dd{dm.B, dm.T, dm.H, dm.G, dm.D, dm.rope_theta};
     float* lse = static_cast<float*>(alloc(std::size_t(dm.B * dm.T * dm.H) * 4));
     auto donce = [&](double* f_ms, double* b_ms) {
       CUDA_CHECK(cudaEventRecord(e0));
-      cuda::bench::window_forward<T>(dd, x[0], x[5], x[6], out, lse);
+      cuda::dense_forward<T>(dd, x[0], x[5], x[6], out, lse);
       CUDA_CHECK(cudaEventRecord(e1));
-      cuda::bench::window_backward<T>(dd, x[0], x[5], x[6], x[7], lse, dout, g.q, g.k_win,
-                                      g.v_win);
+      cuda::dense_backward<T>(dd, x[0], x[5], x[6], lse, dout, g.q, g.k_win, g.v_win);
       CUDA_CHECK(cudaEventRecord(e2));
       CUDA_CHECK(cudaEventSynchronize(e2));
       float a = 0, b = 0;

@@ -8,16 +8,24 @@
 
 namespace nsatron::nsa {
 
+std::string attention_shape_problem(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t G, std::int64_t D,
+                                    double rope_theta) {
+  if (B < 1 || T < 1) return "batch and sequence length must be >= 1";
+  if (T > std::numeric_limits<std::int32_t>::max()) return "sequence length must fit in int32";
+  if (H < 1) return "model.n_heads must be >= 1";
+  if (G < 1) return "model.n_kv_heads must be >= 1";
+  if (H % G != 0) return "model.n_heads must be a multiple of model.n_kv_heads (H % G == 0)";
+  if (D < 2 || D % 2 != 0) return "model.head_dim must be even and >= 2 (RoPE rotates halves)";
+  if (!(rope_theta > 0.0) || rope_theta == std::numeric_limits<double>::infinity())
+    return "model.rope_theta must be a positive finite number";
+  return "";
+}
+
 void NsaDims::validate() const {
   auto fail = [&](const std::string& what) {
     throw UserError("NSA attention (" + str() + "): " + what);
   };
-  if (B < 1 || T < 1) fail("batch and sequence length must be >= 1");
-  if (T > std::numeric_limits<std::int32_t>::max()) fail("sequence length must fit in int32");
-  if (H < 1) fail("model.n_heads must be >= 1");
-  if (G < 1) fail("model.n_kv_heads must be >= 1");
-  if (H % G != 0) fail("model.n_heads must be a multiple of model.n_kv_heads (H % G == 0)");
-  if (D < 2 || D % 2 != 0) fail("model.head_dim must be even and >= 2 (RoPE rotates halves)");
+  if (const std::string p = attention_shape_problem(B, T, H, G, D, rope_theta); !p.empty()) fail(p);
   if (cmp_block < 1) fail("nsa.cmp_block must be >= 1");
   if (cmp_stride < 1) fail("nsa.cmp_stride must be >= 1");
   if (sel_block < 1) fail("nsa.sel_block must be >= 1");
@@ -26,8 +34,6 @@ void NsaDims::validate() const {
   if (cmp_block > sel_block) fail("nsa.cmp_block must be <= nsa.sel_block");
   if (sel_count < 3) fail("nsa.sel_count must be >= 3");
   if (window < 1) fail("nsa.window must be >= 1");
-  if (!(rope_theta > 0.0) || rope_theta == std::numeric_limits<double>::infinity())
-    fail("model.rope_theta must be a positive finite number");
 }
 
 std::string NsaDims::str() const {

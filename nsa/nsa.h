@@ -83,6 +83,12 @@ struct NsaDims {
   std::string str() const;  // "B=.. T=.. H=.. G=.. D=.. l=.. d=.. l'=.. n=.. w=.. theta=.."
 };
 
+// The rules on the shape that NSA and dense attention (nsa/dense.h) share: B, T >= 1, T fits
+// int32, H, G >= 1, H % G == 0, D even and >= 2, rope_theta positive and finite. Returns the
+// first broken rule as a message naming its key ("model.head_dim must be even ..."), or "".
+std::string attention_shape_problem(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t G, std::int64_t D,
+                                    double rope_theta);
+
 // The twelve inputs (read-only). All pointers must be valid for their full shape.
 template <class Real>
 struct NsaInputs {

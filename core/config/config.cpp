@@ -109,6 +109,11 @@ const std::vector<std::string>& section_order() {
 const std::vector<Key>& keys() {
   using R = RunConfig;
   static const std::vector<Key> table = {
+      key("model", "attention", &R::model, &ModelConfig::attention,
+          "The attention of every layer: \"nsa\" (NSA_SPEC, configured by [nsa]) or \"dense\" (the "
+          "baseline: causal grouped-query attention with RoPE, one K/V projection, no gates; [nsa] unused; "
+          "docs/nsa.md, \"Dense attention\").")
+          .one_of({"nsa", "dense"}),
       key("model", "vocab_size", &R::model, &ModelConfig::vocab_size,
           "Vocabulary size. The `bytes` tokenizer of `nsatron data prepare` has 256.").at_least(1),
       key("model", "d_model", &R::model, &ModelConfig::d_model, "Width of the residual stream.").at_least(1),
@@ -687,7 +692,8 @@ std::string config_reference_markdown() {
       "- `model.n_heads` is a multiple of `model.n_kv_heads`.\n"
       "- `model.head_dim` is even; when 0, `model.d_model` is a multiple of `model.n_heads`.\n"
       "- NSA (see NSA_SPEC): `nsa.cmp_stride` divides `nsa.cmp_block` and `nsa.sel_block`;\n"
-      "  `nsa.cmp_block <= nsa.sel_block`; `nsa.sel_count >= 3`; `nsa.window >= 1`.\n"
+      "  `nsa.cmp_block <= nsa.sel_block`; `nsa.sel_count >= 3`; `nsa.window >= 1`. With\n"
+      "  `model.attention = \"dense\"` the `[nsa]` keys are not used (but still checked).\n"
       "- `parallel.tp` divides `model.n_kv_heads` (NSA is sharded by KV group: `tp > n_kv_heads`\n"
       "  is not supported) and `model.ffn_hidden` (the MLP is sharded by hidden columns).\n"
       "- `parallel.pp_layers` empty: `parallel.pp` divides `model.n_layers` (an even split).\n"

@@ -18,6 +18,7 @@
 namespace nsatron {
 
 struct ModelConfig {
+  std::string attention = "nsa";  // "nsa" or "dense" (the baseline: causal GQA attention)
   std::int64_t vocab_size = 256;
   std::int64_t d_model = 768;
   std::int64_t n_layers = 12;

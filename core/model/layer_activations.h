@@ -16,11 +16,20 @@ struct LayerActivations {
   Tensor rstd1, xn;                           // attention pre-norm
   Tensor q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gate;  // NSA core inputs
   std::shared_ptr<void> nsa_saved;            // the NSA core's saved state (CPU or CUDA type)
-  Tensor o;                                   // NSA core output [N, H*D]
+  Tensor k, v;                                // dense attention's keys and values [N, G*D] (q as above)
+  Tensor attn_lse;                            // dense attention's saved log-sum-exp [N, H]
+  Tensor o;                                   // attention core output [N, H*D]
   Tensor h;                                   // after the attention residual [N, C]
   Tensor rstd2, hn;                           // MLP pre-norm
   Tensor u;                                   // [N, 2F]
   Tensor act;                                 // swiglu(u) [N, F]
+
+  // The attention core's saved state (NSA's or dense attention's) is held.
+  bool core_saved() const { return nsa_saved != nullptr || attn_lse.defined(); }
+  void drop_core_saved() {
+    nsa_saved.reset();
+    attn_lse = Tensor();
+  }
 };
 
 // Token ids where the ops read them: the caller's host memory (or a copy) on the CPU, a device

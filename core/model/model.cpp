@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "core/device/device.h"
+#include "core/model/dense_core.h"
 #include "core/model/nsa_core_cuda.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/elementwise.h"
@@ -32,8 +33,17 @@ RecomputePolicy parse_recompute_policy(const std::string& s) {
   throw UserError("recompute.policy: unknown policy '" + s + "'");
 }
 
+Attention parse_attention(const std::string& s) {
+  if (s == "nsa") return Attention::Nsa;
+  if (s == "dense") return Attention::Dense;
+  throw UserError("model.attention: unknown attention '" + s + "' (\"nsa\" or \"dense\")");
+}
+
+const char* attention_name(Attention a) { return a == Attention::Dense ? "dense" : "nsa"; }
+
 ModelDims ModelDims::from_config(const RunConfig& c) {
   ModelDims d{};
+  d.attention = parse_attention(c.model.attention);
   d.V = c.model.vocab_size;
   d.C = c.model.d_model;
   d.L = c.model.n_layers;
@@ -78,16 +88,34 @@ nsa::NsaDims core_dims(const ModelDims& m, std::int64_t B, std::int64_t T) {
   return d;
 }
 
-// The fused projection's rows per group are [q (h*D), k_cmp, v_cmp, k_slc, v_slc, k_win, v_win
-// (D each), gate (3h)]; the part tensors hold all groups of a token contiguously. Splitting
-// (p -> parts) and gathering the gradients back (parts -> p) are strided row copies, the same
-// code on either device and for any dtype.
-void split_or_gather(const ModelDims& m, std::int64_t N, const Tensor& p, Tensor* const parts[8], bool to_parts) {
-  const std::int64_t h = m.heads_per_group(), D = m.D, G = m.G, Pg = m.group_width();
-  const std::int64_t width[8] = {h * D, D, D, D, D, D, D, 3 * h};
+nsa::DenseDims dense_dims(const ModelDims& m, std::int64_t B, std::int64_t T) {
+  return {B, T, m.H, m.G, m.D, m.rope_theta};
+}
+
+// The fused projection's rows per group, part by part: NSA [q (h*D), k_cmp, v_cmp, k_slc,
+// v_slc, k_win, v_win (D each), gate (3h)]; dense [q (h*D), k (D), v (D)]. Each part's tensor
+// is [N, G * width] (all groups of a token contiguous).
+std::vector<std::int64_t> part_widths(const ModelDims& m) {
+  const std::int64_t h = m.heads_per_group(), D = m.D;
+  if (m.attention == Attention::Dense) return {h * D, D, D};
+  return {h * D, D, D, D, D, D, D, 3 * h};
+}
+
+// Where the parts live in LayerActivations, in the same order.
+std::vector<Tensor LayerActivations::*> part_members(Attention attention) {
+  using A = LayerActivations;
+  if (attention == Attention::Dense) return {&A::q, &A::k, &A::v};
+  return {&A::q, &A::k_cmp, &A::v_cmp, &A::k_slc, &A::v_slc, &A::k_win, &A::v_win, &A::gate};
+}
+
+// Splitting the projection (p -> parts) and gathering the gradients back (parts -> p) are
+// strided row copies, the same code on either device and for any dtype.
+void split_or_gather(const ModelDims& m, std::int64_t N, const Tensor& p, Tensor* const parts[], bool to_parts) {
+  const std::int64_t G = m.G, Pg = m.group_width();
+  const std::vector<std::int64_t> width = part_widths(m);
   const std::size_t e = dtype_size(p.dtype());
   std::int64_t col = 0;
-  for (int k = 0; k < 8; ++k) {
+  for (std::size_t k = 0; k < width.size(); ++k) {
     char* row0 = static_cast<char*>(p.raw()) + std::size_t(col) * e;
     char* part = static_cast<char*>(parts[k]->raw());
     const std::size_t wb = std::size_t(width[k]) * e, pb = std::size_t(Pg) * e, rows = std::size_t(N * G);
@@ -217,12 +245,14 @@ void NsaTransformer::declare_parameters(ParamStore& store, const ModelDims& d, c
     store.declare(layer_name(l, "attn_norm"), {d.C}, false, 0, true, replicated);
     store.declare(layer_name(l, "attn/wqkv"), {Gl * Pg, d.C}, true, std,
                     false, block({Gl * Pg, d.C}, 0, d.G * Pg, g.tp_rank * Gl * Pg));
-    for (const char* part : {"attn/cmp_wk", "attn/cmp_wv"})
-      store.declare(layer_name(l, part), {Gl, d.cmp_block * d.D, d.D}, true, cmp_std, false,
+    if (d.attention == Attention::Nsa) {  // the compression maps (dense attention has none)
+      for (const char* part : {"attn/cmp_wk", "attn/cmp_wv"})
+        store.declare(layer_name(l, part), {Gl, d.cmp_block * d.D, d.D}, true, cmp_std, false,
                       block({Gl, d.cmp_block * d.D, d.D}, 0, d.G, g.tp_rank * Gl));
-    for (const char* part : {"attn/cmp_pk", "attn/cmp_pv"})
-      store.declare(layer_name(l, part), {Gl, d.cmp_block, d.D}, false, std, false,
+      for (const char* part : {"attn/cmp_pk", "attn/cmp_pv"})
+        store.declare(layer_name(l, part), {Gl, d.cmp_block, d.D}, false, std, false,
                       block({Gl, d.cmp_block, d.D}, 0, d.G, g.tp_rank * Gl));
+    }
     store.declare(layer_name(l, "attn/wo"), {d.C, Hl * d.D}, true, resid_std, false,
                     block({d.C, Hl * d.D}, 1, d.H * d.D, g.tp_rank * Hl * d.D));
     store.declare(layer_name(l, "mlp_norm"), {d.C}, false, 0, true, replicated);
@@ -326,6 +356,11 @@ NsaTransformer::Keep NsaTransformer::keep_mode(std::int64_t l) const {
 
 void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, std::int64_t B,
                                   std::int64_t T) const {
+  if (dims_.attention == Attention::Dense) {
+    TIMED("dense attention forward");
+    dense_core_forward(dense_dims(local_, B, T), a, o, save);
+    return;
+  }
   TIMED("nsa core forward");
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   if (device_ == Device::CUDA) {
@@ -341,7 +376,12 @@ void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o
 }
 
 void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o,
-                                   Tensor* const dparts[8], std::int64_t B, std::int64_t T) {
+                                   Tensor* const dparts[], std::int64_t B, std::int64_t T) {
+  if (dims_.attention == Attention::Dense) {
+    TIMED("dense attention backward");
+    dense_core_backward(dense_dims(local_, B, T), a, d_o, *dparts[0], *dparts[1], *dparts[2]);
+    return;
+  }
   TIMED("nsa core backward");
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
@@ -373,12 +413,15 @@ void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor* x_ou
 
   Tensor p = act({N, m.G * m.group_width()});
   { TIMED("matmul"); linear_forward(a.xn, W("attn/wqkv"), nullptr, p); }
-  a.q = act({N, m.H * m.D});
-  for (Tensor* t : {&a.k_cmp, &a.v_cmp, &a.k_slc, &a.v_slc, &a.k_win, &a.v_win}) *t = act({N, m.G * m.D});
-  a.gate = act({N, m.H * 3});
+  const std::vector<std::int64_t> widths = part_widths(m);
+  const std::vector<Tensor LayerActivations::*> members = part_members(m.attention);
+  std::vector<Tensor*> parts;
+  for (std::size_t k = 0; k < widths.size(); ++k) {
+    a.*members[k] = act({N, m.G * widths[k]});
+    parts.push_back(&(a.*members[k]));
+  }
   a.o = act({N, m.H * m.D});
-  Tensor* parts[8] = {&a.q, &a.k_cmp, &a.v_cmp, &a.k_slc, &a.v_slc, &a.k_win, &a.v_win, &a.gate};
-  { TIMED("split/gather projection"); split_or_gather(m, N, p, parts, true); }
+  { TIMED("split/gather projection"); split_or_gather(m, N, p, parts.data(), true); }
   p = Tensor();
   core_forward(l, a, a.o, keep == Keep::All, B, T);
 
@@ -408,7 +451,7 @@ void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor* x_ou
     case Keep::Input: acts->x = a.x; return;
     case Keep::Selective:
       a.xn = a.hn = a.act = Tensor();
-      a.nsa_saved.reset();
+      a.drop_core_saved();
       *acts = std::move(a);
       return;
     case Keep::All: *acts = std::move(a); return;
@@ -435,7 +478,7 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
     a.act = act({N, m.F});
     { TIMED("swiglu"); swiglu_forward(a.u, a.act); }
   }
-  if (!a.nsa_saved) {
+  if (!a.core_saved()) {
     Tensor o = act({N, m.H * m.D});  // equals a.o bit for bit
     core_forward(l, a, o, true, B, T);
   }
@@ -471,15 +514,15 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   { TIMED("matmul"); linear_backward(dh, a.o, W("attn/wo"), {&d_o, &g_wo, nullptr}); }
   Tensor dp = act({N, m.G * m.group_width()});
   {
-    Tensor dq = act({N, m.H * m.D}), dgate = act({N, m.H * 3});
-    Tensor dkv[6];
-    for (auto& t : dkv) t = act({N, m.G * m.D});
-    Tensor* dparts[8] = {&dq, &dkv[0], &dkv[1], &dkv[2], &dkv[3], &dkv[4], &dkv[5], &dgate};
-    core_backward(l, a, d_o, dparts, B, T);
-    { TIMED("split/gather projection"); split_or_gather(m, N, dp, dparts, false); }
+    std::vector<Tensor> dpart_tensors;
+    for (std::int64_t width : part_widths(m)) dpart_tensors.push_back(act({N, m.G * width}));
+    std::vector<Tensor*> dparts;
+    for (Tensor& t : dpart_tensors) dparts.push_back(&t);
+    core_backward(l, a, d_o, dparts.data(), B, T);
+    { TIMED("split/gather projection"); split_or_gather(m, N, dp, dparts.data(), false); }
   }
   d_o = Tensor();
-  a.nsa_saved.reset();
+  a.drop_core_saved();
   Tensor dxn = act({N, m.C});
   Tensor g_wqkv = G("attn/wqkv");
   { TIMED("matmul"); linear_backward(dp, a.xn, W("attn/wqkv"), {&dxn, &g_wqkv, nullptr}); }
@@ -649,11 +692,17 @@ Tensor NsaTransformer::last_logits(std::span<const std::int32_t> tokens, std::in
   return logits;
 }
 
-double NsaTransformer::flops_per_token(std::int64_t T) const {
-  const ModelDims& m = dims_;
+double ModelDims::flops_per_token(std::int64_t T) const {
+  const ModelDims& m = *this;
   // Matrix products: 2 flops per multiply-add, forward; the LM head included.
   const double per_layer_matrix = double(m.G * m.group_width() * m.C + m.C * m.H * m.D + 3 * m.F * m.C);
   double forward = 2.0 * (double(m.L) * per_layer_matrix + double(m.V * m.C));
+  if (m.attention == Attention::Dense) {
+    // Per query and head, 4*D flops per key attended (scores and values), over its causal
+    // keys s <= t: (T+1)/2 on average.
+    forward += double(m.L) * 4.0 * double(m.H * m.D) * double(T + 1) / 2.0;
+    return 3.0 * forward;
+  }
   // Compression maps: per block and group, two [l*D] x [l*D, D] products.
   const std::int64_t blocks = T >= m.cmp_block ? (T - m.cmp_block) / m.cmp_stride + 1 : 0;
   forward += double(m.L) * double(blocks) * double(m.G) * 2.0 * 2.0 * double(m.cmp_block * m.D * m.D) / double(T);

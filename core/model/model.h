@@ -36,6 +36,14 @@
 // the last (with tied embeddings, the last stage holds a replica of the embedding; the
 // trainer adds the two stages' gradients). Parameter names are the global ones.
 //
+// Dense attention (model.attention = "dense", ModelDims::attention): the baseline NSA is
+// compared against. The same layer with the NSA core replaced by causal grouped-query
+// attention with RoPE (nsa/dense.h): wqkv's rows per group are [q of its h heads (h*D), k (D),
+// v (D)] (one K/V projection, no gates), there are no compression parameters, and o =
+// attention(q, k, v). Everything else (names, norms, MLP, head, tensor parallelism by KV
+// group, pipeline stages, recompute policies) is the same; its saved state is the per-row
+// log-sum-exp (LayerActivations::attn_lse).
+//
 // Recompute policies (recompute.policy): "none" keeps every activation the backward reads;
 // "selective" drops the norm outputs, the SwiGLU output and the NSA core's saved state and
 // recomputes them in the backward; "full" keeps only the input of each of the first
@@ -58,13 +66,28 @@ namespace nsatron {
 enum class RecomputePolicy { None, Selective, Full };
 RecomputePolicy parse_recompute_policy(const std::string& s);
 
+// The attention of every layer (model.attention).
+enum class Attention { Nsa, Dense };
+Attention parse_attention(const std::string& s);  // "nsa" | "dense"; UserError naming model.attention otherwise
+const char* attention_name(Attention a);           // "nsa" | "dense"
+
 struct ModelDims {
   std::int64_t V, C, L, H, G, D, F;
-  std::int64_t cmp_block, cmp_stride, sel_block, sel_count, window;
+  std::int64_t cmp_block, cmp_stride, sel_block, sel_count, window;  // NSA only
   double rope_theta, norm_eps, init_std;
   bool tie_embeddings;
+  Attention attention = Attention::Nsa;
   std::int64_t heads_per_group() const { return H / G; }
-  std::int64_t group_width() const { return heads_per_group() * (D + 3) + 6 * D; }  // rows of wqkv per group
+  // Rows of wqkv per group: NSA q, six K/V, gates; dense q, k, v.
+  std::int64_t group_width() const {
+    return attention == Attention::Dense ? (heads_per_group() + 2) * D : heads_per_group() * (D + 3) + 6 * D;
+  }
+  // Training FLOPs per token at sequence length T (forward + backward = 3x forward), for MFU
+  // and study planning: 6 * (matrix parameters, the LM head included, embedding lookup
+  // excluded) plus the attention core: 12 * H * D * K(T) per layer, K(T) the mean number of
+  // keys a query attends (NSA: over its three branches, plus the compression maps; dense: the
+  // causal (T+1)/2). See docs/performance.md.
+  double flops_per_token(std::int64_t T) const;
   static ModelDims from_config(const RunConfig& c);
 };
 
@@ -132,11 +155,8 @@ class NsaTransformer {
   // optimizer state) during the last forward_backward.
   std::size_t last_activation_peak_bytes() const { return last_activation_peak_; }
 
-  // Training FLOPs per token at sequence length T (forward + backward = 3x forward):
-  // 6 * (matrix parameters, the LM head included, embedding lookup excluded) plus the NSA
-  // core: 12 * H * D * K(T) per layer, K(T) the mean number of keys a query attends over the
-  // three branches, plus the compression maps. See docs/performance.md.
-  double flops_per_token(std::int64_t T) const;
+  // Training FLOPs per token at sequence length T: ModelDims::flops_per_token of the whole model.
+  double flops_per_token(std::int64_t T) const { return dims_.flops_per_token(T); }
   std::int64_t num_params() const { return params_.total(); }
   // The names of the whole model's parameters (any layout holds blocks of these).
   static std::vector<std::string> parameter_names(const ModelDims& dims);
@@ -162,7 +182,8 @@ class NsaTransformer {
   Tensor act(const Shape& shape) const;
   Tensor stat(const Shape& shape) const;
   void core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, std::int64_t B, std::int64_t T) const;
-  void core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o, Tensor* const dparts[8],
+  // dparts: the gradients of the core's inputs, in the order of the projection's parts.
+  void core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o, Tensor* const dparts[],
                      std::int64_t B, std::int64_t T);
   Keep keep_mode(std::int64_t l) const;
   // x_out: the layer's output; nullptr when only the activations are wanted (full recompute).

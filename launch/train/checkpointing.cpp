@@ -23,6 +23,7 @@ ckpt::TrainState train_state(const Run& run, std::int64_t step_done) {
   state.optimizer_step = run.optimizer_step;
   state.sampler_position = run.data.sampler->position().serialize();
   state.config_toml = to_toml(run.cfg);
+  state.extra[kAttentionAttribute] = run.cfg.model.attention;  // checked on resume (resume.cpp)
   return state;
 }
 

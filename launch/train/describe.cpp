@@ -45,7 +45,17 @@ double peak_bf16_flops(const std::string& device_name) {
   return 0.0;
 }
 
-// model, nsa, flops/token, batch, train data, val data, unigram.
+// The "attention" line: which attention every layer computes, and its settings.
+std::string attention_line(const ModelDims& dims) {
+  if (dims.attention == Attention::Dense)
+    return "attention    dense (model.attention): causal grouped-query attention with RoPE over every earlier "
+           "token, one K/V projection, no gates ([nsa] unused)";
+  return "attention    nsa (model.attention): cmp " + std::to_string(dims.cmp_block) + "/" +
+         std::to_string(dims.cmp_stride) + ", sel " + std::to_string(dims.sel_block) + " x " +
+         std::to_string(dims.sel_count) + ", window " + std::to_string(dims.window);
+}
+
+// model, attention, flops/token, batch, train data, val data, unigram.
 void describe_model_and_data(Run& run, std::int64_t num_params) {
   const RunConfig& cfg = run.cfg;
   const ModelDims& dims = run.dims;
@@ -54,10 +64,9 @@ void describe_model_and_data(Run& run, std::int64_t num_params) {
           << "model        " << human_count(double(num_params)) << " parameters (" << num_params << "), " << dims.L
           << " layers, d_model " << dims.C << ", heads " << dims.H << "/" << dims.G << " (query/KV), head_dim "
           << dims.D << ", ffn " << dims.F << "\n"
-          << "nsa          cmp " << dims.cmp_block << "/" << dims.cmp_stride << ", sel " << dims.sel_block << " x "
-          << dims.sel_count << ", window " << dims.window << "\n"
-          << "flops/token  " << human_count(run.log.flops_per_token)
-          << " (training, forward + backward, NSA attention included)\n"
+          << attention_line(dims) << "\n"
+          << "flops/token  " << human_count(run.log.flops_per_token) << " (training, forward + backward, "
+          << (dims.attention == Attention::Dense ? "dense" : "NSA") << " attention included)\n"
           << "batch        " << cfg.train.global_batch << " x " << T << " tokens per step = "
           << (run.dp() > 1 ? std::to_string(run.dp()) + " DP ranks x " : std::string()) << run.micro_batches()
           << " micro-batches of " << cfg.train.micro_batch << "\n"
@@ -100,6 +109,12 @@ void describe_parallelism(Run& run) {
   out << "\n";
 }
 
+// The implementation line of the attention core.
+std::string attention_impl(const Run& run, const char* nsa, const char* dense) {
+  return run.dims.attention == Attention::Dense ? std::string("attention    dense: ") + dense
+                                                : std::string("nsa core     ") + nsa;
+}
+
 // The "# implementations" section's device, matmul, nsa core, other ops, recompute and
 // checkpoints lines (printed by every rank's stream: only rank 0's is real).
 void describe_implementations(Run& run) {
@@ -109,13 +124,14 @@ void describe_implementations(Run& run) {
     out << "device       cuda: " << cuda_device_summary() << "; " << cfg.train.dtype << " compute, fp32 master weights, "
         << "gradients and AdamW state\n"
         << "matmul       cuBLASLt (core/ops/cuda/matmul.cu), fp32 accumulation\n"
-        << "nsa core     CUDA kernels (nsa/cuda)\n"
+        << attention_impl(run, "CUDA kernels (nsa/cuda)", "flash-style CUDA kernels (nsa/cuda/dense.h)") << "\n"
         << "other ops    CUDA: rmsnorm, swiglu, embedding, chunked cross entropy, fused AdamW (core/ops/cuda)\n";
   else
     out << "device       cpu, fp32, " << omp_get_max_threads() << " OpenMP threads"
         << (run.world.size() > 1 ? " per rank" : "") << "\n"
         << "matmul       OpenBLAS sgemm (core/ops/cpu/matmul.cpp)\n"
-        << "nsa core     CPU reference forward/backward (nsa/cpu)\n"
+        << attention_impl(run, "CPU reference forward/backward (nsa/cpu)",
+                          "CPU reference forward/backward (nsa/dense.h, nsa/cpu)") << "\n"
         << "other ops    CPU: rmsnorm, swiglu, embedding, cross entropy (chunked head), AdamW (core/ops/cpu)\n";
   out << "recompute    " << cfg.recompute.policy
       << (cfg.recompute.policy == "full" ? " (first " + std::to_string(cfg.recompute.layers) + " layers)" : "")

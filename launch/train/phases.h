@@ -12,6 +12,10 @@
 
 namespace nsatron::train {
 
+// The root attribute extra.<this> of a checkpoint: which attention its model has
+// (model.attention, "nsa" or "dense"); a run refuses to resume a checkpoint of the other.
+inline constexpr const char* kAttentionAttribute = "attention";
+
 // ---- setup.cpp: before the first step ---------------------------------------------------
 // The world's checks, the process groups, one GPU per rank and the NCCL groups.
 void setup_world(Run& run);

@@ -57,12 +57,34 @@ std::string choose_checkpoint(Run& run) {
   return parallel::broadcast_string(run.world.comm(), choice, 0);
 }
 
+// The attention of the model in a checkpoint: its extra.attention, or for a checkpoint from
+// before that attribute its stored config's model.attention, or "nsa" (the only one then).
+std::string checkpoint_attention(const ckpt::TrainState& state) {
+  if (auto it = state.extra.find(kAttentionAttribute); it != state.extra.end()) return it->second;
+  const auto stored = config_entries(state.config_toml);
+  if (auto it = stored.find("model.attention"); it != stored.end() && it->second.size() >= 2)
+    return it->second.substr(1, it->second.size() - 2);  // the TOML string without its quotes
+  return "nsa";
+}
+
+// A checkpoint of NSA layers cannot continue as dense attention or the other way round: the
+// projections differ in meaning even where their shapes agree. Says so before any tensor loads.
+void check_attention(const Run& run, const std::filesystem::path& from) {
+  const std::string held = checkpoint_attention(ckpt::read_train_state(from));
+  if (held == run.cfg.model.attention) return;
+  throw UserError(from.string() + ": extra." + kAttentionAttribute + ": the checkpoint holds a model with \"" + held +
+                  "\" attention, but " + run.cfg.source + " sets model.attention = \"" + run.cfg.model.attention +
+                  "\"; resume it with model.attention = \"" + held +
+                  "\", or start the other model in another checkpoint.dir");
+}
+
 // The weights and AdamW moments of this rank (a pipeline stage: its tensors; TP: blocks of
 // them; ZeRO-1: its range of the moments) and the training state, from `from`.
 ckpt::TrainState load_state(Run& run, const std::filesystem::path& from) {
   ParamStore& params = run.model->params();
   parallel::DataParallelOptimizer& opt = *run.optimizer;
   return run.world.together([&] {
+    check_attention(run, from);
     const ckpt::LoadScope scope = run.pp() > 1 ? ckpt::LoadScope::part_of(NsaTransformer::parameter_names(run.dims))
                                                : ckpt::LoadScope::whole_model();
     if (!run.sharded_state) return ckpt::load_checkpoint(from, params, opt.m(), opt.v(), scope);

@@ -139,12 +139,15 @@ struct BackwardContext {
   const Real* gate;     // [3, B, T, H] sigmoid of the gate logits
   const Real* lse;      // [3, B, T, H]
   const Real* delta;    // [3, B, T, H]
+  // Elements from one branch's [B, T, H] block of gate, lse and delta to the next: B*T*H for
+  // the NSA core; 0 for a caller with one branch (dense attention), whose arrays are [B, T, H].
+  std::int64_t branch_stride;
   QueryRows<Real> rows(const NsaDims& dims, int branch, std::int64_t b, std::int64_t t,
                        std::int64_t g) const {
-    const std::int64_t BTH = dims.B * dims.T * dims.H;
+    const std::int64_t at = branch * branch_stride;
     const std::int64_t head0 = (b * dims.T + t) * dims.H + g * dims.heads_per_group();
-    return {q_rot + head0 * dims.D, d_out + head0 * dims.D, gate + branch * BTH + head0,
-            lse + branch * BTH + head0, delta + branch * BTH + head0};
+    return {q_rot + head0 * dims.D, d_out + head0 * dims.D, gate + at + head0, lse + at + head0,
+            delta + at + head0};
   }
 };
 

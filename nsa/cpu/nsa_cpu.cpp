@@ -38,10 +38,7 @@ Real sigmoid(Real x) {
 template <class Real>
 void rotate_rows(const NsaDims& dims, std::int64_t heads, const Real* x,
                  const cpu::RopeTable<Real>& rope, Real* y) {
-  const std::int64_t rows = dims.B * dims.T * heads;
-#pragma omp parallel for schedule(static)
-  for (std::int64_t row = 0; row < rows; ++row)
-    rope.rotate(x + row * dims.D, y + row * dims.D, (row / heads) % dims.T);
+  cpu::rotate_token_rows(rope, dims.B, dims.T, heads, dims.D, x, y);
 }
 
 // Number of compressed blocks visible from query t: i*d + l - 1 <= t.
@@ -191,7 +188,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<Real>& in, const NsaSaved
     }
   }
   const cpu::BackwardContext<Real> ctx{q_rot.data(), d_out, gate_sig.data(), saved.lse.data(),
-                                       delta.data()};
+                                       delta.data(), BTH};
 
   // 2. Query side.
   if (grads.q) {

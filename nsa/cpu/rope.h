@@ -55,4 +55,13 @@ struct RopeTable {
   }
 };
 
+// Rotates every D-row of x [B, T, heads, D] at its token position into y (may alias x).
+template <class Real>
+void rotate_token_rows(const RopeTable<Real>& rope, std::int64_t B, std::int64_t T, std::int64_t heads,
+                       std::int64_t D, const Real* x, Real* y) {
+  const std::int64_t rows = B * T * heads;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t row = 0; row < rows; ++row) rope.rotate(x + row * D, y + row * D, (row / heads) % T);
+}
+
 }  // namespace nsatron::nsa::cpu

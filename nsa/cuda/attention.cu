@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(256) row_kernel(Geo g, RowArgs a, int hc, int 
       if (row_valid(r)) {
         const std::int64_t row = row_index(r);
         L = a.lse_in[row];
-        Gs = 1.f / (1.f + expf(-ldf(static_cast<const T*>(a.gate)[row * 3 + BR])));
+        Gs = a.gate ? 1.f / (1.f + expf(-ldf(static_cast<const T*>(a.gate)[row * 3 + BR]))) : 1.f;
       }
       rl[r] = L;
       rl[RMAX + r] = Gs;

@@ -567,7 +567,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
         a.lse[row] = any ? m2[h2] * 0.6931471805599453f + logf(ls[h2]) : -INFINITY;
     } else {
       const float gs =
-          1.f / (1.f + expf(-__bfloat162float(static_cast<const bf16*>(a.gate)[row * 3 + BR])));
+          a.gate ? 1.f / (1.f + expf(-__bfloat162float(static_cast<const bf16*>(a.gate)[row * 3 + BR]))) : 1.f;
       const float dt = dot[h2];
       if (gc == 0) {
         a.gsig[row] = gs;

@@ -135,7 +135,7 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   // delta_c = g_c (do . o_c) with do . o_c = sum_j p_j (do . v_j) recomputed in fp32, the
   // gate gradient (when dgate is set) and dq (when dq is set)
   const void* dout;    // T [B,T,H,D]
-  const void* gate;    // T [B,T,H,3]
+  const void* gate;    // T [B,T,H,3]; null: the gate is 1 (dense attention, nsa/cuda/dense.h)
   const float* lse_in; // [B,T,H]
   float* gsig;         // [B,T,H]
   float* delta;        // [B,T,H]

@@ -15,7 +15,7 @@
 
 #include "core/util/error.h"
 #include "nsa/cuda/internal.cuh"
-#include "nsa/cuda/window_bench.h"
+#include "nsa/cuda/dense.h"
 
 namespace nsatron::nsa::cuda {
 
@@ -488,16 +488,23 @@ template void nsa_backward<bf16>(const NsaDims&, const NsaInputs<bf16>&, const N
                                  const bf16*, const NsaGradsCuda<bf16>&, cudaStream_t);
 
 
-// ---- benchmark hook (window_bench.h): the window branch alone ---------------------------------
-namespace bench {
+// ---- dense attention (dense.h): the window branch with w = T and no gate ---------------------
+namespace {
+NsaDims window_dims(const DenseDims& dims) {
+  dims.validate();
+  const NsaDims w = dims.as_window();
+  check_dims(w);
+  return w;
+}
+}  // namespace
 
 template <class T>
-void window_forward(const NsaDims& dims, const T* q, const T* k, const T* v, T* o, float* lse,
-                    cudaStream_t stream) {
-  check_dims(dims);
-  const Geo g = make_geo(dims);
+void dense_forward(const DenseDims& dims, const T* q, const T* k, const T* v, T* o, float* lse,
+                   cudaStream_t stream) {
+  const NsaDims wd = window_dims(dims);
+  const Geo g = make_geo(wd);
   Workspace& ws = workspace();
-  const float2* rope = ws.rope(dims, stream);
+  const float2* rope = ws.rope(wd, stream);
   RowArgs a{};
   a.q = q;
   a.rope = rope;
@@ -510,13 +517,14 @@ void window_forward(const NsaDims& dims, const T* q, const T* k, const T* v, T* 
 }
 
 template <class T>
-void window_backward(const NsaDims& dims, const T* q, const T* k, const T* v, const T* gate,
-                     const float* lse, const T* d_out, T* dq, T* dk, T* dv, cudaStream_t stream) {
-  check_dims(dims);
-  const Geo g = make_geo(dims);
+void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, const float* lse,
+                    const T* d_out, T* dq, T* dk, T* dv, cudaStream_t stream) {
+  NSA_CHECK(dq && dk && dv, "dense_backward (CUDA): dq, dk and dv are all required");
+  const NsaDims wd = window_dims(dims);
+  const Geo g = make_geo(wd);
   Workspace& ws = workspace();
-  const float2* rope = ws.rope(dims, stream);
-  const std::int64_t BTH = dims.B * dims.T * dims.H, D = dims.D;
+  const float2* rope = ws.rope(wd, stream);
+  const std::int64_t BTH = wd.B * wd.T * wd.H, D = wd.D;
   auto* gsig = static_cast<float*>(ws.get(Workspace::kGsig, std::size_t(BTH) * 4, stream));
   auto* delta = static_cast<float*>(ws.get(Workspace::kDelta, std::size_t(BTH) * 4, stream));
   auto* dqf = static_cast<float*>(ws.get(Workspace::kDq, std::size_t(BTH * D) * 4, stream));
@@ -526,7 +534,7 @@ void window_backward(const NsaDims& dims, const T* q, const T* k, const T* v, co
   a.k = k;
   a.v = v;
   a.dout = d_out;
-  a.gate = gate;
+  a.gate = nullptr;  // no gate: the row side takes g = 1
   a.lse_in = lse;
   a.gsig = gsig;
   a.delta = delta;
@@ -534,8 +542,8 @@ void window_backward(const NsaDims& dims, const T* q, const T* k, const T* v, co
   a.accumulate = false;
   tc_prepare<T>(g, ws, a, k, v, rope, g.T, stream);
   launch_row<T>(g, kWin, true, a, stream);
-  dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(dq, dqf, rope, BTH, int(dims.T),
-                                                                int(dims.H), int(D));
+  dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(dq, dqf, rope, BTH, int(wd.T),
+                                                                int(wd.H), int(D));
   check_launch("dq_rotate_kernel");
   KeyArgs ka{};
   ka.q = q;
@@ -556,17 +564,14 @@ void window_backward(const NsaDims& dims, const T* q, const T* k, const T* v, co
   launch_keys<T>(g, kWin, ka, stream);
 }
 
-template void window_forward<float>(const NsaDims&, const float*, const float*, const float*,
-                                    float*, float*, cudaStream_t);
-template void window_forward<bf16>(const NsaDims&, const bf16*, const bf16*, const bf16*, bf16*,
-                                   float*, cudaStream_t);
-template void window_backward<float>(const NsaDims&, const float*, const float*, const float*,
-                                     const float*, const float*, const float*, float*, float*,
-                                     float*, cudaStream_t);
-template void window_backward<bf16>(const NsaDims&, const bf16*, const bf16*, const bf16*,
-                                    const bf16*, const float*, const bf16*, bf16*, bf16*, bf16*,
+template void dense_forward<float>(const DenseDims&, const float*, const float*, const float*,
+                                   float*, float*, cudaStream_t);
+template void dense_forward<bf16>(const DenseDims&, const bf16*, const bf16*, const bf16*, bf16*,
+                                  float*, cudaStream_t);
+template void dense_backward<float>(const DenseDims&, const float*, const float*, const float*,
+                                    const float*, const float*, float*, float*, float*,
                                     cudaStream_t);
-
-}  // namespace bench
+template void dense_backward<bf16>(const DenseDims&, const bf16*, const bf16*, const bf16*,
+                                   const float*, const bf16*, bf16*, bf16*, bf16*, cudaStream_t);
 
 }  // namespace nsatron::nsa::cuda

@@ -10,7 +10,7 @@
 //   random_sd (default 0: the model's own init; else every weight ~ normal(0, sd), norm gains
 //              1 + normal(0, sd))
 //   head_chunk (default 1024)   policy (none | selective | full; default none)
-//   recompute_layers (default L)
+//   recompute_layers (default L)   attention (nsa | dense; default nsa)
 //
 // OUT.h5: datasets tokens, targets ([B, T] int32); weights/<name> and grads/<name> (fp64,
 // the parameter's shape; names are paths such as model/layers.0/attn/wqkv); last_logits
@@ -104,6 +104,7 @@ int run(int argc, char** argv) {
   d.sel_count = i64("sel_count"), d.window = i64("window");
   d.rope_theta = f64("rope_theta"), d.norm_eps = f64("norm_eps"), d.init_std = f64("init_std");
   d.tie_embeddings = i64("tie") != 0;
+  d.attention = parse_attention(take("attention", "nsa"));
   const std::uint64_t seed = std::uint64_t(std::stoull(take("seed")));
   const std::int64_t B = i64("B"), T = i64("T");
   const double random_sd = f64("random_sd", "0");

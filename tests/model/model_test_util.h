@@ -61,6 +61,12 @@ inline ModelDims mid_dims() {
   return d;
 }
 
+// The same shape with dense attention (model.attention = "dense"; the NSA settings unused).
+inline ModelDims dense(ModelDims d) {
+  d.attention = Attention::Dense;
+  return d;
+}
+
 struct Batch {
   std::vector<std::int32_t> tokens, targets;
   std::int64_t B = 0, T = 0;

@@ -12,6 +12,8 @@ model in torch, independently, from the layer description of model.h:
               [q of the group's h heads (h*D), k_cmp, v_cmp, k_slc, v_slc, k_win, v_win (D
               each), gate logits of its h heads (3h: head-major, branch order cmp, slc, win)]
               o = NSA core (tests/nsa/oracle_nsa.py's dense reference)
+              attention = "dense": wqkv rows per group [q (h*D), k (D), v (D)], no compression
+              parameters, o = causal attention with RoPE (tests/nsa/oracle_dense.py)
               h = x + o @ wo^T;  hn = rmsnorm(h) * mlp_norm;  u = hn @ [w_gate; w_up]^T = [gate | up]
               x' = h + (silu(gate) * up) @ w_out^T
   xf = rmsnorm(x_L) * final_norm;  loss = mean cross entropy of xf @ E^T (E: the embedding
@@ -39,12 +41,13 @@ import torch.nn.functional as Fn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "nsa"))
 from oracle_nsa import nsa_reference  # noqa: E402  (the NSA core oracle, not edited here)
+from oracle_dense import dense_reference  # noqa: E402  (the dense attention oracle)
 
 RTOL = 1e-9
 
 BASE = dict(V=11, C=8, L=2, H=4, G=2, D=4, F=12, cmp_block=4, cmp_stride=2, sel_block=4,
             sel_count=3, window=5, rope_theta=10000.0, norm_eps=1e-5, init_std=0.02, tie=1,
-            B=2, T=13, random_sd=0.4, head_chunk=1024, policy="none")
+            B=2, T=13, random_sd=0.4, head_chunk=1024, policy="none", attention="nsa")
 
 # name: overrides of BASE
 CASES = {
@@ -59,6 +62,12 @@ CASES = {
     "larger_random_untied": dict(V=64, C=32, L=2, H=6, G=2, D=8, F=40, cmp_block=8, cmp_stride=4,
                                  sel_block=16, sel_count=5, window=20, B=1, T=120, random_sd=0.3,
                                  tie=0),
+    "dense_tiny_tied": dict(attention="dense"),
+    "dense_one_group_untied_chunked_selective": dict(attention="dense", G=1, L=3, tie=0, head_chunk=5,
+                                                     policy="selective", rope_theta=500.0),
+    "dense_one_head_per_group_one_token": dict(attention="dense", H=3, G=3, D=6, B=3, T=1),
+    "dense_larger_own_init_full": dict(attention="dense", V=64, C=32, L=3, H=6, G=2, D=8, F=48, B=2,
+                                       T=100, random_sd=0.0, init_std=0.2, policy="full", head_chunk=64),
 }
 
 
@@ -73,23 +82,18 @@ def torch_model(P, tokens, targets, c, record):
     C, H, G, D, F, L = c["C"], c["H"], c["G"], c["D"], c["F"], c["L"]
     h = H // G
     eps = c["norm_eps"]
-    widths = [h * D, D, D, D, D, D, D, 3 * h]
+    dense = c["attention"] == "dense"
+    widths = [h * D, D, D] if dense else [h * D, D, D, D, D, D, D, 3 * h]
     x = P["model/embedding"][torch.from_numpy(tokens.reshape(-1).astype(np.int64))]   # [N, C]
     for layer in range(L):
         pre = f"model/layers.{layer}/"
         xn = rmsnorm(x, P[pre + "attn_norm"], eps)
         p = (xn @ P[pre + "attn/wqkv"].T).reshape(B, T, G, sum(widths))
-        q, kc, vc, ks, vs, kw, vw, gate = torch.split(p, widths, dim=-1)
-        core_in = {
-            "q": q.reshape(B, T, G, h, D).reshape(B, T, H, D),        # head a = g*h + i
-            "k_cmp": kc, "v_cmp": vc, "k_slc": ks, "v_slc": vs, "k_win": kw, "v_win": vw,
-            "gate": gate.reshape(B, T, G, h, 3).reshape(B, T, H, 3),
-            "cmp_wk": P[pre + "attn/cmp_wk"], "cmp_wv": P[pre + "attn/cmp_wv"],
-            "cmp_pk": P[pre + "attn/cmp_pk"], "cmp_pv": P[pre + "attn/cmp_pv"],
-        }
-        o, sel, branches = nsa_reference(core_in, c["cmp_block"], c["cmp_stride"], c["sel_block"],
-                                         c["sel_count"], c["window"], c["rope_theta"])
-        record.append((sel, [float(b.detach().abs().max()) for b in branches]))
+        if dense:
+            q, k, v = torch.split(p, widths, dim=-1)
+            o, _ = dense_reference(q.reshape(B, T, G, h, D).reshape(B, T, H, D), k, v, c["rope_theta"])
+        else:
+            o = nsa_layer(p, widths, P, pre, c, B, T, H, G, h, D, record)
         hres = x + o.reshape(N, H * D) @ P[pre + "attn/wo"].T
         hn = rmsnorm(hres, P[pre + "mlp_norm"], eps)
         u = hn @ torch.cat([P[pre + "mlp/w_gate"], P[pre + "mlp/w_up"]]).T
@@ -99,6 +103,23 @@ def torch_model(P, tokens, targets, c, record):
     logits = xf @ head.T
     loss = Fn.cross_entropy(logits, torch.from_numpy(targets.reshape(-1).astype(np.int64)), reduction="mean")
     return loss, logits.detach().reshape(B, T, -1)[:, -1].numpy()
+
+
+def nsa_layer(p, widths, P, pre, c, B, T, H, G, h, D, record):
+    """The NSA core of one layer on its split projection p; appends the selection and the
+    branch maxima to record."""
+    q, kc, vc, ks, vs, kw, vw, gate = torch.split(p, widths, dim=-1)
+    core_in = {
+        "q": q.reshape(B, T, G, h, D).reshape(B, T, H, D),        # head a = g*h + i
+        "k_cmp": kc, "v_cmp": vc, "k_slc": ks, "v_slc": vs, "k_win": kw, "v_win": vw,
+        "gate": gate.reshape(B, T, G, h, 3).reshape(B, T, H, 3),
+        "cmp_wk": P[pre + "attn/cmp_wk"], "cmp_wv": P[pre + "attn/cmp_wv"],
+        "cmp_pk": P[pre + "attn/cmp_pk"], "cmp_pv": P[pre + "attn/cmp_pv"],
+    }
+    o, sel, branches = nsa_reference(core_in, c["cmp_block"], c["cmp_stride"], c["sel_block"],
+                                     c["sel_count"], c["window"], c["rope_theta"])
+    record.append((sel, [float(b.detach().abs().max()) for b in branches]))
+    return o
 
 
 def rel_err(a, b):
@@ -129,8 +150,9 @@ def check_case(name, over, seed, driver, tmp, failures):
     expected = {"model/embedding", "model/final_norm"} | ({"model/lm_head"} if not c["tie"] else set())
     for layer in range(c["L"]):
         expected |= {f"model/layers.{layer}/{p}" for p in
-                     ("attn_norm", "attn/wqkv", "attn/cmp_wk", "attn/cmp_wv", "attn/cmp_pk",
-                      "attn/cmp_pv", "attn/wo", "mlp_norm", "mlp/w_gate", "mlp/w_up", "mlp/w_out")}
+                     ("attn_norm", "attn/wqkv", "attn/wo", "mlp_norm", "mlp/w_gate", "mlp/w_up", "mlp/w_out")}
+        if c["attention"] == "nsa":
+            expected |= {f"model/layers.{layer}/attn/{p}" for p in ("cmp_wk", "cmp_wv", "cmp_pk", "cmp_pv")}
     if set(names) != expected:
         failures.append(f"{name}: parameters {sorted(set(names) ^ expected)} unexpected or missing")
         return
@@ -159,14 +181,14 @@ def check_case(name, over, seed, driver, tmp, failures):
             if m == 0.0:
                 failures.append(f"{name}: layer {layer} branch {bname} identically zero")
     NB = (T + ls - 1) // ls
-    if NB > n_sel:
+    if NB > n_sel and record:  # (dense attention records nothing)
         has_choice = [(t // ls) >= n_sel for t in range(T)]
         if any(has_choice) and all(np.all(sel[:, has_choice][..., 1] == 1) for sel, _ in record):
             failures.append(f"{name}: the selection always takes the smallest blocks")
 
     worst = max(errs, key=errs.get)
     print(f"  {name:28s} seed={seed} " + " ".join(f"{k}={c[k]}" for k in
-          ("V", "C", "L", "H", "G", "D", "F", "B", "T", "tie", "random_sd", "policy")) +
+          ("V", "C", "L", "H", "G", "D", "F", "B", "T", "tie", "random_sd", "policy", "attention")) +
           f"\n  {'':28s} loss {loss_t:.12f}; worst {worst} {errs[worst]:.2e}")
     for k, e in errs.items():
         if not e <= RTOL:

@@ -81,9 +81,10 @@ double worst_unexplained_weight_gap(const AccumResult& a, const AccumResult& b, 
 // rtol bounds the relative difference of the gradients (and the loss): the same sums in
 // another grouping (per micro-batch, then added), each rounded in the model's precision; it
 // does not depend on the BLAS kernel beyond that rounding.
-void check_accumulation(DType dtype, double rtol) {
+void check_accumulation(DType dtype, double rtol, Attention attention = Attention::Nsa) {
   ModelDims dims = tiny_dims(false);
   dims.L = 3;
+  dims.attention = attention;
   const Batch batch = random_batch(dims.V, 4, 17, 99);
   const AccumResult one = run_accumulated(dims, dtype, batch, 1);
   NsaTransformer shape_only(dims, dtype);
@@ -119,6 +120,7 @@ void check_accumulation(DType dtype, double rtol) {
 
 TEST(ModelAccumulation, Fp32) { check_accumulation(DType::F32, 1e-5); }
 TEST(ModelAccumulation, Fp64) { check_accumulation(DType::F64, 1e-12); }
+TEST(ModelAccumulation, DenseFp64) { check_accumulation(DType::F64, 1e-12, Attention::Dense); }
 
 // ---- recompute ---------------------------------------------------------------------------
 
@@ -191,6 +193,16 @@ TEST(ModelRecompute, BitIdenticalMid) {
   check_recompute_bits(d, random_batch(d.V, 2, 128, 9), 23, 0);
 }
 
+TEST(ModelRecompute, BitIdenticalDenseTiny) {
+  const ModelDims d = dense(tiny_dims(false, 1));
+  check_recompute_bits(d, random_batch(d.V, 2, 21, 13), 28, 0.4);
+}
+
+TEST(ModelRecompute, BitIdenticalDenseMid) {
+  const ModelDims d = dense(mid_dims());
+  check_recompute_bits(d, random_batch(d.V, 2, 128, 14), 29, 0);
+}
+
 // The same bits whatever the number of OpenMP threads (every op and the NSA core sum in a
 // fixed order), under each policy.
 TEST(ModelRecompute, BitIdenticalAcrossThreadCounts) {
@@ -215,8 +227,7 @@ TEST(ModelRecompute, BitIdenticalAcrossThreadCounts) {
 
 // The activation peak of each policy on a model of some size (C=64, L=4, T=128, B=2, fp32):
 // none > selective > full (all layers); full with half the layers lies between.
-TEST(ModelRecompute, ActivationPeakFalls) {
-  const ModelDims d = mid_dims();
+void check_activation_peak_falls(const ModelDims& d) {
   const Batch b = random_batch(d.V, 2, 128, 10);
   NsaTransformer model(d, DType::F32);
   model.params().initialize(24);
@@ -236,6 +247,8 @@ TEST(ModelRecompute, ActivationPeakFalls) {
   EXPECT_LT(full, half);
   EXPECT_LT(half, none);
 }
+TEST(ModelRecompute, ActivationPeakFalls) { check_activation_peak_falls(mid_dims()); }
+TEST(ModelRecompute, ActivationPeakFallsDense) { check_activation_peak_falls(dense(mid_dims())); }
 
 // The figure counts what each policy keeps: at the end of the forward every layer's kept
 // activations are live at once, so the peak is at least L times one layer's share (model.h:

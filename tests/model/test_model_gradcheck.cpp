@@ -1,6 +1,7 @@
 // Float64 central finite differences of the whole model's loss with respect to every
 // parameter tensor (every layer's attn_norm, wqkv, cmp_wk/wv/pk/pv, wo, mlp_norm, w_gate, w_up, w_out,
-// the embedding, the final norm, the untied head), against the hand-written backward.
+// the embedding, the final norm, the untied head), against the hand-written backward; with
+// NSA attention and with dense attention (no compression parameters).
 //
 // Error budget, eps = 1e-6 in fp64: truncation ~eps^2 |f'''| / 6 ~ 1e-13; rounding of the
 // loss (~2.4, a few ulp ~ 1e-15) over 2 eps gives ~1e-9. The bound is 1e-6 |g| + 1e-8.
@@ -134,6 +135,22 @@ TEST(ModelGradcheck, RandomWeightsSelectionWithChoice) {
 TEST(ModelGradcheck, RandomWeightsShortSequence) {
   check_fd({.dims = tiny_dims(false), .B = 3, .T = 3, .random_sd = 0.4, .expect_cmp_grads = false}, 18);
 }
+
+// Dense attention (model.attention = "dense"): every element of every tensor.
+TEST(ModelGradcheck, DenseRandomWeightsTiedAllElements) {
+  check_fd({.dims = dense(tiny_dims(true)), .random_sd = 0.4, .max_per_tensor = 1 << 30}, 19);
+}
+
+// Dense, one KV group, untied head in row chunks of 5.
+TEST(ModelGradcheck, DenseRandomWeightsOneGroupUntiedChunkedHead) {
+  check_fd({.dims = dense(tiny_dims(false, 1)), .random_sd = 0.4, .head_chunk = 5}, 20);
+}
+
+// Dense, one head per group, at its own init.
+TEST(ModelGradcheck, DenseDefaultInitOneHeadPerGroup) { check_fd({.dims = dense(tiny_dims(false, 4))}, 21); }
+
+// Dense, one token per sequence: each query attends to itself only.
+TEST(ModelGradcheck, DenseOneToken) { check_fd({.dims = dense(tiny_dims(true)), .B = 3, .T = 1, .random_sd = 0.4}, 22); }
 
 }  // namespace
 }  // namespace nsatron::test

@@ -106,9 +106,10 @@ TEST(ModelInit, IndependentOfOtherParameters) {
 
 // Scales (issue 4: init_std, residual projections by 1/sqrt(2 L); the compression maps by
 // 1/sqrt(l D); gains 1) and the weight-decay flags (not on norms or position embeddings).
-TEST(ModelInit, ScalesAndDecayFlags) {
+void check_scales_and_decay(Attention attention) {
   ModelDims d = mid_dims();
   d.tie_embeddings = false;
+  d.attention = attention;
   NsaTransformer model(d, DType::F64);
   model.params().initialize(3);
   const double resid = d.init_std / std::sqrt(2.0 * double(d.L));
@@ -137,10 +138,37 @@ TEST(ModelInit, ScalesAndDecayFlags) {
     EXPECT_NEAR(mean, 0.0, 5 * want / std::sqrt(nn)) << n;
   }
   // The parameter count: embedding, per layer, final norm, head.
-  const std::int64_t per_layer = 2 * d.C + d.G * d.group_width() * d.C + 2 * d.G * d.cmp_block * d.D * d.D +
-                                 2 * d.G * d.cmp_block * d.D + d.C * d.H * d.D + 3 * d.F * d.C;
+  const bool nsa = attention == Attention::Nsa;
+  const std::int64_t cmp_maps = nsa ? 2 * d.G * d.cmp_block * d.D * d.D + 2 * d.G * d.cmp_block * d.D : 0;
+  const std::int64_t per_layer = 2 * d.C + d.G * d.group_width() * d.C + cmp_maps + d.C * d.H * d.D + 3 * d.F * d.C;
   EXPECT_EQ(model.num_params(), 2 * d.V * d.C + d.L * per_layer + d.C);
-  EXPECT_EQ(d.group_width(), d.heads_per_group() * d.D + 6 * d.D + 3 * d.heads_per_group());
+  // wqkv per group: NSA q, six K/V and three gate logits per head; dense q, k, v.
+  EXPECT_EQ(d.group_width(), nsa ? d.heads_per_group() * d.D + 6 * d.D + 3 * d.heads_per_group()
+                                 : d.heads_per_group() * d.D + 2 * d.D);
+}
+TEST(ModelInit, ScalesAndDecayFlags) { check_scales_and_decay(Attention::Nsa); }
+TEST(ModelInit, ScalesAndDecayFlagsDense) { check_scales_and_decay(Attention::Dense); }
+
+// Dense attention has the NSA model's parameters less the compression maps, with the same
+// names, and wqkv of [G * (h + 2) * D, C]; drawn from (seed, name), every parameter of the
+// same shape starts with the same values in both models (an NSA-dense comparison at one seed
+// starts from the same embedding, norms, wo and MLP).
+TEST(ModelInit, DenseParametersAreNsaLessTheCompression) {
+  const ModelDims nd = tiny_dims(true), dd = dense(tiny_dims(true));
+  std::vector<std::string> want;
+  for (const std::string& n : NsaTransformer::parameter_names(nd))
+    if (n.find("/cmp_") == std::string::npos) want.push_back(n);
+  EXPECT_EQ(NsaTransformer::parameter_names(dd), want);
+  NsaTransformer nsa(nd, DType::F64), den(dd, DType::F64);
+  nsa.params().initialize(4);
+  den.params().initialize(4);
+  for (const auto& p : den.params().infos()) {
+    if (p.name.ends_with("/attn/wqkv")) {
+      EXPECT_EQ(p.shape, (Shape{dd.G * (dd.heads_per_group() + 2) * dd.D, dd.C}));
+      continue;
+    }
+    EXPECT_TRUE(same_bits(den.params().weight(p.name), nsa.params().weight(p.name))) << p.name;
+  }
 }
 
 // ---- FLOPs ---------------------------------------------------------------------------------
@@ -158,11 +186,18 @@ ModelDims dims_125m() {
 // per compressed block and group), and 12 H D per key attended, keys enumerated per query:
 // the visible compressed blocks, the tokens s <= t of the min(n, b_t + 1) selected blocks
 // (all full except the query's own), the window.
+// Dense attention: the keys s <= t of each query, no compression maps.
 double count_flops(const NsaTransformer& model, std::int64_t T) {
   const ModelDims& m = model.dims();
   double matrix = double(m.V * m.C);  // the head (the embedding lookup costs no matmul)
   for (const auto& p : model.params().infos())
     if (p.shape.size() == 2 && p.name.find("/layers.") != std::string::npos) matrix += double(p.numel);
+  if (m.attention == Attention::Dense) {
+    double keys = 0;
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t s = 0; s <= t; ++s) keys += 1;
+    return 6.0 * matrix + 12.0 * double(m.L * m.H * m.D) * keys / double(T);
+  }
   const std::int64_t N = T >= m.cmp_block ? (T - m.cmp_block) / m.cmp_stride + 1 : 0;
   double keys = 0;
   for (std::int64_t t = 0; t < T; ++t) {
@@ -177,7 +212,8 @@ double count_flops(const NsaTransformer& model, std::int64_t T) {
 }
 
 TEST(ModelFlops, MatchesIndependentCount) {
-  for (const ModelDims& d : {tiny_dims(true), tiny_dims(false, 1), mid_dims(), dims_125m()}) {
+  for (const ModelDims& d : {tiny_dims(true), tiny_dims(false, 1), mid_dims(), dims_125m(), dense(tiny_dims(false, 1)),
+                            dense(mid_dims())}) {
     NsaTransformer model(d, DType::F32);
     for (std::int64_t T : {1, 3, 4, 5, 13, 64, 127, 128, 1000, 2048, 4096}) {
       if (T > 2048 && d.V < 1000) continue;
@@ -188,7 +224,7 @@ TEST(ModelFlops, MatchesIndependentCount) {
 }
 
 TEST(ModelFlops, PositiveAndIncreasingWithT) {
-  for (const ModelDims& d : {tiny_dims(true), mid_dims(), dims_125m()}) {
+  for (const ModelDims& d : {tiny_dims(true), mid_dims(), dims_125m(), dense(mid_dims())}) {
     NsaTransformer model(d, DType::F32);
     double prev = 0;
     for (std::int64_t T = 1; T <= 65536; T *= 2) {
@@ -204,9 +240,14 @@ TEST(ModelFlops, PositiveAndIncreasingWithT) {
     EXPECT_GT(model.flops_per_token(1), 6.0 * matrix);
   }
   NsaTransformer m125(dims_125m(), DType::F32);
+  const ModelDims d125 = dense(dims_125m());  // (the formula needs no model)
   std::printf("  125M shape (V=50304 C=768 L=12 H=12 G=2 D=64 F=2048, NSA 32/16/64/16/512): %lld parameters, "
               "flops_per_token(T=2048) = %.6e (6 x params = %.6e)\n",
               (long long)m125.num_params(), m125.flops_per_token(2048), 6.0 * double(m125.num_params()));
+  std::printf("  the same with dense attention: flops_per_token(T=2048) = %.6e, T=8192: %.6e (NSA %.6e)\n",
+              d125.flops_per_token(2048), d125.flops_per_token(8192), m125.flops_per_token(8192));
+  // Past the window, dense attention costs more per token than NSA's sparse branches.
+  EXPECT_GT(d125.flops_per_token(8192), m125.flops_per_token(8192));
 }
 
 }  // namespace

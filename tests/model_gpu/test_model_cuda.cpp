@@ -1,5 +1,5 @@
 // The NSA transformer on CUDA (fp32 and bf16 compute) against the CPU fp32 model on the same
-// weights and tokens: loss and every parameter gradient.
+// weights and tokens: loss and every parameter gradient; with NSA and with dense attention.
 //
 // Bounds: fp32 on CUDA, 1e-4 relative (|a - b| <= 1e-4 * (|b| + rms(b)) per element: the
 // matrix products and reductions sum in other orders); bf16 compute, the loss within 1e-2
@@ -20,6 +20,7 @@ using namespace nsatron;
 namespace {
 
 using test::Batch;
+using test::dense;
 using test::mid_dims;
 using test::random_batch;
 
@@ -34,11 +35,11 @@ std::uint64_t fresh_seed() {
 struct Pair {
   NsaTransformer cpu, gpu;
   double cpu_loss = 0, gpu_loss = 0, cpu_eval = 0, gpu_eval = 0;
-  Pair(DType dtype, std::uint64_t seed) : cpu(mid_dims(), DType::F32), gpu(mid_dims(), dtype, Device::CUDA) {
+  Pair(const ModelDims& d, DType dtype, std::uint64_t seed) : cpu(d, DType::F32), gpu(d, dtype, Device::CUDA) {
     cpu.params().initialize(seed);
     gpu.params().flat_weights().copy_from(cpu.params().flat_weights());
     gpu.sync_compute_weights();
-    Batch b = random_batch(mid_dims().V, 2, 75, seed + 1);
+    Batch b = random_batch(d.V, 2, 75, seed + 1);
     cpu_loss = cpu.forward_backward(b.tokens, b.targets, b.B, b.T);
     gpu_loss = gpu.forward_backward(b.tokens, b.targets, b.B, b.T);
     cpu_eval = cpu.evaluate(b.tokens, b.targets, b.B, b.T);
@@ -48,9 +49,8 @@ struct Pair {
 
 }  // namespace
 
-TEST(ModelCuda, Fp32MatchesCpu) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  Pair m(DType::F32, fresh_seed());
+static void expect_fp32_matches_cpu(const ModelDims& d) {
+  Pair m(d, DType::F32, fresh_seed());
   EXPECT_NEAR(m.gpu_loss, m.cpu_loss, 1e-5 * std::abs(m.cpu_loss));
   EXPECT_NEAR(m.gpu_eval, m.cpu_eval, 1e-5 * std::abs(m.cpu_eval));
   for (const auto& p : m.cpu.params().infos()) {
@@ -63,9 +63,18 @@ TEST(ModelCuda, Fp32MatchesCpu) {
   }
 }
 
-TEST(ModelCuda, Bf16TracksCpu) {
+TEST(ModelCuda, Fp32MatchesCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  Pair m(DType::BF16, fresh_seed());
+  expect_fp32_matches_cpu(mid_dims());
+}
+
+TEST(ModelCuda, DenseFp32MatchesCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  expect_fp32_matches_cpu(dense(mid_dims()));
+}
+
+static void expect_bf16_tracks_cpu(const ModelDims& d) {
+  Pair m(d, DType::BF16, fresh_seed());
   EXPECT_NEAR(m.gpu_loss, m.cpu_loss, 1e-2 * std::abs(m.cpu_loss));
   EXPECT_NEAR(m.gpu_eval, m.cpu_eval, 1e-2 * std::abs(m.cpu_eval));
   for (const auto& p : m.cpu.params().infos()) {
@@ -76,9 +85,17 @@ TEST(ModelCuda, Bf16TracksCpu) {
   }
 }
 
-TEST(ModelCuda, RecomputePoliciesGiveTheSameBits) {
+TEST(ModelCuda, Bf16TracksCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const ModelDims d = mid_dims();
+  expect_bf16_tracks_cpu(mid_dims());
+}
+
+TEST(ModelCuda, DenseBf16TracksCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  expect_bf16_tracks_cpu(dense(mid_dims()));
+}
+
+static void expect_policies_give_the_same_bits(const ModelDims& d) {
   const std::uint64_t seed = fresh_seed();
   Batch b = random_batch(d.V, 2, 75, seed + 1);
   std::vector<double> reference;
@@ -98,4 +115,14 @@ TEST(ModelCuda, RecomputePoliciesGiveTheSameBits) {
       EXPECT_TRUE(grads == reference) << "policy " << int(policy);
     }
   }
+}
+
+TEST(ModelCuda, RecomputePoliciesGiveTheSameBits) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  expect_policies_give_the_same_bits(mid_dims());
+}
+
+TEST(ModelCuda, DenseRecomputePoliciesGiveTheSameBits) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  expect_policies_give_the_same_bits(dense(mid_dims()));
 }

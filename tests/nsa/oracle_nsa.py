@@ -242,31 +242,37 @@ def self_test_checker():
     assert rel_err(a, a) == 0.0 and not rel_err(b, a) <= RTOL
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--nsatron", required=True, help="path to the nsatron executable")
+def run_oracle(tool, description, shapes, check, self_test, program="nsatron"):
+    """The command line of a core oracle: --<program> PATH (what runs the engine: the nsatron
+    executable or a test driver), --seed S (default: fresh, printed), --only NAME. Runs
+    self_test(), then check(name, dims, rng, path, tmp, failures) for each shape with one
+    generator; returns the exit code."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--nsatron", required=program == "nsatron", help="path to the nsatron executable")
+    if program != "nsatron":
+        ap.add_argument("--" + program, required=True, help=f"path to {program}")
     ap.add_argument("--seed", type=int, default=None, help="reproduce a run")
     ap.add_argument("--only", default=None, help="run one shape by name")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    print(f"oracle_nsa: seed {seed} (rerun with --seed {seed}); torch {torch.__version__}")
+    print(f"{tool}: seed {seed} (rerun with --seed {seed}); torch {torch.__version__}")
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    self_test_checker()
+    self_test()
     rng = np.random.default_rng(seed)
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, dims in SHAPES.items():
+        for name, dims in shapes.items():
             if args.only and name != args.only:
                 continue
-            check_shape(name, dims, rng, args.nsatron, tmp, failures)
+            check(name, dims, rng, getattr(args, program), tmp, failures)
     if failures:
         print(f"FAILED (seed {seed}):")
         for m in failures:
             print("  " + m)
         return 1
-    print("oracle_nsa: all shapes agree")
+    print(f"{tool}: all shapes agree")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_oracle("oracle_nsa", __doc__.split("\n")[0], SHAPES, check_shape, self_test_checker))

@@ -4,7 +4,8 @@
 // moment to 1e-5; checkpoints written by one layout resumed on another, and sampled from.
 //
 // The model here has 4 layers and 4 KV groups of 2 query heads, so that tp = 4 and pp = 4
-// both fit (the tiny model of train_fixture.h has 2 of each).
+// both fit (the tiny model of train_fixture.h has 2 of each). Dense attention (model.attention
+// = "dense") is sharded the same way, by KV group: its layouts match one rank too.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -53,6 +54,30 @@ TEST_F(MpTrain, EveryLayoutMatchesOneRank) {
     expect_same_curve("one", l.name, 1e-5, 5);
     expect_same_tensors("one", l.name, 1e-5, kTensors);
   }
+}
+
+TEST_F(MpTrain, DenseAttentionUnderTensorAndPipelineParallelism) {
+  const std::string dense = kModel + " --set model.attention=dense";
+  constexpr int kDenseTensors = 4 * 7 + 2;  // no compression maps
+  ASSERT_EQ(train(0, "one", dense).code, 0);
+  const std::vector<Layout> layouts = {
+      {"tp4", 4, " --set parallel.tp=4", "per rank 1 KV group(s) with 2 query heads"},
+      {"tp2_pp2_selective", 4, " --set parallel.tp=2 --set parallel.pp=2 --set recompute.policy=selective",
+       "recompute    selective"},
+      {"pp2_dp2_full", 4, " --set parallel.pp=2 --set recompute.policy=full", "recompute    full"},
+  };
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(l.name);
+    CommandResult r = train(l.np, l.name, dense + l.settings);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find(l.log_says), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("attention    dense: CPU reference"), std::string::npos) << r.out;
+    expect_same_curve("one", l.name, 1e-5, 5);
+    expect_same_tensors("one", l.name, 1e-5, kDenseTensors);
+  }
+  const std::string ten = dense + " --set train.steps=10";
+  ASSERT_EQ(train(0, "ref", ten).code, 0);
+  stop_and_resume("ref", "tp2pp2_to_1", ten, 4, " --set parallel.tp=2 --set parallel.pp=2", 0, "", 1e-5, kDenseTensors);
 }
 
 TEST_F(MpTrain, UntiedHeadUnderTensorAndPipelineParallelism) {

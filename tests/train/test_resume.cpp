@@ -48,17 +48,19 @@ int wait_exit_code(pid_t pid) {
 
 }  // namespace
 
-TEST_F(TrainRun, StoppedAndResumedRunContinuesTheSameBits) {
-  const std::string common = " --set train.steps=24 --set train.eval_every=8";
-  CommandResult full = run_nsatron("train " + config() + common + " --set checkpoint.dir=" + (dir_ / "full").string() +
+// A run stopped at step 12 and resumed has the losses, validation losses, gradient norms and
+// final weights of the run that went through, bit for bit (`settings` on top of the tiny config).
+void expect_exact_resume(const fs::path& dir_, const std::string& config, const std::string& settings) {
+  const std::string common = " --set train.steps=24 --set train.eval_every=8" + settings;
+  CommandResult full = run_nsatron("train " + config + common + " --set checkpoint.dir=" + (dir_ / "full").string() +
                                    " --set log.metrics=" + (dir_ / "full.jsonl").string());
   ASSERT_EQ(full.code, 0) << full.err;
   const std::string half = common + " --set checkpoint.dir=" + (dir_ / "half").string() + " --set log.metrics=" +
                            (dir_ / "half.jsonl").string();
-  CommandResult first = run_nsatron("train " + config() + half + " --set train.stop_at=12");
+  CommandResult first = run_nsatron("train " + config + half + " --set train.stop_at=12");
   ASSERT_EQ(first.code, 0) << first.err;
   EXPECT_NE(first.out.find("stopped at step 12"), std::string::npos) << first.out;
-  CommandResult second = run_nsatron("train " + config() + half);
+  CommandResult second = run_nsatron("train " + config + half);
   ASSERT_EQ(second.code, 0) << second.err;
   EXPECT_NE(second.out.find("resumed from"), std::string::npos) << second.out;
   EXPECT_NE(second.out.find("step 12"), std::string::npos);
@@ -70,6 +72,12 @@ TEST_F(TrainRun, StoppedAndResumedRunContinuesTheSameBits) {
   EXPECT_EQ(field_values(a, "val_loss"), field_values(b, "val_loss"));
   EXPECT_EQ(field_values(a, "grad_norm"), field_values(b, "grad_norm"));
   expect_same_weights(dir_ / "full", dir_ / "half");
+}
+
+TEST_F(TrainRun, StoppedAndResumedRunContinuesTheSameBits) { expect_exact_resume(dir_, config(), ""); }
+
+TEST_F(TrainRun, StoppedAndResumedDenseRunContinuesTheSameBits) {
+  expect_exact_resume(dir_, config(), " --set model.attention=dense");
 }
 
 TEST_F(TrainRun, SigtermFinishesTheStepSavesAndExits3ThenResumes) {
@@ -172,6 +180,35 @@ TEST_F(TrainRun, ModelShapeChangeIsNamed) {
   CommandResult r = run_nsatron("train " + config() + " --set train.steps=4 --set model.ffn_hidden=96");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("model/layers.0/mlp/w_gate"), std::string::npos) << r.err;
+}
+
+// A checkpoint says which attention its model has (root attribute extra.attention): resuming
+// it with the other is refused before any tensor loads, naming the checkpoint and the key,
+// and the checkpoint stays as it was; the matching attention resumes it, and sampling builds
+// the checkpoint's own model.
+TEST_F(TrainRun, AttentionChangeIsRefusedNamingTheCheckpoint) {
+  const std::string two = " --set train.steps=2 --set train.eval_every=0";
+  for (const auto& [held, other] : {std::pair<std::string, std::string>{"nsa", "dense"}, {"dense", "nsa"}}) {
+    SCOPED_TRACE(held + " checkpoint");
+    const std::string dir = " --set checkpoint.dir=" + (dir_ / held).string();
+    ASSERT_EQ(run_nsatron("train " + config() + two + dir + " --set model.attention=" + held).code, 0);
+    EXPECT_EQ(ckpt::read_train_state(ckpt::resolve_checkpoint(dir_ / held)).extra.at("attention"), held);
+    CommandResult r = run_nsatron("train " + config() + " --set train.steps=4" + dir + " --set model.attention=" + other);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    const std::string step = (dir_ / held / "step_00000002").string();
+    EXPECT_NE(r.err.find(step + ": extra.attention: the checkpoint holds a model with \"" + held + "\" attention"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("model.attention = \"" + other + "\""), std::string::npos) << r.err;
+    EXPECT_EQ(ckpt::list_checkpoints(dir_ / held).size(), 1u);
+    EXPECT_TRUE(ckpt::verify_checkpoint(dir_ / held).empty());
+    CommandResult same = run_nsatron("train " + config() + " --set train.steps=4" + dir + " --set model.attention=" + held);
+    EXPECT_EQ(same.code, 0) << same.err;
+    EXPECT_NE(same.out.find("resumed from " + step), std::string::npos) << same.out;
+    CommandResult sample = run_nsatron("sample --checkpoint " + (dir_ / held).string() + " --prompt 'the ' --tokens 8");
+    EXPECT_EQ(sample.code, 0) << sample.err;
+    EXPECT_EQ(sample.out.rfind("the ", 0), 0u) << sample.out;
+  }
 }
 
 TEST_F(TrainRun, SampleFromCheckpoint) {

@@ -4,14 +4,19 @@
 
 #include "tests/train/train_fixture.h"
 
-TEST_F(TrainRun, LossFallsAndEveryStepIsRecorded) {
-  CommandResult r = run_nsatron("train " + config());
+// With `settings` on top of the tiny config; the log's attention lines must contain
+// `attention_says` and `implementation_says`.
+void expect_loss_falls_and_every_step_recorded(const fs::path& dir_, const std::string& config,
+                                               const std::string& settings, const std::string& attention_says,
+                                               const std::string& implementation_says) {
+  CommandResult r = run_nsatron("train " + config + settings);
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   // Start-up report: resolved config, parameter count, FLOPs, implementations.
   EXPECT_NE(r.out.find("# resolved config"), std::string::npos);
   EXPECT_NE(r.out.find("parameters"), std::string::npos);
   EXPECT_NE(r.out.find("flops/token"), std::string::npos);
-  EXPECT_NE(r.out.find("nsa core"), std::string::npos);
+  EXPECT_NE(r.out.find(attention_says), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(implementation_says), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("step     40/40 | loss"), std::string::npos) << r.out;
   std::string metrics = read_file_text((dir_ / "metrics.jsonl").string());
   std::vector<double> losses = field_values(metrics, "loss");
@@ -23,6 +28,16 @@ TEST_F(TrainRun, LossFallsAndEveryStepIsRecorded) {
   EXPECT_LT(val[2], 3.0) << "validation loss should fall below the byte unigram entropy";
   for (const char* f : {"lr", "grad_norm", "tokens_per_s", "ms_per_step", "peak_mem_bytes"})
     EXPECT_EQ(field_values(metrics, f).size(), 40u) << f;
+}
+
+TEST_F(TrainRun, LossFallsAndEveryStepIsRecorded) {
+  expect_loss_falls_and_every_step_recorded(dir_, config(), "", "attention    nsa (model.attention): cmp 8/4, sel 8 x 3, window 16",
+                                            "nsa core     CPU reference");
+}
+
+TEST_F(TrainRun, DenseAttentionLossFallsAndEveryStepIsRecorded) {
+  expect_loss_falls_and_every_step_recorded(dir_, config(), " --set model.attention=dense", "attention    dense (model.attention)",
+                                            "attention    dense: CPU reference forward/backward (nsa/dense.h");
 }
 
 TEST_F(TrainRun, SameConfigGivesSameLosses) {
