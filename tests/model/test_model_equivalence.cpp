@@ -120,6 +120,7 @@ void check_accumulation(DType dtype, double rtol, Attention attention = Attentio
 
 TEST(ModelAccumulation, Fp32) { check_accumulation(DType::F32, 1e-5); }
 TEST(ModelAccumulation, Fp64) { check_accumulation(DType::F64, 1e-12); }
+TEST(ModelAccumulation, DenseFp32) { check_accumulation(DType::F32, 1e-5, Attention::Dense); }
 TEST(ModelAccumulation, DenseFp64) { check_accumulation(DType::F64, 1e-12, Attention::Dense); }
 
 // ---- recompute ---------------------------------------------------------------------------
