@@ -104,9 +104,16 @@ std::string rank_file_name(std::int64_t rank);  // "rank_00000.h5"
 std::string step_dir_name(std::int64_t step);   // "step_00001000"
 
 // Writes one HDF5 file (which must not exist) with the shards, their checksums and the
-// state. Does not fsync; commit_checkpoint does.
+// state. Does not fsync; commit_checkpoint does. First checks that the file's directory has
+// room for it (checkpoint_file_bytes): if not, throws EnvironmentError "checkpoint step N:
+// needs X MiB, Y MiB free in DIR" before writing anything.
 void write_checkpoint_file(const fs::path& file, const std::vector<ShardSpec>& shards, const TrainState& state,
                            const FileLayout& layout);
+
+// Bytes a checkpoint file of these shards and state needs on disk, at most: the tensor data
+// (fp32), the state's strings, and HDF5's per-dataset metadata (a generous 4 KiB each plus
+// 1 MiB for the file).
+std::uintmax_t checkpoint_file_bytes(const std::vector<ShardSpec>& shards, const TrainState& state);
 
 // fsyncs every file in `staging` and the directory, renames it to dir/step_<step>
 // (atomically replacing an existing directory of that name), fsyncs dir, atomically points

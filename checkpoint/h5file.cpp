@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstring>
 #include <functional>
+#include <iomanip>
 #include <memory>
 #include <sstream>
 #include <type_traits>
@@ -282,6 +283,33 @@ std::string state_digest_text(const TrainState& st, const FileLayout& layout, st
   return t;
 }
 
+std::uintmax_t checkpoint_file_bytes(const std::vector<ShardSpec>& shards, const TrainState& state) {
+  std::uintmax_t bytes = std::uintmax_t(1) << 20;
+  for (const auto& s : shards) bytes += std::uintmax_t(shape_numel(s.shape)) * sizeof(float) + 4096;
+  bytes += state.config_toml.size() + state.sampler_position.size() + state.rng.size();
+  for (const auto& [k, v] : state.extra) bytes += k.size() + v.size();
+  return bytes;
+}
+
+namespace {
+// Refuses a write the disk cannot hold, before anything is written (a full disk in the middle
+// of an HDF5 write ends in HDF5's raw error text).
+void check_free_space(const fs::path& file, std::uintmax_t needed, std::int64_t step) {
+  std::error_code ec;
+  const fs::space_info sp = fs::space(file.parent_path(), ec);
+  if (ec) return;  // no answer (an unusual file system): let the write report what happens
+  if (sp.available >= needed) return;
+  auto mib = [](std::uintmax_t b) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << double(b) / double(1 << 20);
+    return os.str();
+  };
+  throw EnvironmentError("checkpoint step " + std::to_string(step) + ": needs " + mib(needed) + " MiB, " +
+                         mib(sp.available) + " MiB free in " + file.parent_path().parent_path().string() +
+                         " (nothing written; the last committed checkpoint is intact)");
+}
+}  // namespace
+
 void write_checkpoint_file(const fs::path& file, const std::vector<ShardSpec>& shards, const TrainState& state,
                            const FileLayout& layout) {
   const std::string where = file.string();
@@ -298,6 +326,7 @@ void write_checkpoint_file(const fs::path& file, const std::vector<ShardSpec>& s
   no_nul("config_toml", state.config_toml);
   no_nul("layout", layout.layout);
   for (const auto& [k, v] : state.extra) no_nul("extra." + k, v);
+  check_free_space(file, checkpoint_file_bytes(shards, state), state.step);
   std::vector<std::string> manifest;
   for (const auto& s : shards) {
     if (!valid_dataset_name(s.name)) throw std::invalid_argument("bad dataset name '" + s.name + "'");

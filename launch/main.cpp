@@ -78,6 +78,9 @@ int main(int argc, char** argv) {
     } catch (const UserError& e) {
       std::cerr << "nsatron " << c.name << ": " << e.what() << "\n";
       return 2;
+    } catch (const EnvironmentError& e) {
+      std::cerr << "nsatron " << c.name << ": " << e.what() << "\n";
+      return 1;
     } catch (const std::exception& e) {
       std::cerr << "nsatron " << c.name << ": internal error: " << e.what() << "\n";
       return 1;

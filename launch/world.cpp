@@ -109,6 +109,9 @@ void World::run_agreed(const std::function<void()>& fn) {
   } catch (const UserError& e) {
     failed = true, code = 2;
     message = std::string("nsatron train: ") + e.what();
+  } catch (const EnvironmentError& e) {  // e.g. a full disk: not bad input, not a bug
+    failed = true, code = 1;
+    message = std::string("nsatron train: ") + e.what();
   } catch (const std::exception& e) {
     failed = true, code = 1;
     message = std::string("nsatron train: internal error: ") + e.what();

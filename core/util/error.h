@@ -12,6 +12,13 @@ struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown when the machine, not the input, stops the work (a full disk): the CLI prints what()
+// and exits with code 1, like any failure that is not bad input; what was committed before
+// stays intact.
+struct EnvironmentError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 namespace detail {
 template <class... Args> std::string concat(Args&&... args) {
   std::ostringstream os;
