@@ -8,6 +8,8 @@
 # and checks that the interrupted job's loss at every step equals the uninterrupted run's.
 # Also checks that srun without PMIx is refused instead of training 2 copies.
 # usage: slurm_requeue.sh NSATRON SOURCE_DIR     (needs root: the daemons run as root)
+# The node's CPUs are the online processors (getconf), not nproc, which OMP_NUM_THREADS lowers:
+# with OMP_NUM_THREADS=1 a 1-CPU node never started the 2-task job.
 set -euo pipefail
 NSATRON=$(readlink -f "$1")
 SRC=$(readlink -f "$2")
@@ -56,7 +58,7 @@ JobRequeue=1
 SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-NodeName=localhost CPUs=$(nproc) RealMemory=1000 State=UNKNOWN
+NodeName=localhost CPUs=$(getconf _NPROCESSORS_ONLN) RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
 export SLURM_CONF="$W/slurm.conf"
