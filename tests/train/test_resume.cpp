@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <thread>
+#include <utility>
 
 #include "checkpoint/checkpoint.h"
 #include "tests/train/train_fixture.h"
@@ -223,4 +224,15 @@ TEST_F(TrainRun, SampleFromCheckpoint) {
   EXPECT_EQ(greedy.code, 0) << greedy.err;
   CommandResult missing = run_nsatron("sample --checkpoint " + (dir_ / "nothing").string() + " --tokens 3");
   EXPECT_EQ(missing.code, 2);
+  // Careless arguments: each refused with exit 2 and a message naming the argument.
+  const std::string ck = "sample --checkpoint " + (dir_ / "ckpt").string() + " --prompt 'the '";
+  const std::pair<std::string, std::string> bad[] = {
+      {" --tokens -3", "--tokens"},       {" --tokens abc", "--tokens"},  {" --tokens 4 --temperature -1", "--temperature"},
+      {" --tokens 4 --top-k -2", "--top-k"}, {" --tokens 4 --seed x", "--seed"}, {" --tokens 4 --bogus 1", "--bogus"},
+      {" --tokens", "--tokens"}};
+  for (const auto& [arg, name] : bad) {
+    const CommandResult r = run_nsatron(ck + arg);
+    EXPECT_EQ(r.code, 2) << arg << ": " << r.err;
+    EXPECT_NE(r.err.find(name), std::string::npos) << arg << ": " << r.err;
+  }
 }
