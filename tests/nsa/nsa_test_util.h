@@ -3,6 +3,8 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -10,6 +12,15 @@
 #include "nsa/nsa.h"
 
 namespace nsatron::nsa::test {
+
+// A fresh random base seed for a test binary's random inputs, printed, or the one the
+// environment variable `var` holds (to reproduce a failing run).
+inline std::uint64_t seed_from_env(const char* var, const char* what) {
+  const char* env = std::getenv(var);
+  const std::uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+  std::printf("%s: seed %llu (%s reproduces)\n", what, static_cast<unsigned long long>(s), var);
+  return s;
+}
 
 inline const std::array<const char*, 12> kNames = {"q",     "k_cmp",  "v_cmp",  "k_slc",
                                                    "v_slc", "k_win",  "v_win",  "gate",

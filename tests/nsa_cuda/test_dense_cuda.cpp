@@ -23,6 +23,7 @@
 #include "core/util/error.h"
 #include "nsa/cuda/dense.h"
 #include "nsa/dense.h"
+#include "tests/nsa/nsa_test_util.h"
 
 namespace nsatron::nsa {
 namespace {
@@ -31,12 +32,7 @@ constexpr double kFp32Bound = 1e-5;
 constexpr double kBf16Bound = 1e-2;
 
 std::uint64_t base_seed() {
-  static const std::uint64_t seed = [] {
-    const char* env = std::getenv("DENSE_CUDA_SEED");
-    const std::uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("dense CUDA tests: seed %llu (DENSE_CUDA_SEED reproduces)\n", static_cast<unsigned long long>(s));
-    return s;
-  }();
+  static const std::uint64_t seed = test::seed_from_env("DENSE_CUDA_SEED", "dense CUDA tests");
   return seed;
 }
 

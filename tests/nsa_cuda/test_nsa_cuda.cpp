@@ -41,13 +41,7 @@ constexpr double kBf16Bound = 1e-2;
 constexpr double kTieTol = 1e-5;
 
 std::uint64_t base_seed() {
-  static const std::uint64_t seed = [] {
-    const char* env = std::getenv("NSA_CUDA_SEED");
-    const std::uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("NSA CUDA tests: seed %llu (NSA_CUDA_SEED reproduces)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
+  static const std::uint64_t seed = test::seed_from_env("NSA_CUDA_SEED", "NSA CUDA tests");
   return seed;
 }
 
