@@ -29,6 +29,7 @@ class TrainDiskFull : public TrainRun {
   }
   void TearDown() override {
     if (mounted_) ::umount(disk_.c_str());
+    TrainRun::TearDown();
   }
   // Fills the disk so that `keep` bytes stay free.
   void fill_leaving(std::uintmax_t keep) {

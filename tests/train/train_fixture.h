@@ -3,6 +3,9 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -18,9 +21,15 @@ namespace train_test {
 class TrainRun : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / ("train_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    // A directory of its own (mkdtemp): two suites running side by side on one machine must
+    // not share it (one removed the other's config mid-test). Removed when the test passes,
+    // kept (and named) when it fails. (From branch i14.)
+    std::string tmpl = (fs::temp_directory_path() /
+                        ("nsatron_train_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+                         "_XXXXXX"))
+                           .string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr) << tmpl;
+    dir_ = tmpl;
     std::ofstream text(dir_ / "corpus.txt");
     const char* lines[] = {"the cat sat on the mat. ", "a dog ran in the park. ", "the sun is warm today. ",
                            "we read a book at night. "};
@@ -37,6 +46,14 @@ class TrainRun : public ::testing::Test {
            "[data]\ntrain = \"" << (dir_ / "data/train_*.bin").string() << "\"\nval = \"" << (dir_ / "data/val_*.bin").string()
         << "\"\n[log]\nevery = 10\nmetrics = \"" << (dir_ / "metrics.jsonl").string() << "\"\n"
         << "[checkpoint]\ndir = \"" << (dir_ / "ckpt").string() << "\"\n";
+  }
+  void TearDown() override {
+    if (HasFailure()) {
+      std::printf("kept %s for inspection\n", dir_.c_str());
+      return;
+    }
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
   }
   std::string config() const { return (dir_ / "tiny.toml").string(); }
   std::string metrics_text() const { return read_file_text((dir_ / "metrics.jsonl").string()); }
