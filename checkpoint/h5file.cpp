@@ -283,6 +283,18 @@ std::string state_digest_text(const TrainState& st, const FileLayout& layout, st
   return t;
 }
 
+namespace {
+// HDF5 closes the files still open at exit, from an atexit handler. A file whose write failed
+// (a disk that filled during the write) cannot be closed, and HDF5 1.10 then crashes in that
+// handler (SIGSEGV after our error message, exit code 139 instead of ours). Every file here is
+// closed by its owner, so the handler has nothing to do: it is not installed. This must run
+// before any other HDF5 call, hence at static initialisation. (Found and fixed on branch i14.)
+[[maybe_unused]] const bool kNoHdf5AtExit = [] {
+  H5dont_atexit();
+  return true;
+}();
+}  // namespace
+
 std::uintmax_t checkpoint_file_bytes(const std::vector<ShardSpec>& shards, const TrainState& state) {
   std::uintmax_t bytes = std::uintmax_t(1) << 20;
   for (const auto& s : shards) bytes += std::uintmax_t(shape_numel(s.shape)) * sizeof(float) + 4096;
