@@ -61,6 +61,10 @@ SelectTypeParameters=CR_Core
 NodeName=localhost CPUs=$(getconf _NPROCESSORS_ONLN) RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
+# PMIx's client directory in the scratch folder too: a stale /tmp/spmix_appdir_0_2.0 left by
+# another (killed) cluster on the machine made job 2 fail to launch.
+mkdir -p "$W/pmix"
+echo "PMIxCliTmpDirBase=$W/pmix" > mpi.conf
 export SLURM_CONF="$W/slurm.conf"
 slurmctld -f "$SLURM_CONF"
 slurmd -f "$SLURM_CONF"
