@@ -27,7 +27,10 @@
 //
 // Masks: window s in (t-w, t]; compression i*d+l-1 <= t; selection s <= t.
 #include <algorithm>
+#include <climits>
 #include <type_traits>
+
+#include <cuda_fp16.h>
 
 #include "nsa/cuda/internal.cuh"
 
@@ -86,6 +89,7 @@ __device__ void load_key_tile(const Geo& g, int b, int gi, int s0, int cnt,
 }
 
 #include "nsa/cuda/attention_tc.cuh"
+#include "nsa/cuda/select_tc.cuh"
 
 __device__ __forceinline__ float dot4(const float4 a, const float4 b) {
   return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
@@ -649,6 +653,45 @@ void launch_inverse_index(const Geo& g, const std::int32_t* sel, std::uint32_t* 
   check_launch("tc::inv_scan_kernel");
   tc::inv_fill_kernel<<<unsigned((U * 32 + 255) / 256), 256, 0, s>>>(g, mask, off, pos, W, U);
   check_launch("tc::inv_fill_kernel");
+}
+
+namespace {
+template <int DP>
+std::size_t cmp_select_tc_bytes_dp(const Geo& g) {
+  int dev = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return tc::cmp_select_bytes<DP>(g, optin);
+}
+}  // namespace
+
+std::size_t cmp_select_tc_smem(const Geo& g) {
+  switch (padded_dim(g.D)) {
+    case 32: return cmp_select_tc_bytes_dp<32>(g);
+    case 64: return cmp_select_tc_bytes_dp<64>(g);
+    default: return cmp_select_tc_bytes_dp<128>(g);
+  }
+}
+
+void launch_cmp_select_tc(const Geo& g, const bf16* q, const float2* rope, const float* kc,
+                          const float* vc, CmpSelectScratch scratch, bf16* o, float* lse,
+                          std::int32_t* sel, cudaStream_t s) {
+  const std::size_t smem = cmp_select_tc_smem(g);
+  if (smem == 0) throw std::logic_error("launch_cmp_select_tc: the fused kernel does not fit");
+  const std::int64_t rows = std::int64_t(g.B) * g.N * g.G;
+  const int DP = padded_dim(g.D);
+  if (rows > 0) {
+    tc::pad_f16_parts_kernel<<<grid1(rows * 32, 256), 256, 0, s>>>(kc, scratch.kparts,
+                                                                   scratch.kinv, rows, g.D, DP);
+    check_launch("tc::pad_f16_parts_kernel");
+    launch_tc_pad<float>(g, vc, scratch.vparts, nullptr, g.N, s, 2);
+  }
+  tc::CmpSelArgs a{q, rope, scratch.kparts, scratch.kinv, scratch.vparts, o, lse, sel};
+  switch (DP) {
+    case 32: tc::cmp_select_launch<32>(g, a, smem, s); break;
+    case 64: tc::cmp_select_launch<64>(g, a, smem, s); break;
+    default: tc::cmp_select_launch<128>(g, a, smem, s); break;
+  }
 }
 
 template <class S>

@@ -2,6 +2,7 @@
 // the workspace, and the launchers each translation unit provides.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -121,6 +122,22 @@ void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, 
 template <class T>
 void launch_select(const Geo& g, const T* q, const float2* rope, const float* kc,
                    const float* lse_cmp, std::int32_t* sel, cudaStream_t s);
+// attention.cu (select_tc.cuh): bf16 only. The compression branch's forward and the block
+// selection in one tensor-core kernel whose scores are fp32-accurate (fp16 hi + lo parts of
+// the scaled query and keys): o_cmp, its lse and sel_blocks, replacing the fp32 row kernel and
+// launch_select. cmp_select_tc_smem is its shared memory for g, or 0 where it cannot run
+// (more than 64 heads per group, or the [positions][NB] block scores too large): then the
+// fp32 kernels run. Scratch: kparts 2 * B*N*G*padded_dim(D) halves, kinv B*N*G floats,
+// vparts 2 * B*N*G*padded_dim(D) bf16.
+struct CmpSelectScratch {
+  __half* kparts;
+  float* kinv;
+  __nv_bfloat16* vparts;
+};
+std::size_t cmp_select_tc_smem(const Geo& g);
+void launch_cmp_select_tc(const Geo& g, const __nv_bfloat16* q, const float2* rope,
+                          const float* kc, const float* vc, CmpSelectScratch scratch,
+                          __nv_bfloat16* o, float* lse, std::int32_t* sel, cudaStream_t s);
 // attention.cu
 struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   const void* q;       // T [B,T,H,D]

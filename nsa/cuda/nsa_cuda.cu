@@ -80,7 +80,7 @@ class Workspace {
   enum Slot : int {
     kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDq, kDkc, kDvc, kTokK, kTokV, kCmpScratch,
     kTcK, kTcV, kSplit, kTcQ, kTcO, kInvMask, kInvCnt, kInvOff, kInvPos, kSlcPart, kTicket,
-    kTcKc, kTcVc, kLseTc, kCmpPart, kCmpTicket, kNumSlots
+    kTcKc, kTcVc, kLseTc, kCmpPart, kCmpTicket, kTcKinv, kNumSlots
   };
   ~Workspace() {
     for (auto& b : bufs_)
@@ -289,12 +289,27 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   a.v = vc;
   a.o = o;
   a.lse = lse;
-  // The compression branch's forward stays on the fp32 kernel (a.tck unset): its lse feeds the
-  // selection, whose block scores must rank as the fp32 reference's do. (Tensor cores with the
-  // keys as three bf16 parts were tried: the query rotation rounded to bf16 alone moved
-  // selections beyond the tie tolerance, docs/performance.md.)
-  launch_row<T>(g, kCmp, false, a, stream);
-  launch_select<T>(g, in.q, rope, kc, lse, sel, stream);
+  // The compression branch's forward feeds the selection, whose block scores must rank as the
+  // fp32 reference's do: bf16 runs the fused tensor-core kernel with fp32-accurate scores where
+  // it fits (select_tc.cuh), otherwise (and for fp32) the fp32 row kernel and launch_select.
+  // (bf16 products of the rotated query moved selections beyond the tie tolerance,
+  // docs/performance.md.)
+  bool fused = false;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (cmp_select_tc_smem(g) > 0) {
+      const std::size_t rows = std::size_t(std::max<std::int64_t>(1, std::int64_t(g.B) * g.N * g.G));
+      const std::size_t part_bytes = rows * std::size_t(padded_dim(g.D)) * 2;
+      CmpSelectScratch cs{static_cast<__half*>(ws.get(Workspace::kTcKc, 2 * part_bytes, stream)),
+                          static_cast<float*>(ws.get(Workspace::kTcKinv, rows * 4, stream)),
+                          static_cast<bf16*>(ws.get(Workspace::kTcVc, 2 * part_bytes, stream))};
+      launch_cmp_select_tc(g, in.q, rope, kc, vc, cs, o, lse, sel, stream);
+      fused = true;
+    }
+  }
+  if (!fused) {
+    launch_row<T>(g, kCmp, false, a, stream);
+    launch_select<T>(g, in.q, rope, kc, lse, sel, stream);
+  }
   a.k = in.k_slc;
   a.v = in.v_slc;
   tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);

@@ -291,6 +291,9 @@ const std::vector<Case>& cases() {
       {"125M-like, B=3", make_dims(3, 130, 12, 2, 64, 32, 16, 64, 16, 512)},
       {"paper D=64 T=2048", make_dims(1, 2048, 16, 1, 64, 32, 16, 64, 16, 512)},
       {"paper D=128 T=3000", make_dims(1, 3000, 8, 2, 128, 32, 16, 64, 16, 512)},
+      // More than 64 heads per group: bf16 takes the fp32 compression forward and selection
+      // (the fused tensor-core kernel holds the heads of whole positions in 64 rows).
+      {"1 group, 72 heads", make_dims(1, 200, 72, 1, 16, 16, 8, 32, 4, 40)},
   };
   return c;
 }

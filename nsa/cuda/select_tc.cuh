@@ -1,0 +1,485 @@
+// Tensor-core compression forward fused with the block selection (bf16 storage only; included
+// by attention.cu after attention_tc.cuh, inside namespace nsatron::nsa::cuda::detail::
+// {anonymous}).
+//
+// Why it is built this way. The selection ranks blocks by scores summed from the compression
+// branch's probabilities, and must rank them as the fp32 reference does (the tests accept a
+// different choice only at a verified near-tie, 1e-5 of the row's largest score). One bf16
+// rounding of the rotated query moves a score by ~2^-9 of |q||k|, far more than that, so the
+// scores here are products of fp16 PARTS: every rotated query row and every compressed key is
+// scaled by a power of two (its largest element below 2^14: no overflow, and scaling by 2^e
+// is exact) and split as x = hi + lo with hi = fp16(x), lo = fp16(x - hi), 22 significant
+// bits; q.k = hi.hi + hi.lo + lo.hi (three m16n8k16 f16 products, fp32 accumulate; the
+// dropped lo.lo is ~2^-22 of the terms), then multiplied back by the two scales.
+//
+// A block owns P = 64 / h whole positions (all h heads of each: the selection sums over them)
+// of one (batch, group), one row per (position, head), 16 per warp, rows past P h idle. The
+// compressed keys visible to its last position stream through shared memory in 64-key tiles
+// (cp.async, double buffered) twice:
+//   pass 0  the compression branch's forward: online softmax of the scores (exp2 domain), O +=
+//           P V with P rounded to bf16 and V as bf16 hi + lo parts; o_cmp and lse written as
+//           the other row kernels do;
+//   pass 1  p = exp(scale s - lse) per row and key (fp32), summed over the position's heads and
+//           spread onto the selection blocks it overlaps, S[pos][j] += (overlap(i, j) / d) P_i,
+//           in a shared array [P][NB] (each (pos, j) owned by one thread per tile: fixed order).
+// Then one warp per position applies the selection rule of selection.cu (forced 0, b_t - 1,
+// b_t; the rest by score descending, index ascending, NaN as -inf) and writes the row.
+// The launcher falls back to the fp32 kernels (compression row forward + select_kernel) where
+// this one does not fit: h > 64, or P NB scores beyond the shared memory left.
+namespace tc {
+
+__device__ __forceinline__ void mma_f16(float* c, const std::uint32_t* a, std::uint32_t b0,
+                                        std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Power-of-two scale of a row whose largest magnitude is mx: mx * scale < 2^14, inv = 1/scale
+// (exact). A zero or non-finite row keeps scale 1 (a NaN or inf then reaches the scores, as
+// in the fp32 kernels).
+__device__ __forceinline__ void pow2_scale(float mx, float& scale, float& inv) {
+  scale = inv = 1.f;
+  if (mx > 0.f && mx <= 3.0e38f) {
+    int e = 0;
+    frexpf(mx, &e);  // mx = m 2^e, m in [0.5, 1)
+    scale = ldexpf(1.f, 14 - e);
+    inv = ldexpf(1.f, e - 14);
+  }
+}
+
+// x (already scaled) as fp16 hi + lo, two elements packed per word.
+__device__ __forceinline__ void split2_f16(float x0, float x1, std::uint32_t& hi, std::uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(x0, x1);
+  const float2 hf = __half22float2(h);
+  const __half2 l = __floats2half2_rn(x0 - hf.x, x1 - hf.y);
+  hi = *reinterpret_cast<const std::uint32_t*>(&h);
+  lo = *reinterpret_cast<const std::uint32_t*>(&l);
+}
+
+// Compressed keys src [rows][D] fp32 (RoPE applied) -> dst parts [2][rows][DP] fp16 (scaled,
+// zeros past D) and inv[rows] (the factor that undoes the scale). One warp per row.
+__global__ void pad_f16_parts_kernel(const float* __restrict__ src, __half* __restrict__ dst,
+                                     float* __restrict__ inv, std::int64_t rows, int D, int DP) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row = (blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x) >> 5;
+  if (row >= rows) return;
+  const float* x = src + row * D;
+  float mx = 0.f;
+  for (int dd = lane; dd < D; dd += 32) mx = fmaxf(mx, fabsf(x[dd]));
+  mx = warp_max(mx);
+  float sc, iv;
+  pow2_scale(mx, sc, iv);
+  if (lane == 0) inv[row] = iv;
+  for (int dd = lane * 2; dd < DP; dd += 64) {
+    const float v0 = dd < D ? x[dd] * sc : 0.f, v1 = dd + 1 < D ? x[dd + 1] * sc : 0.f;
+    std::uint32_t hi, lo;
+    split2_f16(v0, v1, hi, lo);
+    *reinterpret_cast<std::uint32_t*>(dst + row * DP + dd) = hi;
+    *reinterpret_cast<std::uint32_t*>(dst + (rows + row) * DP + dd) = lo;
+  }
+}
+
+struct CmpSelArgs {
+  const bf16* q;          // [B, T, H, D]
+  const float2* rope;     // [T, D/2]
+  const __half* kparts;   // [2][B N G][DP] (pad_f16_parts_kernel)
+  const float* kinv;      // [B N G]
+  const bf16* vparts;     // [2][B N G][DP] bf16 hi + lo (pad_kernel, 2 parts)
+  bf16* o;                // [B, T, H, D] compression branch output
+  float* lse;             // [B, T, H]
+  std::int32_t* sel;      // [B, T, G, n]
+};
+
+struct CmpSelSmem {  // byte offsets of the dynamic shared memory of cmp_select_kernel
+  std::size_t q, qinv, k, kinv, v, ps, s, chosen, total;
+};
+template <int DP>
+__host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n) {
+  constexpr int KT = 64, STR = DP + 8, ROWS = 16 * kRowWarps;
+  CmpSelSmem L;
+  L.q = 0;                                             // [2][ROWS][STR] fp16
+  L.qinv = L.q + std::size_t(2) * ROWS * STR * 2;      // [ROWS] fp32
+  L.k = L.qinv + ROWS * 4;                             // [2 stages][2 parts][KT][STR] fp16
+  L.kinv = L.k + std::size_t(2) * 2 * KT * STR * 2;    // [2 stages][KT] fp32
+  L.v = L.kinv + 2 * KT * 4;                           // [2 stages][2 parts][KT][STR] bf16
+  const std::size_t vbytes = std::size_t(2) * 2 * KT * STR * 2;
+  const std::size_t psbytes = std::size_t(ROWS) * (KT + 1) * 4;
+  L.ps = L.v;  // pass 1 reuses the value tiles' space for p [ROWS][KT + 1] fp32
+  L.s = L.v + (vbytes > psbytes ? vbytes : psbytes);   // [P][NB] fp32 block scores
+  L.chosen = L.s + std::size_t(P) * (NB > 0 ? NB : 1) * 4;  // [kRowWarps][n] int
+  L.total = L.chosen + std::size_t(kRowWarps) * n * 4;
+  return L;
+}
+
+__device__ __forceinline__ bool sel_better(float v1, int j1, float v2, int j2) {
+  return j2 == INT_MAX || v1 > v2 || (v1 == v2 && j1 < j2);
+}
+
+template <int DP>
+__global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSelArgs a, int P) {
+  constexpr int KT = 64, STR = DP + 8, NT = KT / 8, DT = DP / 8, CH = DP / 8;
+  constexpr int ROWS = 16 * kRowWarps;
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ float4 smem4[];
+  char* sm = reinterpret_cast<char*>(smem4);
+  const CmpSelSmem L = cmp_select_smem<DP>(P, g.NB, g.n);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  __half* Qs = reinterpret_cast<__half*>(sm + L.q);      // [2][ROWS][STR]
+  float* qinv = reinterpret_cast<float*>(sm + L.qinv);   // [ROWS]
+  __half* Ks = reinterpret_cast<__half*>(sm + L.k);      // [2][2][KT][STR]
+  float* kinv = reinterpret_cast<float*>(sm + L.kinv);   // [2][KT]
+  bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);          // [2][2][KT][STR]
+  float* Ps = reinterpret_cast<float*>(sm + L.ps);       // [ROWS][KT + 1] (pass 1)
+  float* Sb = reinterpret_cast<float*>(sm + L.s);        // [P][NB]
+  int* chosen = reinterpret_cast<int*>(sm + L.chosen) + warp * g.n;
+  const int b = blockIdx.y / g.G, gi = blockIdx.y % g.G;
+  const int t_first = blockIdx.x * P;
+  const int npos = min(P, g.T - t_first);
+  const int t_last = t_first + npos - 1;
+  auto row_of = [&](int i, int& t, int& head) -> bool {
+    t = t_first + i / g.h;
+    head = i % g.h;
+    return i < P * g.h && t < g.T;
+  };
+  for (int idx = tid; idx < P * g.NB; idx += blockDim.x) Sb[idx] = 0.f;
+
+  // Stage the warp's 16 rotated query rows, scaled, as fp16 hi + lo.
+  for (int r = 0; r < 16; ++r) {
+    int t, hd;
+    const int i = warp * 16 + r;
+    const bool ok = row_of(i, t, hd);
+    const std::int64_t row = (std::int64_t(b) * g.T + (ok ? t : 0)) * g.H + gi * g.h + hd;
+    const float2* cs = a.rope + std::int64_t(ok ? t : 0) * g.half;
+    float v[(DP + 63) / 64][2];
+    float mx = 0.f;
+#pragma unroll
+    for (int c = 0; c < (DP + 63) / 64; ++c) {
+      const int dd = c * 64 + lane * 2;
+      v[c][0] = ok && dd < g.D ? rope_elem(a.q + row * g.D, dd, g.half, cs) : 0.f;
+      v[c][1] = ok && dd + 1 < g.D ? rope_elem(a.q + row * g.D, dd + 1, g.half, cs) : 0.f;
+      mx = fmaxf(mx, fmaxf(fabsf(v[c][0]), fabsf(v[c][1])));
+    }
+    mx = warp_max(mx);
+    float sc, iv;
+    pow2_scale(mx, sc, iv);
+    if (lane == 0) qinv[i] = iv;
+#pragma unroll
+    for (int c = 0; c < (DP + 63) / 64; ++c) {
+      const int dd = c * 64 + lane * 2;
+      if (dd < DP) {
+        std::uint32_t hi, lo;
+        split2_f16(v[c][0] * sc, v[c][1] * sc, hi, lo);
+        *reinterpret_cast<std::uint32_t*>(Qs + i * STR + dd) = hi;
+        *reinterpret_cast<std::uint32_t*>(Qs + (ROWS + i) * STR + dd) = lo;
+      }
+    }
+  }
+  __syncthreads();
+  // This thread's two rows: r = lane/4 and lane/4 + 8 of the warp.
+  const int gr = lane >> 2, gc = lane & 3;
+  int rt[2];
+  bool rv[2];
+  float rinv[2];
+  std::int64_t rowg[2];
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    int t, hd;
+    const int i = warp * 16 + gr + 8 * h2;
+    rv[h2] = row_of(i, t, hd);
+    rt[h2] = rv[h2] ? t : t_first;
+    rowg[h2] = (std::int64_t(b) * g.T + rt[h2]) * g.H + gi * g.h + (rv[h2] ? hd : 0);
+    rinv[h2] = qinv[i];
+  }
+  const int key_end = visible_blocks(g, t_last);
+  const int ntiles = (key_end + KT - 1) / KT;
+  const int nsteps = 2 * ntiles;
+  const std::int64_t rows_kv = std::int64_t(g.B) * g.N * g.G;
+  const std::int64_t base = std::int64_t(b) * g.N * g.G + gi;
+  auto issue = [&](int k) {  // step k into stage k & 1
+    if (k < nsteps) {
+      const int s0 = (k % ntiles) * KT;
+      const int cnt = min(KT, key_end - s0);
+      __half* kd = Ks + (k & 1) * 2 * KT * STR;
+      bf16* vd = Vs + (k & 1) * 2 * KT * STR;
+      const bool values = k < ntiles;
+      for (int idx = tid; idx < KT * CH; idx += blockDim.x) {
+        const int kk = idx / CH, ch = (idx % CH) * 8;
+        const bool ok = kk < cnt;
+        const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch : 0;
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          const std::int64_t po = ok ? p * rows_kv * DP + off : 0;
+          cp16(kd + (p * KT + kk) * STR + ch, a.kparts + po, ok);
+          if (values) cp16(vd + (p * KT + kk) * STR + ch, a.vparts + po, ok);
+        }
+      }
+      for (int kk = tid; kk < KT; kk += blockDim.x)
+        kinv[(k & 1) * KT + kk] = kk < cnt ? a.kinv[base + std::int64_t(s0 + kk) * g.G] : 0.f;
+    }
+    cp_commit();
+  };
+
+  const float sl2 = g.scale * kLog2e;
+  float m2[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f}, lrow2[2] = {0.f, 0.f};
+  float acc[DT][4];
+#pragma unroll
+  for (int j = 0; j < DT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  const __half* Qw = Qs + warp * 16 * STR;
+
+  issue(0);
+  for (int k = 0; k < nsteps; ++k) {
+    const bool pass1 = k >= ntiles;
+    if (k == ntiles) {  // end of pass 0: full row sums, lse (exp2 domain)
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        ls[h2] += __shfl_xor_sync(0xffffffffu, ls[h2], 1);
+        ls[h2] += __shfl_xor_sync(0xffffffffu, ls[h2], 2);
+        lrow2[h2] = ls[h2] > 0.f ? m2[h2] + log2f(ls[h2]) : 0.f;
+      }
+    }
+    const int s0 = (k % ntiles) * KT;
+    issue(k + 1);
+    cp_wait1();
+    __syncthreads();
+    // Keys [0, nvis[h2]) of this tile are visible to this thread's rows.
+    int nvis[2];
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2)
+      nvis[h2] = rv[h2] ? max(0, min(KT, visible_blocks(g, rt[h2]) - s0)) : 0;
+    const __half* Kt = Ks + (k & 1) * 2 * KT * STR;
+    const float* kiv = kinv + (k & 1) * KT;
+    float s[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+    const bool any = __any_sync(0xffffffffu, nvis[0] > 0 || nvis[1] > 0);
+    if (any) {
+#pragma unroll
+      for (int kk = 0; kk < DP / 16; ++kk) {
+        std::uint32_t qh[4], ql[4];
+        frag_a<STR>(qh, reinterpret_cast<const bf16*>(Qw), kk * 16, lane);
+        frag_a<STR>(ql, reinterpret_cast<const bf16*>(Qw + ROWS * STR), kk * 16, lane);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          std::uint32_t kh[4], kl[4];
+          frag_bt<STR>(kh, reinterpret_cast<const bf16*>(Kt), np * 16, kk * 16, lane);
+          frag_bt<STR>(kl, reinterpret_cast<const bf16*>(Kt + KT * STR), np * 16, kk * 16, lane);
+          // smallest products first
+          mma_f16(s[2 * np], ql, kh[0], kh[1]);
+          mma_f16(s[2 * np + 1], ql, kh[2], kh[3]);
+          mma_f16(s[2 * np], qh, kl[0], kl[1]);
+          mma_f16(s[2 * np + 1], qh, kl[2], kl[3]);
+          mma_f16(s[2 * np], qh, kh[0], kh[1]);
+          mma_f16(s[2 * np + 1], qh, kh[2], kh[3]);
+        }
+      }
+    }
+    bool ok[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
+        ok[n][e] = kk < nvis[h2];
+        s[n][e] *= rinv[h2] * kiv[kk];  // undo the two scales (powers of two: exact)
+      }
+    if (!pass1) {
+      if (any) {
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int ee = 2 * h2 + e;
+              s[n][ee] = ok[n][ee] ? s[n][ee] * sl2 : -INFINITY;
+              mx = fmaxf(mx, s[n][ee]);
+            }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float mnew = fmaxf(m2[h2], mx);
+          float corr = 1.f;
+          if (mnew != -INFINITY) corr = exp2f(m2[h2] - mnew);
+          const float msub = mnew == -INFINITY ? 0.f : mnew;
+          float sum = 0.f;
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int ee = 2 * h2 + e;
+              s[n][ee] = ok[n][ee] ? exp2f(s[n][ee] - msub) : 0.f;
+              sum += s[n][ee];
+            }
+          ls[h2] = ls[h2] * corr + sum;
+          m2[h2] = mnew;
+#pragma unroll
+          for (int j = 0; j < DT; ++j) {
+            acc[j][2 * h2] *= corr;
+            acc[j][2 * h2 + 1] *= corr;
+          }
+        }
+        const bf16* Vt = Vs + (k & 1) * 2 * KT * STR;
+#pragma unroll
+        for (int k2 = 0; k2 < NT / 2; ++k2) {
+          std::uint32_t xa[4];
+          xa[0] = pack2(s[2 * k2][0], s[2 * k2][1]);
+          xa[1] = pack2(s[2 * k2][2], s[2 * k2][3]);
+          xa[2] = pack2(s[2 * k2 + 1][0], s[2 * k2 + 1][1]);
+          xa[3] = pack2(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
+#pragma unroll
+          for (int jp = 0; jp < DT / 2; ++jp)
+#pragma unroll
+            for (int p = 1; p >= 0; --p) {
+              std::uint32_t xb[4];
+              frag_b<STR>(xb, Vt + p * KT * STR, k2 * 16, jp * 16, lane);
+              mma(acc[2 * jp], xa, xb[0], xb[1]);
+              mma(acc[2 * jp + 1], xa, xb[2], xb[3]);
+            }
+        }
+      }
+    } else {
+      // p per row and key into Ps (zeros where not visible), then the block scores.
+      float* pw = Ps + (warp * 16) * (KT + 1);
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
+          pw[(gr + 8 * h2) * (KT + 1) + kk] = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[h2]) : 0.f;
+        }
+      __syncthreads();
+      const int cnt = min(KT, key_end - s0);
+      const int j_lo = (s0 * g.d) / g.ls;
+      const int j_hi = min(g.NB - 1, ((s0 + cnt - 1) * g.d + g.l - 1) / g.ls);
+      const int nj = j_hi - j_lo + 1;
+      for (int idx = tid; idx < npos * nj; idx += blockDim.x) {
+        const int pl = idx / nj, j = j_lo + idx % nj;
+        const int t = t_first + pl;
+        const int jb = j * g.ls, je = jb + g.ls - 1;  // tokens of selection block j
+        const int lo_num = jb - g.l + 1;
+        const int i_lo = max(s0, lo_num <= 0 ? 0 : (lo_num + g.d - 1) / g.d);
+        const int i_hi = min(min(s0 + cnt, visible_blocks(g, t)) - 1, je / g.d);
+        float sum = 0.f;
+        for (int i = i_lo; i <= i_hi; ++i) {
+          float pi = 0.f;
+          for (int hd = 0; hd < g.h; ++hd) pi += Ps[(pl * g.h + hd) * (KT + 1) + (i - s0)];
+          const int first = i * g.d, last = first + g.l - 1;
+          const int ov = min(last, je) - max(first, jb) + 1;
+          sum += float(ov / g.d) * pi;
+        }
+        Sb[pl * g.NB + j] += sum;
+      }
+    }
+    __syncthreads();  // stage k & 1 is refilled by issue(k + 2); Ps is rewritten
+  }
+  cp_wait0();
+
+  // Compression branch output and lse.
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    if (!rv[h2]) continue;
+    const std::int64_t row = rowg[h2];
+    const bool any = ls[h2] > 0.f;
+    const float inv = any ? 1.f / ls[h2] : 0.f;
+    bf16* o = a.o + row * g.D;
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+      const int dd = j * 8 + gc * 2;
+      if (dd < g.D)
+        *reinterpret_cast<__nv_bfloat162*>(o + dd) =
+            __floats2bfloat162_rn(acc[j][2 * h2] * inv, acc[j][2 * h2 + 1] * inv);
+    }
+    if (gc == 0) a.lse[row] = any ? m2[h2] * 0.6931471805599453f + logf(ls[h2]) : -INFINITY;
+  }
+
+  // The selection rule, one warp per position.
+  for (int pl = warp; pl < npos; pl += kRowWarps) {
+    const int t = t_first + pl;
+    std::int32_t* out = a.sel + ((std::int64_t(b) * g.T + t) * g.G + gi) * g.n;
+    const int bt = t / g.ls;
+    const int nf = 1 + (bt - 1 > 0) + (bt > 0);
+    const int ncand = max(0, bt - 2);
+    const int take = min(max(g.n - nf, 0), ncand);
+    if (take == ncand) {  // every eligible block is chosen: 0..bt
+      for (int e = lane; e < g.n; e += 32) out[e] = e <= bt ? e : -1;
+      continue;
+    }
+    float* S = Sb + pl * g.NB;
+    for (int round = 0; round < take; ++round) {
+      float bv = -INFINITY;
+      int bj = INT_MAX;
+      for (int j = 1 + lane; j <= bt - 2; j += 32) {
+        float v = S[j];
+        if (v == -1.f) continue;  // taken (scores are >= 0 or NaN)
+        if (v != v) v = -INFINITY;
+        if (sel_better(v, j, bv, bj)) {
+          bv = v;
+          bj = j;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oj = __shfl_xor_sync(0xffffffffu, bj, o);
+        if (oj != INT_MAX && sel_better(ov, oj, bv, bj)) {
+          bv = ov;
+          bj = oj;
+        }
+      }
+      if (lane == 0) {
+        chosen[round] = bj;
+        S[bj] = -1.f;
+      }
+      __syncwarp();
+    }
+    if (lane == 0) {
+      for (int x = 1; x < take; ++x) {  // insertion sort, ascending
+        const int v = chosen[x];
+        int y = x - 1;
+        while (y >= 0 && chosen[y] > v) {
+          chosen[y + 1] = chosen[y];
+          --y;
+        }
+        chosen[y + 1] = v;
+      }
+      int e = 0;
+      out[e++] = 0;
+      for (int x = 0; x < take; ++x) out[e++] = chosen[x];
+      out[e++] = bt - 1;  // take < ncand implies bt >= 3
+      out[e++] = bt;
+      for (; e < g.n; ++e) out[e] = -1;
+    }
+    __syncwarp();
+  }
+}
+
+// Shared memory of the fused kernel for this shape, or 0 where it cannot run (h > 64 or more
+// than the device's opt-in limit).
+template <int DP>
+std::size_t cmp_select_bytes(const Geo& g, int optin) {
+  if (g.h > 16 * kRowWarps) return 0;
+  const int P = (16 * kRowWarps) / g.h;
+  const std::size_t bytes = cmp_select_smem<DP>(P, g.NB, g.n).total;
+  return bytes <= std::size_t(optin) ? bytes : 0;
+}
+
+template <int DP>
+void cmp_select_launch(const Geo& g, const CmpSelArgs& a, std::size_t smem, cudaStream_t s) {
+  const int P = (16 * kRowWarps) / g.h;
+  const unsigned nblocks = unsigned((g.T + P - 1) / P);
+  if (nblocks == 0) return;
+  CUDA_CHECK(cudaFuncSetAttribute(cmp_select_kernel<DP>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(nblocks, unsigned(g.B * g.G));
+  cmp_select_kernel<DP><<<grid, kRowWarps * 32, smem, s>>>(g, a, P);
+  check_launch("tc::cmp_select_kernel");
+}
+
+}  // namespace tc
