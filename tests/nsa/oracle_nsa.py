@@ -12,7 +12,8 @@ random inputs (the seed is printed; --seed reproduces a run), writes IN.h5, runs
   - sel_blocks identical,
   - out and all twelve gradients within 1e-10 relative (max abs error / max abs value),
   - the reference itself non-degenerate (every branch and gradient that can be non-zero is,
-    and the top-n choice is not always the smallest indices where it has a choice).
+    and the top-n choice is not always the smallest indices where it has a choice); a draw
+    whose reference is degenerate is replaced (at most MAX_DRAWS times, see there).
 Run: /usr/bin/python3 oracle_nsa.py --nsatron build/launch/nsatron [--seed S] [--only NAME]
 """
 import argparse
@@ -169,19 +170,11 @@ def rel_err(a, b):
     return err / ref
 
 
-def check_shape(name, dims, rng, nsatron, tmp, failures):
+def degeneracy(name, dims, out_sel_branches, grad):
+    """Why the reference of this draw cannot test the engine (empty list: it can)."""
     B, T, H, G, D, l, d, ls, n, w = dims
-    theta = float(rng.choice([10000.0, 500.0]))
-    x_np, d_out_np = random_inputs(rng, B, T, H, G, D, l)
-
-    x = {k: torch.tensor(v, requires_grad=True) for k, v in x_np.items()}
-    out, sel, branches = nsa_reference(x, l, d, ls, n, w, theta)
-    (out * torch.tensor(d_out_np)).sum().backward()
-    # Inputs the function does not use (the compression when T < l) have no .grad: zero.
-    grad = {k: (x[k].grad if x[k].grad is not None else torch.zeros_like(x[k])).numpy()
-            for k in NAMES}
-
-    # The reference must not be degenerate.
+    sel, branches = out_sel_branches
+    why = []
     N = (T - l) // d + 1 if T >= l else 0
     zero_ok = set()
     if N == 0:
@@ -190,17 +183,46 @@ def check_shape(name, dims, rng, nsatron, tmp, failures):
         zero_ok.add("k_win")  # a softmax over one key does not depend on it
     for bname, o in zip(("o_cmp", "o_slc", "o_win"), branches):
         if not (bname == "o_cmp" and N == 0) and float(o.abs().max()) == 0.0:
-            failures.append(f"{name}: reference branch {bname} is identically zero")
+            why.append(f"{name}: reference branch {bname} is identically zero")
     for k in NAMES:
         if k not in zero_ok and float(np.abs(grad[k]).max()) < 1e-6:
-            failures.append(f"{name}: reference gradient of {k} is (near) zero")
+            why.append(f"{name}: reference gradient of {k} is (near) zero")
     NB = (T + ls - 1) // ls
     if NB > n:  # rows with a real choice must not all pick the smallest indices
         has_choice = [(t // ls) >= n for t in range(T)]
         if any(has_choice):
             rows = sel[:, has_choice]
             if np.all(rows[..., 1] == 1):
-                failures.append(f"{name}: reference selection always takes the smallest blocks")
+                why.append(f"{name}: reference selection always takes the smallest blocks")
+    return why
+
+
+# A draw whose reference is degenerate is replaced by a fresh one, at most this many times. The
+# small shapes have few rows with a choice (12_heads_one_group: 26 rows choosing one block of
+# two or three), so a fair draw takes the smallest blocks in every such row about once in 150
+# seeds (seed 1080 did); a reference that is degenerate by construction stays so in every draw
+# and still fails.
+MAX_DRAWS = 5
+
+
+def check_shape(name, dims, rng, nsatron, tmp, failures):
+    B, T, H, G, D, l, d, ls, n, w = dims
+    for draw in range(MAX_DRAWS):
+        theta = float(rng.choice([10000.0, 500.0]))
+        x_np, d_out_np = random_inputs(rng, B, T, H, G, D, l)
+        x = {k: torch.tensor(v, requires_grad=True) for k, v in x_np.items()}
+        out, sel, branches = nsa_reference(x, l, d, ls, n, w, theta)
+        (out * torch.tensor(d_out_np)).sum().backward()
+        # Inputs the function does not use (the compression when T < l) have no .grad: zero.
+        grad = {k: (x[k].grad if x[k].grad is not None else torch.zeros_like(x[k])).numpy()
+                for k in NAMES}
+        why = degeneracy(name, dims, (sel, branches), grad)
+        if not why:
+            break
+        print(f"  {name}: degenerate draw {draw + 1} ({why[0].split(': ', 1)[1]}), drawing again")
+    else:
+        failures.extend(why)
+        return
 
     inp, outp = os.path.join(tmp, f"{name}_in.h5"), os.path.join(tmp, f"{name}_out.h5")
     with h5py.File(inp, "w") as f:
