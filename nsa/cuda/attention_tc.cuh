@@ -202,6 +202,95 @@ __device__ __forceinline__ unsigned long long key_bits(int lo, int hi) {
   return upto & ~((1ull << lo) - 1ull);
 }
 
+// One key tile of the online softmax of a thread's two rows (an m16n8 accumulator layout:
+// rows lane/4 and lane/4 + 8, NT tiles of 8 keys), in the exp2 domain: on entry s holds the
+// scores and ok which of them the row may see; on exit s holds p = 2^(sl2 s - m2) (0 where not
+// ok), the running max m2 and sum ls (this thread's keys only) are updated, and acc, when
+// given, is rescaled to the new max. sl2 = scale log2(e).
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], const bool (&ok)[NT][4],
+                                                    float sl2, float (&m2)[2], float (&ls)[2],
+                                                    float (*acc)[4]) {
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int ee = 2 * h2 + e;
+        s[n][ee] = ok[n][ee] ? s[n][ee] * sl2 : -INFINITY;
+        mx = fmaxf(mx, s[n][ee]);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mnew = fmaxf(m2[h2], mx);
+    float corr = 1.f;
+    if (mnew != -INFINITY) corr = exp2f(m2[h2] - mnew);
+    const float msub = mnew == -INFINITY ? 0.f : mnew;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int ee = 2 * h2 + e;
+        s[n][ee] = ok[n][ee] ? exp2f(s[n][ee] - msub) : 0.f;
+        sum += s[n][ee];
+      }
+    ls[h2] = ls[h2] * corr + sum;
+    m2[h2] = mnew;
+    if (acc) {
+#pragma unroll
+      for (int j = 0; j < DT; ++j) {
+        acc[j][2 * h2] *= corr;
+        acc[j][2 * h2 + 1] *= corr;
+      }
+    }
+  }
+}
+
+// acc += X Y for a warp's 16 rows: X [16][KT] fp32 in the accumulator layout (rounded to bf16
+// here), Y [KT][DP] bf16 in shared memory as PARTS parts KT * STR apart (smallest first).
+template <int NT, int DT, int STR, int KT, int PARTS>
+__device__ __forceinline__ void acc_add_product(float (*acc)[4], const float (*x)[4], const bf16* y,
+                                                int lane) {
+#pragma unroll
+  for (int k2 = 0; k2 < NT / 2; ++k2) {
+    std::uint32_t xa[4];
+    xa[0] = pack2(x[2 * k2][0], x[2 * k2][1]);
+    xa[1] = pack2(x[2 * k2][2], x[2 * k2][3]);
+    xa[2] = pack2(x[2 * k2 + 1][0], x[2 * k2 + 1][1]);
+    xa[3] = pack2(x[2 * k2 + 1][2], x[2 * k2 + 1][3]);
+#pragma unroll
+    for (int jp = 0; jp < DT / 2; ++jp)
+#pragma unroll
+      for (int p = PARTS - 1; p >= 0; --p) {
+        std::uint32_t xb[4];
+        frag_b<STR>(xb, y + p * KT * STR, k2 * 16, jp * 16, lane);
+        mma(acc[2 * jp], xa, xb[0], xb[1]);
+        mma(acc[2 * jp + 1], xa, xb[2], xb[3]);
+      }
+  }
+}
+
+// The forward's epilogue for one row: o = acc / l (bf16, the thread's columns) and, from its
+// first thread (gc == 0), lse = ln 2 m2 + ln l (-inf for a row that saw nothing). l: the full
+// row sum; m2: its max in the exp2 domain.
+template <int DT>
+__device__ __forceinline__ void store_row_output(const float (*acc)[4], int h2, float l, float m2,
+                                                 bf16* o_row, float* lse_row, int D, int gc) {
+  const bool any = l > 0.f;
+  const float inv = any ? 1.f / l : 0.f;
+#pragma unroll
+  for (int j = 0; j < DT; ++j) {
+    const int dd = j * 8 + gc * 2;
+    if (dd < D)
+      *reinterpret_cast<__nv_bfloat162*>(o_row + dd) =
+          __floats2bfloat162_rn(acc[j][2 * h2] * inv, acc[j][2 * h2 + 1] * inv);
+  }
+  if (gc == 0) *lse_row = any ? m2 * 0.6931471805599453f + logf(l) : -INFINITY;
+}
+
 template <int DP, int BR, bool BWD>
 __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, int ntw) {
   using C = RowCfg<DP>;
@@ -464,42 +553,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
           ok[n][e] = (vis[h2] >> kk) & 1ull;
         }
       if (!BWD || phase == 0) {  // online softmax (forward; backward statistics pass)
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int ee = 2 * h2 + e;
-              s[n][ee] = ok[n][ee] ? s[n][ee] * sl2 : -INFINITY;
-              mx = fmaxf(mx, s[n][ee]);
-            }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float mnew = fmaxf(m2[h2], mx);
-          float corr = 1.f;
-          if (mnew != -INFINITY) corr = exp2f(m2[h2] - mnew);
-          const float msub = mnew == -INFINITY ? 0.f : mnew;
-          float sum = 0.f;
-#pragma unroll
-          for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int ee = 2 * h2 + e;
-              s[n][ee] = ok[n][ee] ? exp2f(s[n][ee] - msub) : 0.f;
-              sum += s[n][ee];
-            }
-          ls[h2] = ls[h2] * corr + sum;
-          m2[h2] = mnew;
-          if constexpr (!BWD) {
-#pragma unroll
-            for (int j = 0; j < DT; ++j) {
-              acc[j][2 * h2] *= corr;
-              acc[j][2 * h2 + 1] *= corr;
-            }
-          }
-        }
+        online_softmax_tile<NT, DT>(s, ok, sl2, m2, ls, BWD ? nullptr : acc);
       } else {
 #pragma unroll
         for (int n = 0; n < NT; ++n)
@@ -516,24 +570,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
       }
       if (!BWD || pass2) {
         // forward: acc += P V; backward (pass 2): acc += dS K.
-#pragma unroll
-        for (int k2 = 0; k2 < NT / 2; ++k2) {
-          std::uint32_t xa[4];
-          const float (*src)[4] = BWD ? dp : s;
-          xa[0] = pack2(src[2 * k2][0], src[2 * k2][1]);
-          xa[1] = pack2(src[2 * k2][2], src[2 * k2][3]);
-          xa[2] = pack2(src[2 * k2 + 1][0], src[2 * k2 + 1][1]);
-          xa[3] = pack2(src[2 * k2 + 1][2], src[2 * k2 + 1][3]);
-#pragma unroll
-          for (int jp = 0; jp < DT / 2; ++jp)
-#pragma unroll
-            for (int p = kKParts - 1; p >= 0; --p) {
-              std::uint32_t xb[4];
-              frag_b<STR>(xb, (BWD ? Kt : Vt) + p * KT * STR, k2 * 16, jp * 16, lane);
-              mma(acc[2 * jp], xa, xb[0], xb[1]);
-              mma(acc[2 * jp + 1], xa, xb[2], xb[3]);
-            }
-        }
+        acc_add_product<NT, DT, STR, KT, kKParts>(acc, BWD ? dp : s, BWD ? Kt : Vt, lane);
       }
     }
     __syncthreads();  // stage k & 1 is refilled by issue(k + 2)
@@ -553,18 +590,8 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
     if (!rv[h2]) continue;
     const std::int64_t row = rowg[h2];
     if constexpr (!BWD) {
-      const bool any = ls[h2] > 0.f;
-      const float inv = any ? 1.f / ls[h2] : 0.f;
-      bf16* o = static_cast<bf16*>(a.o) + row * g.D;
-#pragma unroll
-      for (int j = 0; j < DT; ++j) {
-        const int dd = j * 8 + gc * 2;
-        if (dd < g.D)
-          *reinterpret_cast<__nv_bfloat162*>(o + dd) =
-              __floats2bfloat162_rn(acc[j][2 * h2] * inv, acc[j][2 * h2 + 1] * inv);
-      }
-      if (gc == 0)
-        a.lse[row] = any ? m2[h2] * 0.6931471805599453f + logf(ls[h2]) : -INFINITY;
+      store_row_output<DT>(acc, h2, ls[h2], m2[h2], static_cast<bf16*>(a.o) + row * g.D,
+                           a.lse + row, g.D, gc);
     } else {
       const float gs =
           a.gate ? 1.f / (1.f + expf(-__bfloat162float(static_cast<const bf16*>(a.gate)[row * 3 + BR]))) : 1.f;

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -72,6 +73,83 @@ __host__ __device__ inline int visible_blocks(const Geo& g, int t) {
   if (t < g.l - 1) return 0;
   const int v = (t - g.l + 1) / g.d + 1;
   return v < g.N ? v : g.N;
+}
+
+// ---- the selection rule (selection.cu, select_tc.cuh) ----
+// For a position in selection block bt: the blocks 0, bt - 1, bt are forced, the candidates
+// are 1..bt-2 (ncand of them), and the top-n takes the returned number of them (== ncand:
+// every eligible block is chosen, the row is 0..bt).
+__device__ __forceinline__ int selection_take(const Geo& g, int bt, int& ncand) {
+  const int forced = 1 + (bt - 1 > 0) + (bt > 0);
+  ncand = max(0, bt - 2);
+  return min(max(g.n - forced, 0), ncand);
+}
+// Compressed blocks [i_lo, i_hi] overlap selection block j (tokens [j l', (j+1) l' - 1]);
+// block i covers [i d, i d + l - 1]. Not clamped to N or to what a position sees.
+__device__ __forceinline__ void overlapping_cmp_blocks(const Geo& g, int j, int& i_lo, int& i_hi) {
+  const int lo_num = j * g.ls - g.l + 1;
+  i_lo = lo_num <= 0 ? 0 : (lo_num + g.d - 1) / g.d;
+  i_hi = (j * g.ls + g.ls - 1) / g.d;
+}
+// The weight of compressed block i in the score of selection block j: the tokens they share
+// over d (an integer: l and l' are multiples of d).
+__device__ __forceinline__ float overlap_weight(const Geo& g, int i, int j) {
+  const int jb = j * g.ls, je = jb + g.ls - 1, first = i * g.d, last = first + g.l - 1;
+  return float((min(last, je) - max(first, jb) + 1) / g.d);
+}
+// The top-n order: score v1 of block j1 ranks before v2 of j2 (score descending, index
+// ascending; j2 == INT_MAX: no candidate yet). Callers map NaN to -inf first.
+__device__ __forceinline__ bool ranks_before(float v1, int j1, float v2, int j2) {
+  return j2 == INT_MAX || v1 > v2 || (v1 == v2 && j1 < j2);
+}
+// Block scores are sums of probabilities (>= 0, or NaN); a candidate already taken by the
+// top-n is marked with this value in the score array.
+constexpr float kTakenScore = -1.f;
+// Folds the candidates j = from, from + stride, ... <= last of S into (bv, bj) under
+// ranks_before, skipping taken ones and ranking NaN as -inf.
+__device__ __forceinline__ void scan_candidates(const float* S, int from, int last, int stride,
+                                                float& bv, int& bj) {
+  for (int j = from; j <= last; j += stride) {
+    float v = S[j];
+    if (v == kTakenScore) continue;
+    if (v != v) v = -INFINITY;
+    if (ranks_before(v, j, bv, bj)) {
+      bv = v;
+      bj = j;
+    }
+  }
+}
+// The best candidate (bv, bj) of a warp, in every lane (bj == INT_MAX: none).
+__device__ __forceinline__ void warp_best_candidate(float& bv, int& bj) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oj = __shfl_xor_sync(0xffffffffu, bj, o);
+    if (oj != INT_MAX && ranks_before(ov, oj, bv, bj)) {
+      bv = ov;
+      bj = oj;
+    }
+  }
+}
+// Writes a selection row of n entries for a position of block bt whose `take` chosen
+// candidates are chosen[0, take) (sorted here, in place): 0, the candidates ascending, bt - 1,
+// bt, then -1. Only for rows with a real choice (take < the number of candidates, so bt >= 3).
+__device__ inline void write_selection_row(std::int32_t* out, int* chosen, int take, int bt, int n) {
+  for (int x = 1; x < take; ++x) {  // insertion sort, ascending
+    const int v = chosen[x];
+    int y = x - 1;
+    while (y >= 0 && chosen[y] > v) {
+      chosen[y + 1] = chosen[y];
+      --y;
+    }
+    chosen[y + 1] = v;
+  }
+  int k = 0;
+  out[k++] = 0;
+  for (int x = 0; x < take; ++x) out[k++] = chosen[x];
+  out[k++] = bt - 1;
+  out[k++] = bt;
+  for (; k < n; ++k) out[k] = -1;
 }
 
 // RoPE element dd of a row x (T or float) at a position whose table row is cs:

@@ -114,10 +114,6 @@ __host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n) {
   return L;
 }
 
-__device__ __forceinline__ bool sel_better(float v1, int j1, float v2, int j2) {
-  return j2 == INT_MAX || v1 > v2 || (v1 == v2 && j1 < j2);
-}
-
 template <int DP>
 __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSelArgs a, int P) {
   constexpr int KT = 64, STR = DP + 8, NT = KT / 8, DT = DP / 8, CH = DP / 8;
@@ -291,58 +287,8 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
       }
     if (!pass1) {
       if (any) {
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int ee = 2 * h2 + e;
-              s[n][ee] = ok[n][ee] ? s[n][ee] * sl2 : -INFINITY;
-              mx = fmaxf(mx, s[n][ee]);
-            }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float mnew = fmaxf(m2[h2], mx);
-          float corr = 1.f;
-          if (mnew != -INFINITY) corr = exp2f(m2[h2] - mnew);
-          const float msub = mnew == -INFINITY ? 0.f : mnew;
-          float sum = 0.f;
-#pragma unroll
-          for (int n = 0; n < NT; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int ee = 2 * h2 + e;
-              s[n][ee] = ok[n][ee] ? exp2f(s[n][ee] - msub) : 0.f;
-              sum += s[n][ee];
-            }
-          ls[h2] = ls[h2] * corr + sum;
-          m2[h2] = mnew;
-#pragma unroll
-          for (int j = 0; j < DT; ++j) {
-            acc[j][2 * h2] *= corr;
-            acc[j][2 * h2 + 1] *= corr;
-          }
-        }
-        const bf16* Vt = Vs + (k & 1) * 2 * KT * STR;
-#pragma unroll
-        for (int k2 = 0; k2 < NT / 2; ++k2) {
-          std::uint32_t xa[4];
-          xa[0] = pack2(s[2 * k2][0], s[2 * k2][1]);
-          xa[1] = pack2(s[2 * k2][2], s[2 * k2][3]);
-          xa[2] = pack2(s[2 * k2 + 1][0], s[2 * k2 + 1][1]);
-          xa[3] = pack2(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
-#pragma unroll
-          for (int jp = 0; jp < DT / 2; ++jp)
-#pragma unroll
-            for (int p = 1; p >= 0; --p) {
-              std::uint32_t xb[4];
-              frag_b<STR>(xb, Vt + p * KT * STR, k2 * 16, jp * 16, lane);
-              mma(acc[2 * jp], xa, xb[0], xb[1]);
-              mma(acc[2 * jp + 1], xa, xb[2], xb[3]);
-            }
-        }
+        online_softmax_tile<NT, DT>(s, ok, sl2, m2, ls, acc);
+        acc_add_product<NT, DT, STR, KT, 2>(acc, s, Vs + (k & 1) * 2 * KT * STR, lane);
       }
     } else {
       // p per row and key into Ps (zeros where not visible), then the block scores.
@@ -362,17 +308,15 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
       for (int idx = tid; idx < npos * nj; idx += blockDim.x) {
         const int pl = idx / nj, j = j_lo + idx % nj;
         const int t = t_first + pl;
-        const int jb = j * g.ls, je = jb + g.ls - 1;  // tokens of selection block j
-        const int lo_num = jb - g.l + 1;
-        const int i_lo = max(s0, lo_num <= 0 ? 0 : (lo_num + g.d - 1) / g.d);
-        const int i_hi = min(min(s0 + cnt, visible_blocks(g, t)) - 1, je / g.d);
+        int i_lo, i_hi;
+        overlapping_cmp_blocks(g, j, i_lo, i_hi);
+        i_lo = max(i_lo, s0);
+        i_hi = min(i_hi, min(s0 + cnt, visible_blocks(g, t)) - 1);
         float sum = 0.f;
         for (int i = i_lo; i <= i_hi; ++i) {
           float pi = 0.f;
           for (int hd = 0; hd < g.h; ++hd) pi += Ps[(pl * g.h + hd) * (KT + 1) + (i - s0)];
-          const int first = i * g.d, last = first + g.l - 1;
-          const int ov = min(last, je) - max(first, jb) + 1;
-          sum += float(ov / g.d) * pi;
+          sum += overlap_weight(g, i, j) * pi;
         }
         Sb[pl * g.NB + j] += sum;
       }
@@ -385,18 +329,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     if (!rv[h2]) continue;
-    const std::int64_t row = rowg[h2];
-    const bool any = ls[h2] > 0.f;
-    const float inv = any ? 1.f / ls[h2] : 0.f;
-    bf16* o = a.o + row * g.D;
-#pragma unroll
-    for (int j = 0; j < DT; ++j) {
-      const int dd = j * 8 + gc * 2;
-      if (dd < g.D)
-        *reinterpret_cast<__nv_bfloat162*>(o + dd) =
-            __floats2bfloat162_rn(acc[j][2 * h2] * inv, acc[j][2 * h2 + 1] * inv);
-    }
-    if (gc == 0) a.lse[row] = any ? m2[h2] * 0.6931471805599453f + logf(ls[h2]) : -INFINITY;
+    store_row_output<DT>(acc, h2, ls[h2], m2[h2], a.o + rowg[h2] * g.D, a.lse + rowg[h2], g.D, gc);
   }
 
   // The selection rule, one warp per position.
@@ -404,9 +337,8 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
     const int t = t_first + pl;
     std::int32_t* out = a.sel + ((std::int64_t(b) * g.T + t) * g.G + gi) * g.n;
     const int bt = t / g.ls;
-    const int nf = 1 + (bt - 1 > 0) + (bt > 0);
-    const int ncand = max(0, bt - 2);
-    const int take = min(max(g.n - nf, 0), ncand);
+    int ncand = 0;
+    const int take = selection_take(g, bt, ncand);
     if (take == ncand) {  // every eligible block is chosen: 0..bt
       for (int e = lane; e < g.n; e += 32) out[e] = e <= bt ? e : -1;
       continue;
@@ -415,47 +347,15 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
     for (int round = 0; round < take; ++round) {
       float bv = -INFINITY;
       int bj = INT_MAX;
-      for (int j = 1 + lane; j <= bt - 2; j += 32) {
-        float v = S[j];
-        if (v == -1.f) continue;  // taken (scores are >= 0 or NaN)
-        if (v != v) v = -INFINITY;
-        if (sel_better(v, j, bv, bj)) {
-          bv = v;
-          bj = j;
-        }
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oj = __shfl_xor_sync(0xffffffffu, bj, o);
-        if (oj != INT_MAX && sel_better(ov, oj, bv, bj)) {
-          bv = ov;
-          bj = oj;
-        }
-      }
+      scan_candidates(S, 1 + lane, bt - 2, 32, bv, bj);
+      warp_best_candidate(bv, bj);
       if (lane == 0) {
         chosen[round] = bj;
-        S[bj] = -1.f;
+        S[bj] = kTakenScore;
       }
       __syncwarp();
     }
-    if (lane == 0) {
-      for (int x = 1; x < take; ++x) {  // insertion sort, ascending
-        const int v = chosen[x];
-        int y = x - 1;
-        while (y >= 0 && chosen[y] > v) {
-          chosen[y + 1] = chosen[y];
-          --y;
-        }
-        chosen[y + 1] = v;
-      }
-      int e = 0;
-      out[e++] = 0;
-      for (int x = 0; x < take; ++x) out[e++] = chosen[x];
-      out[e++] = bt - 1;  // take < ncand implies bt >= 3
-      out[e++] = bt;
-      for (; e < g.n; ++e) out[e] = -1;
-    }
+    if (lane == 0) write_selection_row(out, chosen, take, bt, g.n);
     __syncwarp();
   }
 }

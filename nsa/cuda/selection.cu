@@ -20,10 +20,6 @@ namespace {
 constexpr int KT = kKeyTile;
 constexpr int SEL_THREADS = 128;
 
-__device__ __forceinline__ bool better(float v1, int j1, float v2, int j2) {
-  return j2 == INT_MAX || v1 > v2 || (v1 == v2 && j1 < j2);
-}
-
 template <class T, int DP>
 __global__ void __launch_bounds__(SEL_THREADS)
     select_kernel(Geo g, const T* __restrict__ q, const float2* __restrict__ rope,
@@ -35,9 +31,8 @@ __global__ void __launch_bounds__(SEL_THREADS)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
   std::int32_t* out = sel + ((std::int64_t(b) * g.T + t) * g.G + gi) * g.n;
   const int bt = t / g.ls;
-  const int nf = 1 + (bt - 1 > 0) + (bt > 0);
-  const int ncand = max(0, bt - 2);
-  const int take = min(max(g.n - nf, 0), ncand);
+  int ncand = 0;
+  const int take = selection_take(g, bt, ncand);
   if (take == ncand) {  // every eligible block is chosen: 0..bt
     for (int k = threadIdx.x; k < g.n; k += blockDim.x) out[k] = k <= bt ? k : -1;
     return;
@@ -50,8 +45,7 @@ __global__ void __launch_bounds__(SEL_THREADS)
   float* lr = Pa + g.h * PS;                    // [h]
   float* P = lr + g.h;                          // [N]
   float* S = P + max(g.N, 1);                   // [bt+1]
-  int* flag = reinterpret_cast<int*>(S + g.NB); // [bt+1]
-  float* rv = reinterpret_cast<float*>(flag + g.NB);  // [NW] reduction values
+  float* rv = S + g.NB;                         // [NW] reduction values
   int* rj = reinterpret_cast<int*>(rv + 32);          // [NW] reduction indices
   int* chosen = rj + 32;                              // [n]
 
@@ -94,41 +88,19 @@ __global__ void __launch_bounds__(SEL_THREADS)
   }
   __syncthreads();
   for (int j = threadIdx.x; j <= bt; j += blockDim.x) {
-    const int jb = j * g.ls, je = jb + g.ls - 1;  // tokens of selection block j
-    const int lo_num = jb - g.l + 1;
-    const int i_lo = lo_num <= 0 ? 0 : (lo_num + g.d - 1) / g.d;
-    const int i_hi = min(nvis - 1, je / g.d);
+    int i_lo, i_hi;
+    overlapping_cmp_blocks(g, j, i_lo, i_hi);
+    i_hi = min(i_hi, nvis - 1);
     float sum = 0.f;
-    for (int i = i_lo; i <= i_hi; ++i) {
-      const int first = i * g.d, last = first + g.l - 1;
-      const int ov = min(last, je) - max(first, jb) + 1;
-      sum += float(ov / g.d) * P[i];
-    }
+    for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight(g, i, j) * P[i];
     S[j] = sum;
-    flag[j] = 0;
   }
   __syncthreads();
   for (int round = 0; round < take; ++round) {
     float bv = -INFINITY;
     int bj = INT_MAX;
-    for (int j = 1 + threadIdx.x; j <= bt - 2; j += blockDim.x) {
-      if (flag[j]) continue;
-      float v = S[j];
-      if (v != v) v = -INFINITY;
-      if (better(v, j, bv, bj)) {
-        bv = v;
-        bj = j;
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oj = __shfl_xor_sync(0xffffffffu, bj, o);
-      if (oj != INT_MAX && better(ov, oj, bv, bj)) {
-        bv = ov;
-        bj = oj;
-      }
-    }
+    scan_candidates(S, 1 + threadIdx.x, bt - 2, blockDim.x, bv, bj);
+    warp_best_candidate(bv, bj);
     if (lane == 0) {
       rv[warp] = bv;
       rj[warp] = bj;
@@ -138,32 +110,16 @@ __global__ void __launch_bounds__(SEL_THREADS)
       float v = rv[0];
       int j = rj[0];
       for (int w2 = 1; w2 < NW; ++w2)
-        if (rj[w2] != INT_MAX && better(rv[w2], rj[w2], v, j)) {
+        if (rj[w2] != INT_MAX && ranks_before(rv[w2], rj[w2], v, j)) {
           v = rv[w2];
           j = rj[w2];
         }
       chosen[round] = j;
-      flag[j] = 1;
+      S[j] = kTakenScore;
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    for (int x = 1; x < take; ++x) {  // insertion sort, ascending
-      const int v = chosen[x];
-      int y = x - 1;
-      while (y >= 0 && chosen[y] > v) {
-        chosen[y + 1] = chosen[y];
-        --y;
-      }
-      chosen[y + 1] = v;
-    }
-    int k = 0;
-    out[k++] = 0;
-    for (int x = 0; x < take; ++x) out[k++] = chosen[x];
-    out[k++] = bt - 1;  // take < ncand implies bt >= 3
-    out[k++] = bt;
-    for (; k < g.n; ++k) out[k] = -1;
-  }
+  if (threadIdx.x == 0) write_selection_row(out, chosen, take, bt, g.n);
 }
 
 template <class T, int DP>
@@ -171,7 +127,7 @@ void select_impl(const Geo& g, const T* q, const float2* rope, const float* kc, 
                  std::int32_t* sel, cudaStream_t s) {
   constexpr int STR = DP + 4;
   const std::size_t smem = std::size_t(g.h * STR + KT * STR + g.h * (KT + 1) + g.h +
-                                       std::max(g.N, 1) + 2 * g.NB + 32 + 32 + g.n) * 4;
+                                       std::max(g.N, 1) + g.NB + 32 + 32 + g.n) * 4;
   int dev = 0, optin = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
