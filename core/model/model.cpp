@@ -199,22 +199,30 @@ NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype, Device device, c
       throw UserError("tensor parallelism: tp = " + std::to_string(tp_) + " must divide n_kv_heads = " +
                       std::to_string(d.G) + " and ffn_hidden = " + std::to_string(d.F) +
                       " and not exceed vocab_size = " + std::to_string(d.V));
-    local_.H = d.H / tp_;
-    local_.G = d.G / tp_;
-    local_.F = d.F / tp_;
   }
-  layer_begin_ = shard.layer_begin;
-  layer_end_ = shard.layer_end < 0 ? d.L : shard.layer_end;
+  const ShardGeometry g = shard_geometry(d, tp_, tp_rank_, shard.layer_begin, shard.layer_end);
+  local_ = g.local;
+  layer_begin_ = g.layer_begin;
+  layer_end_ = g.layer_end;
   if (layer_begin_ < 0 || layer_begin_ >= layer_end_ || layer_end_ > d.L)
     throw std::invalid_argument("ModelShard: layers [" + std::to_string(layer_begin_) + ", " +
                                 std::to_string(layer_end_) + ") outside the model's " + std::to_string(d.L));
-  vocab_begin_ = d.V * tp_rank_ / tp_;
-  vocab_end_ = d.V * (tp_rank_ + 1) / tp_;
+  vocab_begin_ = g.vocab_begin;
+  vocab_end_ = g.vocab_end;
 
-  declare_parameters(params_, d, {local_, tp_rank_, layer_begin_, layer_end_, vocab_begin_, vocab_end_});
+  declare_parameters(params_, d, g);
   params_.allocate(dtype == DType::F64 ? DType::F64 : DType::F32, device);
   compute_ = dtype == params_.flat_weights().dtype() ? params_.flat_weights()
                                                       : Tensor::empty({params_.total()}, dtype, device);
+}
+
+NsaTransformer::ShardGeometry NsaTransformer::shard_geometry(const ModelDims& d, int tp, int tp_rank,
+                                                            std::int64_t layer_begin, std::int64_t layer_end) {
+  ShardGeometry g{d, tp_rank, layer_begin, layer_end < 0 ? d.L : layer_end, d.V * tp_rank / tp, d.V * (tp_rank + 1) / tp};
+  g.local.H = d.H / tp;
+  g.local.G = d.G / tp;
+  g.local.F = d.F / tp;
+  return g;
 }
 
 // Every parameter this rank holds, in the order of the flat buffers (docs/parallel.md has
@@ -266,6 +274,13 @@ void NsaTransformer::declare_parameters(ParamStore& store, const ModelDims& d, c
     if (!d.tie_embeddings)
       store.declare("model/lm_head", {Vl, d.C}, true, std, false, block({Vl, d.C}, 0, d.V, g.vocab_begin));
   }
+}
+
+std::vector<ParamInfo> NsaTransformer::rank_parameters(const ModelDims& d, int tp, int tp_rank, std::int64_t layer_begin,
+                                                       std::int64_t layer_end) {
+  ParamStore store;  // declarations only: nothing is allocated
+  declare_parameters(store, d, shard_geometry(d, tp, tp_rank, layer_begin, layer_end));
+  return store.infos();
 }
 
 std::vector<std::string> NsaTransformer::parameter_names(const ModelDims& d) {

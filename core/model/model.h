@@ -123,7 +123,8 @@ class NsaTransformer {
     policy_ = policy;
     recompute_layers_ = layers;
   }
-  // Row chunk of the LM head (rows of logits held at once).
+  // Row chunk of the LM head (rows of logits held at once); the trainer keeps the default.
+  static constexpr std::int64_t kDefaultHeadChunk = 1024;
   void set_head_chunk(std::int64_t rows) { head_chunk_ = rows; }
 
   // Forward and backward of one micro-batch of B sequences of T tokens (row-major [B, T]).
@@ -160,6 +161,12 @@ class NsaTransformer {
   std::int64_t num_params() const { return params_.total(); }
   // The names of the whole model's parameters (any layout holds blocks of these).
   static std::vector<std::string> parameter_names(const ModelDims& dims);
+  // The parameters one rank holds, in the order and at the offsets of its flat buffers, as
+  // the constructor with ModelShard{tp, tp_rank, -, layer_begin, layer_end} declares them,
+  // without allocating anything (memory planning: core/model/plan.h). The shard's shape is
+  // not validated here; the constructor does that.
+  static std::vector<ParamInfo> rank_parameters(const ModelDims& dims, int tp = 1, int tp_rank = 0,
+                                                std::int64_t layer_begin = 0, std::int64_t layer_end = -1);
 
  private:
   static std::string layer_name(std::int64_t l, const char* part);
@@ -169,6 +176,9 @@ class NsaTransformer {
     int tp_rank;
     std::int64_t layer_begin, layer_end, vocab_begin, vocab_end;
   };
+  // tp ranks hold H, G, F / tp and vocabulary rows [V*r/tp, V*(r+1)/tp); layer_end -1: to the last.
+  static ShardGeometry shard_geometry(const ModelDims& d, int tp, int tp_rank, std::int64_t layer_begin,
+                                      std::int64_t layer_end);
   static void declare_parameters(ParamStore& store, const ModelDims& d, const ShardGeometry& g);
   using Ids = DeviceIds;
   Ids device_ids(std::span<const std::int32_t> host, bool vocab_local, bool keep_copy = false) const;
@@ -209,7 +219,7 @@ class NsaTransformer {
   Tensor compute_;
   RecomputePolicy policy_ = RecomputePolicy::None;
   std::int64_t recompute_layers_ = 0;
-  std::int64_t head_chunk_ = 1024;
+  std::int64_t head_chunk_ = kDefaultHeadChunk;
   std::size_t last_activation_peak_ = 0;
 };
 
