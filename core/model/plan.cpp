@@ -1,0 +1,405 @@
+#include "core/model/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/model/params.h"
+#include "nsa/nsa.h"
+
+namespace nsatron {
+
+ParameterCount count_parameters(const ModelDims& dims) {
+  ParameterCount c;
+  for (const ParamInfo& p : NsaTransformer::rank_parameters(dims)) {
+    c.total += p.numel;
+    if (p.name == "model/embedding" || p.name == "model/lm_head") c.embedding += p.numel;
+  }
+  return c;
+}
+
+namespace {
+
+// Live bytes and their running peak, as memory_stats counts them.
+class Ledger {
+ public:
+  void alloc(std::int64_t bytes) {
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
+  }
+  void free(std::int64_t bytes) { live_ -= bytes; }
+  std::int64_t live() const { return live_; }
+  std::int64_t peak() const { return peak_; }
+
+ private:
+  std::int64_t live_ = 0, peak_ = 0;
+};
+
+std::int64_t align256(std::int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// The bytes of one micro-batch's tensors on this rank (N = B*T rows; local dims: H, G, F
+// divided by tp, the vocabulary rows of this tp rank). The names are model.cpp's.
+struct Sizes {
+  std::int64_t x = 0;        // act [N, C]: x, a.xn, attn_out, a.h, a.hn, x_out, xf, dxf, d_last,
+                             //   dhn, dh, dxn, dx_in, and the pipeline's messages
+  std::int64_t row = 0;      // stat [N]: a.rstd1, a.rstd2, rstdf
+  std::int64_t proj = 0;     // act [N, G*group_width]: p; the parts (a.q ... a.gate or a.q, a.k,
+                             //   a.v) together; dp; dpart_tensors together
+  std::int64_t o = 0;        // act [N, H*D]: a.o, d_o, the recomputed o of complete_for_backward
+  std::int64_t u = 0;        // act [N, 2F]: a.u, du
+  std::int64_t f = 0;        // act [N, F]: a.act, dact
+  std::int64_t saved = 0;    // the core's saved state: NSA's NsaSaved (CPU) / NsaSavedCuda, noted by
+                             //   hold_saved / nsa_core_forward_cuda; dense: attn_lse [N, H] (fp32 on CUDA)
+  bool dense = false;        // dense attention allocates its lse even when it keeps none
+  std::int64_t ids = 0;      // CUDA: st.ids, the device copy of the tokens (tp > 1: also the rebased ids
+                             //   and the ownership mask); the CPU reads the host vectors (not counted)
+  std::int64_t targets = 0;  // CUDA: tgt, the device copy of the targets
+  std::int64_t loss = 0;     // head_loss's stat {1}
+  std::int64_t logits = 0;   // head_loss's first (largest) chunk of logits [min(N, chunk), V/tp]
+  std::int64_t ce_scratch = 0;  // tp > 1: vocab_parallel_cross_entropy's fp64 [4 * rows] scratch
+};
+
+Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_rows) {
+  ModelDims m = dims;  // this rank's share, as NsaTransformer::local_dims()
+  m.H /= p.tp;
+  m.G /= p.tp;
+  m.F /= p.tp;
+  const std::int64_t N = p.micro_batch * p.seq_len;
+  const bool cuda = p.device == Device::CUDA;
+  const std::int64_t e = std::int64_t(dtype_size(p.dtype));       // act(): the compute dtype
+  const std::int64_t s = cuda ? 4 : std::int64_t(dtype_size(p.dtype));  // stat(): fp32 on CUDA
+  Sizes z;
+  z.x = N * m.C * e;
+  z.row = N * s;
+  z.proj = N * m.G * m.group_width() * e;
+  z.o = N * m.H * m.D * e;
+  z.u = N * 2 * m.F * e;
+  z.f = N * m.F * e;
+  z.dense = m.attention == Attention::Dense;
+  if (z.dense) {
+    z.saved = N * m.H * s;  // dense_core_forward's lse: fp32 on CUDA, the compute dtype on the CPU
+  } else {
+    nsa::NsaDims c;
+    c.B = p.micro_batch;
+    c.T = p.seq_len;
+    c.H = m.H;
+    c.G = m.G;
+    c.D = m.D;
+    c.cmp_block = m.cmp_block;
+    c.cmp_stride = m.cmp_stride;
+    c.sel_block = m.sel_block;
+    c.sel_count = m.sel_count;
+    c.window = m.window;
+    if (cuda) {
+      // NsaSavedCuda (nsa/cuda/nsa_cuda.cu, saved_layout): fp32 compressed K and V [B, Nc, G, D],
+      // int32 selected blocks [B, T, G, n], fp32 lse [3, B, T, H], each 256-byte aligned; no
+      // branch outputs (the CUDA backward recomputes them).
+      const std::int64_t kv = align256(c.B * c.num_cmp_blocks() * c.G * c.D * 4);
+      z.saved = 2 * kv + align256(c.B * c.T * c.G * c.sel_count * 4) + align256(3 * c.B * c.T * c.H * 4);
+    } else if (p.dtype == DType::F64) {
+      z.saved = std::int64_t(nsa::NsaSaved<double>::bytes_for(c));
+    } else {
+      z.saved = std::int64_t(nsa::NsaSaved<float>::bytes_for(c));
+    }
+  }
+  if (cuda) {
+    z.ids = N * 4 + (p.tp > 1 ? N * 4 + N : 0);  // device_ids(tokens, vocab_local = true): span, local, owned
+    z.targets = N * 4;                            // device_ids(targets, vocab_local = false): span
+  }
+  const std::int64_t rows = std::min(N, p.head_chunk);
+  z.loss = s;
+  z.logits = rows * vocab_rows * e;
+  z.ce_scratch = p.tp > 1 ? 4 * rows * 8 : 0;
+  return z;
+}
+
+enum class Keep { Input, Selective, All };  // NsaTransformer::Keep as keep_mode() chooses it
+
+// One pipeline stage of the model (pp = 1: the whole model), replayed on a ledger: every
+// alloc/free below is a Tensor (or noted state) of model.cpp, named after it.
+class StageReplay {
+ public:
+  StageReplay(const Sizes& z, const ActivationPlan& p, bool first, bool last, std::int64_t begin, std::int64_t end,
+              Ledger& ledger)
+      : z_(z), p_(p), first_(first), last_(last), begin_(begin), end_(end), led_(ledger) {}
+
+  // stage_forward of one micro-batch. A later stage's input (pipeline: RecvForward) is
+  // already live and becomes its first layer's a.x. Not the last stage: returns with the
+  // last layer's output live (st.output, the message to send).
+  void forward() {
+    if (first_) {
+      led_.alloc(z_.ids);  // st.ids (kept to the embedding's backward)
+      led_.alloc(z_.x);    // x = embed(...): layer begin's a.x
+    }
+    for (std::int64_t l = begin_; l < end_; ++l) layer_forward(keep(l), /*x_out=*/true);
+    if (!last_) return;  // x (the last layer's output) becomes st.output
+    led_.alloc(z_.targets);  // tgt
+    led_.alloc(z_.row);      // rstdf
+    led_.alloc(z_.x);        // xf
+    led_.alloc(z_.x);        // dxf
+    // head_loss: per row chunk the logits, their loss and gradient in place, the chunk's
+    // backward; the first chunk is the largest.
+    led_.alloc(z_.loss);        // loss
+    led_.alloc(z_.logits);      // logits
+    led_.alloc(z_.ce_scratch);  // tp > 1: vocab_parallel_cross_entropy's scratch
+    led_.free(z_.ce_scratch);
+    led_.free(z_.logits);
+    led_.free(z_.loss);
+    led_.free(z_.x);        // xf = Tensor()
+    led_.alloc(z_.x);       // st.d_last
+    led_.free(z_.row);      // return: rstdf,
+    led_.free(z_.x);        //   dxf,
+    led_.free(z_.targets);  //   tgt,
+    led_.free(z_.x);        //   x (the last layer's output)
+  }
+
+  // stage_backward of the oldest micro-batch. Not the last stage: the gradient of the
+  // output (d_output) is live and stays so (the pipeline frees it after this). Not the first
+  // stage: returns with the input's gradient live (d_input, the message to send).
+  void backward() {
+    bool dx_owned = last_;  // the last stage starts from st.d_last, owned by this function
+    for (std::int64_t l = end_ - 1; l >= begin_; --l) {
+      complete_for_backward(keep(l));
+      layer_backward();
+      led_.free(kept(Keep::All) - z_.saved + z_.x);  // st.acts[l] = {}: its a.x too (the saved state is gone)
+      if (dx_owned) led_.free(z_.x);                 // dx = dx_in: the previous gradient
+      dx_owned = true;
+    }
+    if (!first_) return;  // dx is returned (d_input)
+    led_.free(z_.x);    // embedding_grad(dx) done: dx
+    led_.free(z_.ids);  // st.ids
+  }
+
+  // What a layer keeps from its forward for its backward (LayerActivations), a.x excluded
+  // (it is the previous layer's output, counted there as x_out).
+  std::int64_t kept(Keep k) const {
+    switch (k) {
+      case Keep::Input: return 0;
+      // a.rstd1, the parts, a.o, a.h, a.rstd2, a.u
+      case Keep::Selective: return 2 * z_.row + z_.proj + z_.o + z_.x + z_.u;
+      // and a.xn, a.hn, a.act and the core's saved state
+      case Keep::All: return 2 * z_.row + 3 * z_.x + z_.proj + z_.o + z_.saved + z_.u + z_.f;
+    }
+    return 0;
+  }
+
+ private:
+  Keep keep(std::int64_t l) const {
+    switch (p_.policy) {
+      case RecomputePolicy::None: return Keep::All;
+      case RecomputePolicy::Selective: return Keep::Selective;
+      case RecomputePolicy::Full: return l < p_.recompute_layers ? Keep::Input : Keep::All;
+    }
+    return Keep::All;
+  }
+
+  // core_forward(save): NSA notes its saved state only when it keeps it; dense attention
+  // allocates its lse either way and drops it when not saving.
+  void core_forward(bool save) {
+    if (z_.dense || save) led_.alloc(z_.saved);
+    if (z_.dense && !save) led_.free(z_.saved);
+  }
+
+  // layer_forward(l, x, x_out, acts, keep): the layer's input is live already.
+  void layer_forward(Keep k, bool x_out) {
+    led_.alloc(z_.row);   // a.rstd1
+    led_.alloc(z_.x);     // a.xn
+    led_.alloc(z_.proj);  // p
+    led_.alloc(z_.proj);  // the parts a.q ... (split_or_gather's targets)
+    led_.alloc(z_.o);     // a.o
+    led_.free(z_.proj);   // p = Tensor()
+    const bool save = k == Keep::All;
+    core_forward(save);
+    led_.alloc(z_.x);     // attn_out
+    led_.alloc(z_.x);     // a.h
+    led_.alloc(z_.x);     // a.hn
+    led_.alloc(z_.row);   // a.rstd2
+    led_.free(z_.x);      // attn_out = Tensor()
+    led_.alloc(z_.u);     // a.u
+    led_.alloc(z_.f);     // a.act
+    if (x_out) led_.alloc(z_.x);  // *x_out: the next layer's a.x
+    // What is not kept goes with the local LayerActivations.
+    const std::int64_t made = 2 * z_.row + 3 * z_.x + z_.proj + z_.o + (save ? z_.saved : 0) + z_.u + z_.f;
+    led_.free(made - kept(k));
+  }
+
+  // complete_for_backward: what the policy dropped, recomputed.
+  void complete_for_backward(Keep k) {
+    switch (k) {
+      case Keep::All: return;
+      case Keep::Input: layer_forward(Keep::All, /*x_out=*/false); return;  // full recompute
+      case Keep::Selective:
+        led_.alloc(z_.x);  // a.xn
+        led_.alloc(z_.x);  // a.hn
+        led_.alloc(z_.f);  // a.act
+        led_.alloc(z_.o);  // o (equals a.o)
+        core_forward(true);
+        led_.free(z_.o);   // o, at the return
+        return;
+    }
+  }
+
+  // layer_backward after complete_for_backward; dx_out is live.
+  void layer_backward() {
+    led_.alloc(z_.f);      // dact
+    led_.alloc(z_.u);      // du
+    led_.free(z_.f);       // dact = Tensor()
+    led_.alloc(z_.x);      // dhn
+    led_.free(z_.u);       // du = Tensor()
+    led_.alloc(z_.x);      // dh
+    led_.free(z_.x);       // dhn = Tensor()
+    led_.alloc(z_.o);      // d_o
+    led_.alloc(z_.proj);   // dp
+    led_.alloc(z_.proj);   // dpart_tensors (core_backward's outputs)
+    led_.free(z_.proj);    // dpart_tensors, at the end of their scope
+    led_.free(z_.o);       // d_o = Tensor()
+    led_.free(z_.saved);   // a.drop_core_saved()
+    led_.alloc(z_.x);      // dxn
+    led_.free(z_.proj);    // dp = Tensor()
+    led_.alloc(z_.x);      // dx_in (returned)
+    led_.free(z_.x);       // return: dh,
+    led_.free(z_.x);       //   dxn
+  }
+
+  const Sizes& z_;
+  const ActivationPlan& p_;
+  bool first_, last_;
+  std::int64_t begin_, end_;
+  Ledger& led_;
+};
+
+}  // namespace
+
+std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPlan& p) {
+  if (p.tp < 1 || p.tp_rank < 0 || p.tp_rank >= p.tp || p.pp < 1 || p.pp_stage < 0 || p.pp_stage >= p.pp)
+    throw std::invalid_argument("estimate_activation_bytes: tp_rank or pp_stage outside [0, tp) or [0, pp)");
+  if (dims.G % p.tp != 0 || dims.F % p.tp != 0)
+    throw std::invalid_argument("estimate_activation_bytes: tp must divide n_kv_heads and ffn_hidden");
+  const std::int64_t begin = p.layer_begin, end = p.layer_end < 0 ? dims.L : p.layer_end;
+  if (begin < 0 || begin >= end || end > dims.L)
+    throw std::invalid_argument("estimate_activation_bytes: layers [" + std::to_string(begin) + ", " +
+                                std::to_string(end) + ") outside the model's " + std::to_string(dims.L));
+  const std::int64_t vocab_rows = dims.V * (p.tp_rank + 1) / p.tp - dims.V * p.tp_rank / p.tp;
+  const Sizes z = sizes(dims, p, vocab_rows);
+  Ledger led;
+  const bool first = begin == 0, last = end == dims.L;
+  StageReplay stage(z, p, first, last, begin, end, led);
+
+  // pp = 1: forward_backward per micro-batch (each starts from nothing held, so one is the
+  // step's peak). pp > 1: run_1f1b (parallel/pipeline.cpp), its messages included: an input
+  // received becomes the first layer's a.x; an output lives until sent; a received output
+  // gradient until its backward returns; an input gradient until sent.
+  const std::int64_t A = p.pp == 1 ? std::min<std::int64_t>(p.micro_batches, 1) : p.micro_batches;
+  const std::int64_t W = std::min<std::int64_t>(p.pp - p.pp_stage - 1, A);  // warmup forwards
+  const std::int64_t R = A - W;
+  for (std::int64_t f = 0; f < W; ++f) {
+    if (!first) led.alloc(z.x);  // RecvForward: input[f]
+    stage.forward();
+    if (!last) led.free(z.x);    // SendForward: output[f]
+  }
+  if (R > 0 && !first) led.alloc(z.x);  // RecvForward: input[W]
+  for (std::int64_t i = 0; i < R; ++i) {
+    stage.forward();
+    if (!last) {
+      led.alloc(z.x);  // SendForwardRecvBackward: d_output[b]
+      led.free(z.x);   //   output[f] sent
+    }
+    stage.backward();
+    if (!last) led.free(z.x);  // d_output[b] = Tensor()
+    if (!first) {
+      if (i + 1 < R) led.alloc(z.x);  // SendBackwardRecvForward: input[f + 1]
+      led.free(z.x);                  // d_input[b] sent
+    }
+  }
+  for (std::int64_t b = R; b < A; ++b) {  // cooldown
+    if (!last) led.alloc(z.x);  // RecvBackward: d_output[b]
+    stage.backward();
+    if (!last) led.free(z.x);   // d_output[b] = Tensor()
+    if (!first) led.free(z.x);  // SendBackward: d_input[b]
+  }
+  if (led.live() != 0) throw std::logic_error("estimate_activation_bytes: the replay does not free what it allocates");
+  return led.peak();
+}
+
+namespace {
+
+// ZeRO-1's split of the flat buffer (parallel::partition_segments): dp contiguous ranges of
+// whole tensors, each boundary the tensor boundary nearest to r * n / dp (ties: the earlier),
+// never before the previous one. Returns the range starts and the end.
+std::vector<std::int64_t> zero1_ranges(const std::vector<ParamInfo>& params, std::int64_t dp) {
+  std::int64_t n = 0;
+  std::vector<std::int64_t> bounds{0};
+  for (const ParamInfo& p : params) bounds.push_back(n += p.numel);
+  std::vector<std::int64_t> begin(std::size_t(dp) + 1, n);
+  begin[0] = 0;
+  for (std::int64_t r = 1; r < dp; ++r) {
+    std::int64_t best = n;
+    long double best_dist = -1;
+    for (std::int64_t b : bounds) {
+      if (b < begin[std::size_t(r) - 1]) continue;
+      const long double dist = std::fabs((long double)b * (long double)dp - (long double)n * (long double)r);
+      if (best_dist < 0 || dist < best_dist) best = b, best_dist = dist;
+    }
+    begin[std::size_t(r)] = best;
+  }
+  return begin;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const RunConfig& cfg) {
+  const ModelDims dims = ModelDims::from_config(cfg);
+  const std::int64_t tp = cfg.parallel.tp, pp = cfg.parallel.pp, dp = cfg.dp();
+  if (tp < 1 || pp < 1 || dp < 1) throw std::invalid_argument("estimate_memory: the config is not validated for its world size");
+  ActivationPlan plan;
+  plan.micro_batch = cfg.train.micro_batch;
+  plan.seq_len = cfg.train.seq_len;
+  plan.micro_batches = cfg.grad_accum_steps();
+  plan.policy = parse_recompute_policy(cfg.recompute.policy);
+  plan.recompute_layers = cfg.recompute.layers < 0 ? dims.L : cfg.recompute.layers;
+  plan.device = cfg.train.device == "cuda" ? Device::CUDA : Device::CPU;
+  plan.dtype = cfg.train.dtype == "bf16" ? DType::BF16 : DType::F32;  // as the trainer (launch/train/setup.cpp)
+  plan.tp = int(tp);
+  plan.pp = int(pp);
+  const std::int64_t compute_bytes = plan.dtype == DType::F32 ? 0 : std::int64_t(dtype_size(plan.dtype));
+
+  MemoryEstimate best;
+  bool any = false;
+  for (std::int64_t s = 0; s < pp; ++s) {
+    const auto [begin, end] = cfg.stage_layers(s);
+    for (std::int64_t r = 0; r < tp; ++r) {
+      const std::vector<ParamInfo> params = NsaTransformer::rank_parameters(dims, int(tp), int(r), begin, end);
+      std::int64_t n = 0;
+      for (const ParamInfo& p : params) n += p.numel;
+      MemoryEstimate e;
+      e.pp_stage = int(s);
+      e.tp_rank = int(r);
+      // NsaTransformer: params_.allocate (fp32 weights and gradients), compute_ (a copy in the
+      // compute dtype when it is not fp32).
+      e.weights = 4 * n + compute_bytes * n;
+      e.gradients = 4 * n;
+      // DataParallelOptimizer: m_, v_ over the owned range; ZeRO-1 over several ranks also
+      // padded_ [dp * block] and mine_ [block], block the longest range.
+      if (cfg.parallel.zero1 && dp > 1) {
+        const std::vector<std::int64_t> ranges = zero1_ranges(params, dp);
+        std::int64_t block = 0;
+        for (std::int64_t d = 0; d < dp; ++d) block = std::max(block, ranges[std::size_t(d) + 1] - ranges[std::size_t(d)]);
+        e.optimizer = 2 * 4 * block + 4 * block * dp + 4 * block;
+      } else {
+        e.optimizer = 2 * 4 * n;
+      }
+      plan.tp_rank = int(r);
+      plan.pp_stage = int(s);
+      plan.layer_begin = begin;
+      plan.layer_end = end;
+      e.activations = estimate_activation_bytes(dims, plan);
+      if (!any || e.total() > best.total()) best = e;
+      any = true;
+    }
+  }
+  return best;
+}
+
+}  // namespace nsatron

@@ -1,0 +1,68 @@
+// Planning a run without running it: the parameter count of a model and the memory one rank
+// needs to train it, in the accounting the trainer reports (docs/performance.md, "Memory per
+// rank: what the plan counts").
+//
+// The trainer's figures (launch/train/step.cpp, log.cpp) come from memory_stats(device):
+// every live Tensor's storage (its exact size) plus the attention core's saved state, which
+// the model notes there while it holds it (core/model/model.cpp: hold_saved,
+// nsa_core_cuda.cpp). Scratch that bypasses Tensor (std::vector on the CPU; cuBLAS, NSA and
+// cross-entropy workspaces taken with cudaMalloc on CUDA) is not counted there, nor here.
+//   peak_mem_bytes         = the static memory below + the step's activation peak
+//   activation_peak_bytes  = the peak of the step above the memory live at its start
+// The estimate replays, tensor by tensor and in the code's order, what the model allocates
+// and frees over one optimizer step (the micro-batches of a stage, in 1F1B order under
+// pipeline parallelism), and keeps the running peak: a formula from the dims, evaluated by
+// walking the step, not a fit.
+#pragma once
+#include <cstdint>
+
+#include "core/config/config.h"
+#include "core/model/model.h"
+#include "core/tensor/dtype.h"
+
+namespace nsatron {
+
+struct ParameterCount {
+  std::int64_t total = 0;      // the whole model, each tensor once (a tied embedding once)
+  std::int64_t embedding = 0;  // the token embedding plus an untied lm_head
+  std::int64_t non_embedding() const { return total - embedding; }
+};
+// Equals NsaTransformer(dims, ...).num_params() of a single-rank model.
+ParameterCount count_parameters(const ModelDims& dims);
+
+// One rank's part of a step, for estimate_activation_bytes.
+struct ActivationPlan {
+  std::int64_t micro_batch = 1, seq_len = 1;  // B and T of a micro-batch
+  std::int64_t micro_batches = 1;             // A: this rank's micro-batches per optimizer step
+  RecomputePolicy policy = RecomputePolicy::None;
+  std::int64_t recompute_layers = 0;          // policy Full: the layers with a global index below this recompute
+  DType dtype = DType::F32;                   // the compute dtype
+  Device device = Device::CPU;
+  int tp = 1, tp_rank = 0;
+  int pp = 1, pp_stage = 0;
+  std::int64_t layer_begin = 0, layer_end = -1;  // this stage's layers; -1: to the last
+  std::int64_t head_chunk = NsaTransformer::kDefaultHeadChunk;
+};
+// The peak bytes one optimizer step allocates above the memory live at its start (the
+// trainer's activation_peak_bytes; with pp = 1 also NsaTransformer::last_activation_peak_bytes
+// of one forward_backward): the activations of the micro-batches in flight (under 1F1B, stage
+// s keeps up to min(pp - s, A) of them), what the recompute policy keeps and recomputes, the
+// pipeline's messages, and the largest transient (the LM head's chunk of logits, the
+// backward's gradient temporaries).
+std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPlan& plan);
+
+struct MemoryEstimate {        // bytes on one rank: the rank (pp stage, tp rank) that needs the most
+  std::int64_t weights = 0;      // fp32 master weights + a separate compute copy (bf16 on CUDA) when the dtypes differ
+  std::int64_t gradients = 0;    // fp32 flat gradients
+  std::int64_t optimizer = 0;    // AdamW moments (ZeRO-1: this rank's owned share) and any other optimizer buffers
+  std::int64_t activations = 0;  // peak of one optimizer step above the above (micro-batches in flight under 1F1B,
+                                 // recompute policy, head chunk, transient buffers)
+  int pp_stage = 0, tp_rank = 0; // which rank this is
+  std::int64_t total() const { return weights + gradients + optimizer + activations; }
+};
+// For a validated RunConfig (world_size set, so dp() is known): what the trainer allocates on
+// the rank that needs most. Device and dtype from cfg.train. With ZeRO-1 the optimizer share
+// is that of the DP rank that owns the most.
+MemoryEstimate estimate_memory(const RunConfig& cfg);
+
+}  // namespace nsatron
