@@ -358,6 +358,45 @@ TEST(MemoryPlan, EstimateIsTheRankThatNeedsMost) {
   EXPECT_EQ(e.tp_rank, most_rank);
 }
 
+// ---- the CUDA accounting against recorded GPU peaks -----------------------------------------
+
+// The 125M model (configs/nsa_125m.toml, bf16 on CUDA) against the peaks docs/performance.md
+// records from H100 and H200 runs: memory_stats(CUDA).peak of bench/train_gpu's whole steps
+// (its model and AdamW moments are the trainer's) and peak_mem_bytes of `nsatron train` under
+// bench/parallel_gpu.sh (rank 0: pipeline stage 0, tensor-parallel rank 0, the ranks that
+// need most here). The estimate is arithmetic, so this runs without a GPU. Tolerance: half a
+// unit of the last digit recorded (0.01 or 0.1 GiB). (What CUDA allocates outside Tensor, the
+// cuBLAS and NSA workspaces, is in neither figure.)
+TEST(MemoryPlan, CudaEstimateMatchesRecordedGpuPeaks) {
+  struct Recorded {
+    std::vector<std::string> overrides;
+    std::int64_t world;
+    double gib, unit;
+    const char* where;
+  };
+  auto batch = [](int mb, const char* policy, int seq) {
+    return std::vector<std::string>{"train.micro_batch=" + std::to_string(mb), "train.global_batch=" + std::to_string(mb),
+                                    std::string("recompute.policy=") + policy, "train.seq_len=" + std::to_string(seq)};
+  };
+  const std::vector<Recorded> recorded = {
+      {batch(16, "none", 2048), 1, 11.08, 0.01, "2026-11-25 section, training: 11.08 GiB"},
+      {batch(64, "none", 2048), 1, 38.11, 0.01, "2026-11-25 section, training: 38.11 GiB"},
+      {batch(16, "full", 2048), 1, 3.72, 0.01, "100k+ section, re-measured at 64757c0: 3.72 GiB"},
+      {batch(16, "selective", 2048), 1, 8.6, 0.1, "100k+ section, train_gpu table"},
+      {batch(112, "none", 2048), 1, 65.15, 0.01, "memory limits table"},
+      {batch(128, "none", 2048), 1, 74.16, 0.01, "memory limits table"},
+      {batch(1, "full", 65536), 1, 5.37, 0.01, "memory limits table"},
+      {batch(1, "full", 131072), 1, 8.68, 0.01, "memory limits table"},
+      {{"parallel.pp=2", "train.global_batch=256"}, 4, 10.4, 0.1, "GPU ranks, pp2 x dp2"},
+      {{"parallel.tp=2", "train.global_batch=256"}, 4, 6.7, 0.1, "GPU ranks, tp2 x dp2"},
+  };
+  for (const Recorded& r : recorded) {
+    const RunConfig cfg = load_config(std::string(NSATRON_SOURCE_DIR) + "/configs/nsa_125m.toml", r.overrides, r.world);
+    const double estimated = double(estimate_memory(cfg).total()) / double(1 << 30);
+    EXPECT_NEAR(estimated, r.gib, r.unit / 2) << r.where << ": " << ::testing::PrintToString(r.overrides);
+  }
+}
+
 // ---- against the trainer ---------------------------------------------------------------------
 
 struct TrainerPeak {
