@@ -484,8 +484,9 @@ void read_table(const toml::table& root, Validator& v, RunConfig& c) {
   }
 }
 
-void apply_override(const std::string& text, Validator& v, RunConfig& c) {
-  const std::string loc = "--set " + text;
+void apply_override(const LocatedOverride& o, Validator& v, RunConfig& c) {
+  const std::string& text = o.text;
+  const std::string& loc = o.origin;
   auto eq = text.find('=');
   auto dot = text.find('.');
   if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
@@ -589,7 +590,9 @@ void check_rules(Validator& v, RunConfig& c) {
       v.error("parallel.pp_layers", "entries sum to " + (overflow ? std::string("more than 2^63") : n(sum)) +
                                         " but n_layers = " + n(m.n_layers) + " (each layer belongs to exactly one stage)");
   }
-  if (c.world_size % (p.tp * p.pp) != 0) {
+  if (c.world_size == 0) {
+    // The world is not known yet (parse_config_with_origins): its rules are checked later.
+  } else if (c.world_size % (p.tp * p.pp) != 0) {
     v.error(at({"parallel.tp", "parallel.pp"}), "the world size " + n(c.world_size) +
                                                     " is not a multiple of tp * pp = " + n(p.tp * p.pp));
   } else if (t.global_batch % (t.micro_batch * c.dp()) != 0) {
@@ -608,6 +611,13 @@ void check_rules(Validator& v, RunConfig& c) {
 
 RunConfig parse_config(std::string_view text, const std::string& source_name,
                        const std::vector<std::string>& overrides, std::int64_t world_size) {
+  std::vector<LocatedOverride> located;
+  for (const auto& o : overrides) located.push_back({o, "--set " + o});
+  return parse_config_with_origins(text, source_name, located, world_size);
+}
+
+RunConfig parse_config_with_origins(std::string_view text, const std::string& source_name,
+                                    const std::vector<LocatedOverride>& overrides, std::int64_t world_size) {
   RunConfig c;
   c.source = source_name;
   c.world_size = world_size;

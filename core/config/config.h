@@ -134,6 +134,18 @@ RunConfig load_config(const std::string& path, const std::vector<std::string>& o
 RunConfig parse_config(std::string_view text, const std::string& source_name,
                        const std::vector<std::string>& overrides = {}, std::int64_t world_size = 1);
 
+// An override "section.key=value" with where it came from, for its error messages: a sweep
+// file's "FILE:LINE:COL" in place of "--set section.key=value".
+struct LocatedOverride {
+  std::string text;
+  std::string origin;
+};
+// parse_config with overrides that name their origin. world_size 0: the world is not known
+// yet, and the rules on it (tp * pp divides it, global_batch divides by micro_batch * dp) are
+// left for a later parse that knows it. Throws ConfigError.
+RunConfig parse_config_with_origins(std::string_view text, const std::string& source_name,
+                                    const std::vector<LocatedOverride>& overrides, std::int64_t world_size);
+
 // The resolved config as TOML: every section and key, defaults and derived values filled in.
 // parse_config(to_toml(c)) gives c back.
 std::string to_toml(const RunConfig& c);
