@@ -1,4 +1,7 @@
 // `nsatron train CONFIG`: validates the config, then runs the training driver.
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <memory>
 
@@ -12,7 +15,7 @@
 namespace nsatron {
 
 static const char* kTrainHelp =
-    "usage: nsatron train CONFIG [--set section.key=value]... [--overwrite]\n"
+    "usage: nsatron train CONFIG [--set section.key=value]... [--overwrite] [--done-file PATH]\n"
     "\n"
     "Trains the model CONFIG describes (see docs/config.md). The config is validated before\n"
     "anything starts; errors go to stderr as FILE:LINE:COL: section.key: what is wrong.\n"
@@ -22,6 +25,10 @@ static const char* kTrainHelp =
     "a checkpoint.dir that already holds checkpoints unless --overwrite is given; a path resumes\n"
     "from that checkpoint. SIGTERM or SIGUSR1 finish the current step, save a checkpoint and exit.\n"
     "\n"
+    "--done-file PATH: once every step of train.steps is done (not when stopped early), rank 0\n"
+    "writes PATH: a JSON record of the steps, the final losses and the time (nsatron sweep\n"
+    "marks a finished run so).\n"
+    "\n"
     "exit codes: 0 done; 1 failed; 2 bad input (config, data, checkpoint);\n"
     "            3 stopped by SIGTERM/SIGUSR1 after saving a checkpoint (requeue to continue)\n"
     "\n"
@@ -30,8 +37,29 @@ static const char* kTrainHelp =
     "dp = N / (tp * pp). Rank 0 prints the log; other ranks print only their errors, naming\n"
     "their rank. A signal to any rank stops every rank after the same step, with a checkpoint.\n";
 
+namespace {
+
+// The --done-file record, written whole or not at all (a temporary file renamed over it).
+void write_done_file(const std::string& path, const RunConfig& cfg, const TrainSummary& s) {
+  const std::filesystem::path p(path), tmp = p.string() + ".tmp";
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << std::setprecision(9) << "{\"steps\": " << cfg.train.steps << ", \"final_train_loss\": " << s.last_loss
+      << ", \"final_val_loss\": ";
+    if (s.last_val_loss >= 0) f << s.last_val_loss;
+    else f << "null";
+    f << ", \"skipped_steps\": " << s.skipped_steps << ", \"wall_s\": " << s.wall_s << ", \"config\": \""
+      << cfg.source << "\"}\n";
+    if (!f.flush()) throw EnvironmentError("cannot write the done file '" + tmp.string() + "'");
+  }
+  std::filesystem::rename(tmp, p);
+}
+
+}  // namespace
+
 int train_main(const std::vector<std::string>& argv) {
-  Args args("train", argv, {"--set"}, {"--help", "-h", "--overwrite"});
+  Args args("train", argv, {"--set", "--done-file"}, {"--help", "-h", "--overwrite"});
   if (args.has("--help") || args.has("-h")) {
     std::cout << kTrainHelp;
     return 0;
@@ -52,6 +80,8 @@ int train_main(const std::vector<std::string>& argv) {
     TrainOptions options;
     options.overwrite = args.has("--overwrite");
     TrainSummary summary = run_training(cfg, out, *world, options);
+    if (const auto done = args.get("--done-file"); done && summary.finished && world->rank() == 0)
+      write_done_file(*done, cfg, summary);
     std::cout.flush();
     return summary.stopped_by_signal ? kExitStoppedBySignal : 0;
   } catch (const JobError& e) {  // every rank stops here together: exit normally (MPI_Finalize)

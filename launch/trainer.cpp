@@ -28,6 +28,7 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
   }
   train::save_final_checkpoint(run);
   train::log_done(run);
+  run.summary.finished = true;
   return run.summary;
 }
 

@@ -30,6 +30,8 @@ struct TrainSummary {
   double last_val_loss = -1;  // -1: no validation ran
   double first_val_loss = -1;
   bool stopped_by_signal = false;  // SIGTERM/SIGUSR1: a checkpoint was saved, exit kExitStoppedBySignal
+  bool finished = false;           // every step of train.steps is done (not stopped early)
+  double wall_s = 0;               // this process's time, start-up included
 };
 
 struct TrainOptions {

@@ -110,6 +110,7 @@ void log_done(Run& run) {
   run.bar.clear();
   const TrainSummary& s = run.summary;
   const double total = std::chrono::duration<double>(Clock::now() - run.started).count();
+  run.summary.wall_s = total;
   run.out << "\ndone: " << s.steps_done << " steps in " << human_duration(total) << ", final train loss " << std::fixed
           << std::setprecision(4) << s.last_loss;
   if (s.last_val_loss >= 0) run.out << ", val loss " << s.first_val_loss << " -> " << s.last_val_loss;
