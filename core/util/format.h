@@ -19,7 +19,11 @@ inline std::string human_bytes(double b) {
 inline std::string human_count(double x) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(1);
-  if (x >= 1e9) os << x / 1e9 << "G";
+  if (x >= 1e21) os << x / 1e21 << "Z";
+  else if (x >= 1e18) os << x / 1e18 << "E";
+  else if (x >= 1e15) os << x / 1e15 << "P";
+  else if (x >= 1e12) os << x / 1e12 << "T";
+  else if (x >= 1e9) os << x / 1e9 << "G";
   else if (x >= 1e6) os << x / 1e6 << "M";
   else if (x >= 1e3) os << x / 1e3 << "k";
   else os << std::setprecision(0) << x;
