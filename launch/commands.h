@@ -15,5 +15,6 @@ inline constexpr bool kBuiltWithCuda = false;
 int config_main(const std::vector<std::string>& args);
 int train_main(const std::vector<std::string>& args);
 int sample_main(const std::vector<std::string>& args);
+int sweep_main(const std::vector<std::string>& args);
 
 }  // namespace nsatron

@@ -42,6 +42,7 @@ const std::vector<Command>& commands() {
       {"data", "prepare and inspect token shards", data::data_main},
       {"ckpt", "inspect and verify checkpoints", checkpoint::ckpt_main},
       {"sample", "generate text from a checkpoint", sample_main},
+      {"sweep", "plan, run and report a scaling study (a grid of runs)", sweep_main},
       {"nsa-parity", "run the NSA core on inputs from an HDF5 file, for comparison", nsa::parity_main},
       {"version", "print the version and build", version_main},
   };

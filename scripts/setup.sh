@@ -16,6 +16,6 @@ $APT install -y -q --no-install-recommends \
   libboost-dev \
   libgtest-dev libgmock-dev googletest libbenchmark-dev \
   libopenblas-dev \
-  python3 python3-torch python3-h5py python3-numpy \
+  python3 python3-torch python3-h5py python3-numpy python3-scipy python3-matplotlib \
   bible-kjv bible-kjv-text \
   slurm-wlm munge
