@@ -6,11 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
 NSATRON=./build/launch/nsatron
-mkdir -p runs/kjv
-if [ ! -f runs/kjv/data/train_000000.bin ]; then
-  bible Gen1:1-Rev22:21 </dev/null >runs/kjv/kjv.txt   # Debian's bible-kjv: 4.3 MB of text
-  $NSATRON data prepare --input runs/kjv/kjv.txt --output runs/kjv/data --tokenizer bytes --val-fraction 0.05
-fi
+bash scripts/kjv_data.sh   # Debian's bible-kjv as byte-level token shards in runs/kjv/data
 $NSATRON train configs/demo_cpu.toml --set checkpoint.resume=never --overwrite "$@"
 echo
 echo "== sample from the trained model (nsatron sample --checkpoint runs/kjv/checkpoints ...)"

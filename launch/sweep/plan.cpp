@@ -126,6 +126,7 @@ std::vector<PlanRow> make_plan(const Sweep& sweep, const std::vector<PlannedRun>
   SpeedTable table;
   if (!options.throughput_csv.empty()) table = read_speed_table(options.throughput_csv);
   const fs::path scratch = fs::path(sweep.out) / ".calibrate";
+  std::map<std::string, double> calibrated;  // runs that differ only in their steps share a speed
   for (const auto& run : runs) {
     PlanRow row;
     row.run = &run;
@@ -142,7 +143,12 @@ std::vector<PlanRow> make_plan(const Sweep& sweep, const std::vector<PlannedRun>
                     (cuda ? " (--gpu-memory)" : " (this machine's memory / ranks)");
     }
     if (options.calibrate_steps > 0 && row.fits) {
-      row.tokens_per_s = calibrate(run, options.calibrate_steps, scratch, runner);
+      RunConfig same = run.config;
+      same.train.steps = 1;
+      same.checkpoint.dir = same.log.metrics = "";
+      double& speed = calibrated[to_toml(same)];
+      if (speed == 0) speed = calibrate(run, options.calibrate_steps, scratch, runner);
+      row.tokens_per_s = speed;
       row.speed_source = "calibrated here (" + std::to_string(options.calibrate_steps) + " steps)";
     } else if (const auto it = table.tokens_per_s.find(run.name); it != table.tokens_per_s.end()) {
       row.tokens_per_s = it->second;

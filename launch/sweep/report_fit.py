@@ -316,6 +316,13 @@ def _at_bounds(popt, bounds, names):
     return hit
 
 
+def _mark_bounds(fit):
+    """Flags each parameter that ended on a bound ("at_bound": true): its covariance error is
+    not a standard error there, and the summary prints the value alone."""
+    for name in fit["at_bounds"]:
+        fit["params"][name]["at_bound"] = True
+
+
 def _value(v, var):
     s = math.sqrt(var) if math.isfinite(var) and var >= 0 else None
     return {"value": float(v), "stderr": s}
@@ -377,6 +384,7 @@ def fit_compute_law(C, L):
         "C_range": [float(C.min()), float(C.max())],
         "at_bounds": _at_bounds([E, lnA, a], bounds, ["E", "A", "a"]),
     })
+    _mark_bounds(out)
     return out
 
 
@@ -446,6 +454,7 @@ def fit_nd_law(N, D, L):
         "rms_log_residual": rms,
         "at_bounds": _at_bounds([E, lnA, a, lnB, b], bounds, ["E", "A", "a", "B", "b"]),
     })
+    _mark_bounds(out)
     return out
 
 
@@ -849,6 +858,8 @@ def fmt_sci(x):
 
 
 def pm(param):
+    if param.get("at_bound"):
+        return f"{param['value']:.3g} (at its bound)"
     return fmt_pm(param["value"], param["stderr"])
 
 

@@ -248,11 +248,64 @@ int run_here(const Sweep& sweep, const std::vector<PlannedRun>& runs, const Runn
   return failed ? 1 : 0;
 }
 
+namespace {
+
+// The array script of the runs at `array` (indices into runs.txt) that need `ranks` ranks.
+std::string array_script(const Sweep& sweep, std::int64_t ranks, const std::string& array, const fs::path& slurm_dir,
+                         const std::string& nsatron, const std::string& train_sbatch) {
+  std::ostringstream s;
+  s << "#!/bin/bash\n"
+    << "# Written by `nsatron sweep run --slurm " << sweep.file << "`: one array task per run of the study\n"
+    << "# (the line of runs.txt at the task's index), trained by launch/slurm/train.sbatch, which\n"
+    << "# checkpoints on SIGUSR1 and requeues the task; a requeued task resumes its run.\n"
+    << "#SBATCH --job-name=" << sweep.name << "\n"
+    << "#SBATCH --array=" << array << "\n"
+    << "#SBATCH --ntasks=" << ranks << "\n"
+    << "#SBATCH --signal=USR1@90\n"
+    << "#SBATCH --requeue\n"
+    << "#SBATCH --open-mode=append\n"
+    << "#SBATCH --chdir=" << fs::current_path().string() << "\n"
+    << "#SBATCH --output=" << (slurm_dir / "%x-%A_%a.out").string() << "\n"
+    << "set -u\n"
+    << "run_dir=$(sed -n \"$((SLURM_ARRAY_TASK_ID + 1))p\" '" << (slurm_dir / "runs.txt").string() << "')\n"
+    << "[ -n \"$run_dir\" ] || { echo \"no run at index $SLURM_ARRAY_TASK_ID\" >&2; exit 2; }\n"
+    << "exec >>\"$run_dir/run.log\" 2>&1\n"
+    << "if [ -f \"$run_dir/done.json\" ]; then echo \"== $run_dir is done\"; exit 0; fi\n"
+    << "export NSATRON='" << nsatron << "'\n"
+    << "bash '" << train_sbatch << "' \"$run_dir/config.toml\" --done-file \"$run_dir/done.json\"\n"
+    << "rc=$?\n"
+    << "if [ \"$rc\" -ne 0 ]; then\n"
+    << "  printf '{\"exit_code\": %d, \"why\": \"slurm job %s: see run.log\"}\\n' \"$rc\" \"$SLURM_JOB_ID\" "
+       ">\"$run_dir/failed.json\"\n"
+    << "fi\n"
+    << "exit \"$rc\"\n";
+  return s.str();
+}
+
+// Runs argv (each argument quoted for the shell) and returns its exit status and output.
+std::pair<int, std::string> run_capture(const std::vector<std::string>& argv) {
+  std::string cmd;
+  for (const auto& a : argv) {
+    std::string q = "'";
+    for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    cmd += (cmd.empty() ? "" : " ") + q + "'";
+  }
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) throw EnvironmentError("cannot run " + argv.front());
+  std::string reply;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, p)) reply += buf;
+  const int status = ::pclose(p);
+  while (!reply.empty() && (reply.back() == '\n' || reply.back() == ' ')) reply.pop_back();
+  return {status, reply};
+}
+
+}  // namespace
+
 int run_on_slurm(const Sweep& sweep, const std::vector<PlannedRun>& runs, const RunnerOptions& options,
                  std::ostream& out) {
   write_run_configs(sweep, runs);
-  const fs::path out_dir = fs::absolute(sweep.out);
-  const fs::path slurm_dir = out_dir / "slurm";
+  const fs::path slurm_dir = fs::absolute(sweep.out) / "slurm";
   fs::create_directories(slurm_dir);
   std::string list;
   for (const auto& r : runs) list += fs::absolute(r.dir).string() + "\n";
@@ -261,80 +314,45 @@ int run_on_slurm(const Sweep& sweep, const std::vector<PlannedRun>& runs, const 
   const std::string train_sbatch = std::string(NSATRON_SOURCE_DIR) + "/launch/slurm/train.sbatch";
   if (!fs::exists(train_sbatch)) throw EnvironmentError("cannot find " + train_sbatch + " (the source tree moved?)");
 
-  std::map<std::int64_t, std::vector<std::size_t>> todo;  // ranks -> the indices of runs not done
+  std::map<std::int64_t, std::string> todo;  // ranks -> the indices of the runs not done ("0,2,5")
+  std::map<std::int64_t, std::size_t> counts;
   for (std::size_t i = 0; i < runs.size(); ++i)
-    if (run_state(runs[i].dir) != RunState::Done) todo[runs[i].ranks].push_back(i);
+    if (run_state(runs[i].dir) != RunState::Done) {
+      std::string& array = todo[runs[i].ranks];
+      array += (array.empty() ? "" : ",") + std::to_string(i);
+      ++counts[runs[i].ranks];
+    }
   if (todo.empty()) {
     out << "sweep " << sweep.name << ": all " << runs.size() << " runs are done; nothing to submit\n";
     return 0;
   }
   int rc = 0;
-  for (const auto& [ranks, indices] : todo) {
-    std::string array;
-    for (std::size_t i : indices) array += (array.empty() ? "" : ",") + std::to_string(i);
-    const fs::path script = slurm_dir / ("array_" + std::to_string(ranks) + "ranks.sbatch");
-    std::ostringstream s;
-    s << "#!/bin/bash\n"
-      << "# Written by `nsatron sweep run --slurm " << sweep.file << "`: one array task per run of the study\n"
-      << "# (the line of runs.txt at the task's index), trained by launch/slurm/train.sbatch, which\n"
-      << "# checkpoints on SIGUSR1 and requeues the task; a requeued task resumes its run.\n"
-      << "#SBATCH --job-name=" << sweep.name << "\n"
-      << "#SBATCH --array=" << array << "\n"
-      << "#SBATCH --ntasks=" << ranks << "\n"
-      << "#SBATCH --signal=USR1@90\n"
-      << "#SBATCH --requeue\n"
-      << "#SBATCH --open-mode=append\n"
-      << "#SBATCH --chdir=" << fs::current_path().string() << "\n"
-      << "#SBATCH --output=" << (slurm_dir / "%x-%A_%a.out").string() << "\n"
-      << "set -u\n"
-      << "run_dir=$(sed -n \"$((SLURM_ARRAY_TASK_ID + 1))p\" '" << (slurm_dir / "runs.txt").string() << "')\n"
-      << "[ -n \"$run_dir\" ] || { echo \"no run at index $SLURM_ARRAY_TASK_ID\" >&2; exit 2; }\n"
-      << "exec >>\"$run_dir/run.log\" 2>&1\n"
-      << "if [ -f \"$run_dir/done.json\" ]; then echo \"== $run_dir is done\"; exit 0; fi\n"
-      << "export NSATRON='" << nsatron << "'\n"
-      << "bash '" << train_sbatch << "' \"$run_dir/config.toml\" --done-file \"$run_dir/done.json\"\n"
-      << "rc=$?\n"
-      << "if [ \"$rc\" -ne 0 ]; then\n"
-      << "  printf '{\"exit_code\": %d, \"why\": \"slurm job %s: see run.log\"}\\n' \"$rc\" \"$SLURM_JOB_ID\" "
-         ">\"$run_dir/failed.json\"\n"
-      << "fi\n"
-      << "exit \"$rc\"\n";
-    write_file(script, s.str());
+  for (const auto& [ranks, array] : todo) {
+    const std::string base = "array_" + std::to_string(ranks) + "ranks";
+    const fs::path script = slurm_dir / (base + ".sbatch");
+    write_file(script, array_script(sweep, ranks, array, slurm_dir, nsatron, train_sbatch));
     fs::permissions(script, fs::perms::owner_exec, fs::perm_options::add);
     std::vector<std::string> argv = {"sbatch", "--parsable"};
     argv.insert(argv.end(), options.sbatch_args.begin(), options.sbatch_args.end());
     argv.push_back(script.string());
-    std::string shown;
-    for (const auto& a : argv) shown += (shown.empty() ? "" : " ") + a;
+    const std::string what = std::to_string(counts[ranks]) + " run(s) of " + std::to_string(ranks) + " rank(s)";
     if (!options.submit) {
-      out << "wrote " << script.string() << " (" << indices.size() << " runs of " << ranks
-          << " rank(s)); submit with: " << shown << "\n";
+      std::string shown;
+      for (const auto& a : argv) shown += (shown.empty() ? "" : " ") + a;
+      out << "wrote " << script.string() << " (" << what << "); submit with: " << shown << "\n";
       continue;
     }
-    std::string cmd;
-    for (const auto& a : argv) {
-      std::string q = "'";
-      for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-      cmd += (cmd.empty() ? "" : " ") + q + "'";
-    }
-    FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-    if (!p) throw EnvironmentError("cannot run sbatch");
-    std::string reply;
-    char buf[256];
-    while (std::fgets(buf, sizeof buf, p)) reply += buf;
-    const int status = ::pclose(p);
-    while (!reply.empty() && (reply.back() == '\n' || reply.back() == ' ')) reply.pop_back();
+    const auto [status, reply] = run_capture(argv);
     if (status != 0) {
       out << "sbatch failed for " << script.string() << ": " << reply << "\n";
       rc = 1;
       continue;
     }
     const std::string job = reply.substr(0, reply.find(';'));
-    write_file(slurm_dir / ("array_" + std::to_string(ranks) + "ranks.job"), job + "\n");
-    out << "submitted job array " << job << ": " << indices.size() << " run(s) of " << ranks << " rank(s), tasks "
-        << array << " (" << script.string() << ")\n";
+    write_file(slurm_dir / (base + ".job"), job + "\n");
+    out << "submitted job array " << job << ": " << what << ", tasks " << array << " (" << script.string() << ")\n";
   }
-  if (rc == 0)
+  if (rc == 0 && options.submit)
     out << "follow it with squeue, and `nsatron sweep plan " << sweep.file << "` (the state column); each run logs to "
         << "OUT/<run>/run.log\n";
   return rc;

@@ -4,7 +4,9 @@
 // the report lists every run.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -83,6 +85,15 @@ TEST_F(SweepRun, RunsEveryRunOnceAndPlanAndReportAgreeWithTheTrainer) {
   EXPECT_EQ(csv.rfind("run,status,model.d_model,budget,attention,layout,device,params,", 0), 0u) << csv;
   EXPECT_EQ(count_of(csv, ",done,"), 4) << csv;
   EXPECT_NE(csv.find(std::string(kRuns[1]) + ",done,32,tok-20.48k,nsa,tp1.pp1.dp1,cpu,"), std::string::npos) << csv;
+
+  // A done run whose metrics are gone is reported as corrupt and left out; the others stay.
+  fs::remove(run_dir("study", kRuns[2]) / "metrics.jsonl");
+  report = run_nsatron("sweep report " + (dir_ / "out" / "study").string() + " --no-fit");
+  ASSERT_EQ(report.code, 0) << report.out << report.err;
+  EXPECT_NE(report.out.find("(1 corrupt, 3 done)"), std::string::npos) << report.out;
+  EXPECT_NE(report.out.find(std::string("not in the fits: ") + kRuns[2] + ": corrupt (done.json but no metrics.jsonl)"),
+            std::string::npos)
+      << report.out;
 }
 
 TEST_F(SweepRun, AFailedRunIsReportedAndTheOthersGoOn) {
@@ -172,4 +183,20 @@ TEST_F(SweepRun, BadSweepStartsNothing) {
   CommandResult report = run_nsatron("sweep report " + (dir_ / "nowhere").string());
   EXPECT_EQ(report.code, 2);
   EXPECT_NE(report.err.find("is not a sweep's folder"), std::string::npos) << report.err;
+}
+
+TEST_F(SweepRun, OneSweepRunAtATimePerStudy) {
+  const std::string sweep = write_sweep("locked");
+  // Another `sweep run` of the same study holds OUT/.lock (flock, as the runner takes it).
+  fs::create_directories(dir_ / "out" / "locked");
+  const int fd = ::open((dir_ / "out" / "locked" / ".lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  CommandResult run = run_nsatron("sweep run " + sweep);
+  EXPECT_EQ(run.code, 2) << run.out << run.err;
+  EXPECT_NE(run.err.find("another `sweep run` is working on"), std::string::npos) << run.err;
+  EXPECT_FALSE(fs::exists(run_dir("locked", kRuns[0]) / "metrics.jsonl"));
+  ::close(fd);  // released: now it runs
+  run = run_nsatron("sweep run " + sweep);
+  EXPECT_EQ(run.code, 0) << run.out << run.err;
 }
