@@ -4,6 +4,8 @@
 
 #include <toml++/toml.h>
 
+#include "core/config/toml_text.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -310,28 +312,6 @@ std::string value_text(const Key& k, RunConfig& c) {
   return "";
 }
 
-std::string node_type_name(const toml::node& n) {
-  switch (n.type()) {
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::table: return "a table";
-    default: return "a date/time";
-  }
-}
-
-std::string node_text(const toml::node& n) {
-  std::ostringstream os;
-  n.visit([&](auto&& v) { os << v; });
-  return os.str();
-}
-
-std::string position(const std::string& source, const toml::source_region& r) {
-  return source + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
-}
-
 // Collects errors with their locations while a config is read.
 struct Validator {
   std::string source;
@@ -368,8 +348,8 @@ struct Validator {
   void assign(const Key& k, const toml::node& n, const std::string& loc, RunConfig& c) {
     void* f = k.field(c);
     auto wrong = [&] {
-      error_at(loc, k.path(), "expected " + with_article(kind_name(k.kind)) + ", got " + node_type_name(n) +
-                                  " (" + node_text(n) + ")");
+      error_at(loc, k.path(), "expected " + with_article(kind_name(k.kind)) + ", got " + toml_type_name(n) +
+                                  " (" + toml_value_text(n) + ")");
     };
     switch (k.kind) {
       case Kind::Int:
@@ -448,7 +428,7 @@ struct Validator {
 void read_table(const toml::table& root, Validator& v, RunConfig& c) {
   for (auto&& [sec_key, sec_node] : root) {
     std::string sec(sec_key.str());
-    std::string sec_loc = position(v.source, sec_key.source());
+    std::string sec_loc = toml_position(v.source, sec_key.source());
     const auto& order = section_order();
     if (std::find(order.begin(), order.end(), sec) == order.end()) {
       std::string where_else;
@@ -460,13 +440,13 @@ void read_table(const toml::table& root, Validator& v, RunConfig& c) {
       continue;
     }
     if (!sec_node.is_table()) {
-      v.error_at(sec_loc, sec, "must be a table ([" + sec + "]), got " + node_type_name(sec_node));
+      v.error_at(sec_loc, sec, "must be a table ([" + sec + "]), got " + toml_type_name(sec_node));
       continue;
     }
     v.where[sec] = sec_loc;
     for (auto&& [k, n] : *sec_node.as_table()) {
       std::string name(k.str());
-      std::string loc = position(v.source, k.source());
+      std::string loc = toml_position(v.source, k.source());
       const Key* key_def = find_key(sec, name);
       if (!key_def) {
         std::vector<std::string> same_section;
@@ -627,7 +607,7 @@ RunConfig parse_config_with_origins(std::string_view text, const std::string& so
   try {
     root = toml::parse(text, std::string_view(source_name));
   } catch (const toml::parse_error& e) {
-    throw ConfigError({position(source_name, e.source()) + ": TOML syntax error: " + std::string(e.description())});
+    throw ConfigError({toml_position(source_name, e.source()) + ": TOML syntax error: " + std::string(e.description())});
   }
   read_table(root, v, c);
   for (const auto& o : overrides) apply_override(o, v, c);

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/config/toml_text.h"
 #include "core/model/model.h"
 #include "core/model/plan.h"
 
@@ -43,35 +44,12 @@ std::string safe_label(const std::string& s, bool underscore = false) {
   return out.empty() ? "-" : out;
 }
 
-std::string position(const std::string& file, const toml::source_region& r) {
-  return file + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
-}
-
-std::string node_type_name(const toml::node& n) {
-  switch (n.type()) {
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::table: return "a table";
-    default: return "a date/time";
-  }
-}
-
-// A value as TOML text (strings quoted), the form LocatedOverride takes after the '='.
-std::string toml_text(const toml::node& n) {
-  std::ostringstream os;
-  n.visit([&](auto&& v) { os << v; });
-  return os.str();
-}
-
 // The value's label in a run name: strings as they are, numbers short.
 std::string value_label(const toml::node& n) {
   if (n.is_string()) return safe_label(n.as_string()->get());
   if (n.is_integer()) return short_number(double(n.as_integer()->get()));
   if (n.is_floating_point()) return short_number(n.as_floating_point()->get());
-  return safe_label(toml_text(n));
+  return safe_label(toml_value_text(n));
 }
 
 // Entries of a table in the order they appear in the file (toml++ keeps them sorted by key).
@@ -94,10 +72,10 @@ struct Reader {
   std::string file;
   std::vector<std::string> errors;
   void error(const toml::node& at, const std::string& key, const std::string& msg) {
-    errors.push_back(position(file, at.source()) + ": " + key + ": " + msg);
+    errors.push_back(toml_position(file, at.source()) + ": " + key + ": " + msg);
   }
   void error_at(const toml::source_region& at, const std::string& key, const std::string& msg) {
-    errors.push_back(position(file, at) + ": " + key + ": " + msg);
+    errors.push_back(toml_position(file, at) + ": " + key + ": " + msg);
   }
 
   // A config key ("section.key") and a value: an override, or an error when the key has no dot
@@ -112,7 +90,7 @@ struct Reader {
       error(value, where, "expected a value for " + key + ", got a table");
       return false;
     }
-    out.push_back({key + "=" + toml_text(value), position(file, value.source())});
+    out.push_back({key + "=" + toml_value_text(value), toml_position(file, value.source())});
     return true;
   }
 
@@ -121,7 +99,7 @@ struct Reader {
     Budget b;
     if (!n.is_table()) {
       error(n, where, "a budget is a table: { tokens = N }, { tokens_per_param = X } or { flops = F }; got " +
-                          node_type_name(n));
+                          toml_type_name(n));
       return b;
     }
     const auto& t = *n.as_table();
@@ -144,12 +122,12 @@ struct Reader {
       return Budget{};
     }
     if (!v.is_number()) {
-      error(v, where + "." + name, "expected a number, got " + node_type_name(v));
+      error(v, where + "." + name, "expected a number, got " + toml_type_name(v));
       return Budget{};
     }
     b.value = v.is_integer() ? double(v.as_integer()->get()) : v.as_floating_point()->get();
     if (!(b.value > 0) || !std::isfinite(b.value)) {
-      error(v, where + "." + name, "must be above zero, got " + toml_text(v));
+      error(v, where + "." + name, "must be above zero, got " + toml_value_text(v));
       return Budget{};
     }
     return b;
@@ -166,11 +144,11 @@ struct Reader {
       if (key == "budget") {
         s.budget = budget(n, path);
       } else if (key == "ranks") {
-        if (!n.is_integer()) error(n, path, "expected an integer, got " + node_type_name(n));
-        else if (n.as_integer()->get() < 1) error(n, path, "must be at least 1, got " + toml_text(n));
+        if (!n.is_integer()) error(n, path, "expected an integer, got " + toml_type_name(n));
+        else if (n.as_integer()->get() < 1) error(n, path, "must be at least 1, got " + toml_value_text(n));
         else s.ranks = n.as_integer()->get();
       } else if (!n.is_string()) {
-        error(n, path, "expected a string, got " + node_type_name(n));
+        error(n, path, "expected a string, got " + toml_type_name(n));
       } else if (n.as_string()->get().empty()) {
         error(n, path, "must not be empty");
       } else {
@@ -192,7 +170,7 @@ struct Reader {
       const toml::node& n = *node;
       const std::string where = "axes." + (name.find('.') != std::string::npos ? "\"" + name + "\"" : name);
       if (!n.is_array()) {
-        error(n, where, "an axis is an array of values, got " + node_type_name(n));
+        error(n, where, "an axis is an array of values, got " + toml_type_name(n));
         continue;
       }
       const auto& values = *n.as_array();
@@ -226,14 +204,14 @@ struct Reader {
           av.label = std::to_string(index++);
           if (!v.is_table()) {
             error(v, where, "a grouped axis (a name without a dot) takes tables of \"section.key\" = value; got " +
-                                node_type_name(v) + " (for one key, name the axis by the key: \"model.d_model\" = [...])");
+                                toml_type_name(v) + " (for one key, name the axis by the key: \"model.d_model\" = [...])");
             axis.values.push_back(av);
             continue;
           }
           for (const auto& [key, value] : in_file_order(*v.as_table())) {
             if (key == "name") {
               if (!value->is_string() || value->as_string()->get().empty())
-                error(*value, where + ".name", "expected a non-empty string, got " + toml_text(*value));
+                error(*value, where + ".name", "expected a non-empty string, got " + toml_value_text(*value));
               else av.label = safe_label(value->as_string()->get());
               continue;
             }
@@ -270,7 +248,7 @@ Sweep parse_sweep(const std::string& text, const std::string& path) {
   try {
     root = toml::parse(text, std::string_view(path));
   } catch (const toml::parse_error& e) {
-    throw SweepError({position(path, e.source()) + ": TOML syntax error: " + std::string(e.description())});
+    throw SweepError({toml_position(path, e.source()) + ": TOML syntax error: " + std::string(e.description())});
   }
   Sweep s;
   s.file = path;
@@ -281,7 +259,7 @@ Sweep parse_sweep(const std::string& text, const std::string& path) {
       continue;
     }
     if (!n.is_table()) {
-      r.error(n, sec, "must be a table ([" + sec + "]), got " + node_type_name(n));
+      r.error(n, sec, "must be a table ([" + sec + "]), got " + toml_type_name(n));
       continue;
     }
     if (sec == "sweep") r.read_sweep_section(*n.as_table(), s);
