@@ -17,7 +17,7 @@ for core in ${cores//,/ }; do
   for th in ${threads//,/ }; do
     log=blas_variants/${core}_${th}.log
     OPENBLAS_CORETYPE=$core OMP_NUM_THREADS=$th OPENBLAS_NUM_THREADS=$th OMP_WAIT_POLICY=PASSIVE \
-      ctest -j"$(nproc)" --timeout 900 -LE gpu "$@" >"$log" 2>&1
+      ctest -j"$(nproc)" --timeout 900 --output-on-failure -LE gpu "$@" >"$log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && status=1
     printf '%-12s threads %s: %s\n' "$core" "$th" "$(grep -E 'tests passed' "$log" || echo "ctest exit $rc")"

@@ -62,3 +62,29 @@ for i in $(seq 1 60); do
   sleep 0.5
 done
 sinfo
+
+# A small corpus prepared into $W/data, and the [model], [nsa] and [data] sections of a tiny
+# NSA model that reads it (each test adds its own [train] and the rest): tiny_run_config FILE.
+tiny_run_config() {
+  for i in $(seq 1 1500); do echo "the cat sat on the mat. a dog ran in the park. we read at night."; done > "$W/corpus.txt"
+  "$NSATRON" data prepare --input "$W/corpus.txt" --output "$W/data" --tokenizer bytes --val-fraction 0.1 >/dev/null
+  cat > "$1" <<CONF
+[model]
+vocab_size = 256
+d_model = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+head_dim = 8
+ffn_hidden = 64
+[nsa]
+cmp_block = 8
+cmp_stride = 4
+sel_block = 8
+sel_count = 3
+window = 16
+[data]
+train = "$W/data/train_*.bin"
+val = "$W/data/val_*.bin"
+CONF
+}

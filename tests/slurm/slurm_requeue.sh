@@ -16,24 +16,8 @@ SRC=$(readlink -f "$2")
 . "$SRC/tests/slurm/slurm_cluster.sh"
 
 # A small corpus and a tiny NSA model.
-python_free_text() { for i in $(seq 1 1500); do echo "the cat sat on the mat. a dog ran in the park. we read at night."; done; }
-python_free_text > corpus.txt
-"$NSATRON" data prepare --input corpus.txt --output data --tokenizer bytes --val-fraction 0.1 >/dev/null
-cat > tiny.toml <<CONF
-[model]
-vocab_size = 256
-d_model = 32
-n_layers = 2
-n_heads = 4
-n_kv_heads = 2
-head_dim = 8
-ffn_hidden = 64
-[nsa]
-cmp_block = 8
-cmp_stride = 4
-sel_block = 8
-sel_count = 3
-window = 16
+tiny_run_config tiny.toml
+cat >> tiny.toml <<CONF
 [train]
 seq_len = 64
 micro_batch = 4
@@ -44,9 +28,6 @@ eval_every = 0
 lr = 1e-2
 min_lr = 1e-3
 warmup_steps = 5
-[data]
-train = "$W/data/train_*.bin"
-val = "$W/data/val_*.bin"
 [log]
 every = 500
 [parallel]

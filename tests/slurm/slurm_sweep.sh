@@ -9,22 +9,8 @@ NSATRON=$(readlink -f "$1")
 SRC=$(readlink -f "$2")
 . "$SRC/tests/slurm/slurm_cluster.sh"
 
-for i in $(seq 1 1500); do echo "the cat sat on the mat. a dog ran in the park. we read at night."; done > corpus.txt
-"$NSATRON" data prepare --input corpus.txt --output data --tokenizer bytes --val-fraction 0.1 >/dev/null
-cat > tiny.toml <<CONF
-[model]
-d_model = 32
-n_layers = 2
-n_heads = 4
-n_kv_heads = 2
-head_dim = 8
-ffn_hidden = 64
-[nsa]
-cmp_block = 8
-cmp_stride = 4
-sel_block = 8
-sel_count = 3
-window = 16
+tiny_run_config tiny.toml
+cat >> tiny.toml <<CONF
 [train]
 seq_len = 64
 micro_batch = 4
@@ -35,19 +21,16 @@ eval_batches = 2
 lr = 1e-2
 min_lr = 1e-3
 warmup_steps = 5
-[data]
-train = "$W/data/train_*.bin"
-val = "$W/data/val_*.bin"
 [log]
 every = 500
 CONF
-# The same study twice, into two folders: locally, and on Slurm. 400 steps of 512 tokens each.
+# The same study twice, into two folders: locally, and on Slurm. 1500 steps of 512 tokens each.
 for where in local slurm; do
   cat > sweep_$where.toml <<CONF
 [sweep]
 base = "tiny.toml"
 out = "$W/runs/$where"
-budget = { tokens = 204800 }
+budget = { tokens = 768000 }
 [set]
 "checkpoint.every" = 50
 [axes]
@@ -70,10 +53,10 @@ jid=$(cat runs/slurm/slurm/array_1ranks.job)
 # Signal the middle run (array task 1) once it is well under way.
 m=runs/slurm/d_model-32/metrics.jsonl
 for i in $(seq 1 $(( 4 * wait_seconds ))); do
-  [ -f "$m" ] && [ "$(grep -c '"loss"' "$m")" -ge 120 ] && break
+  [ -f "$m" ] && [ "$(grep -c '"loss"' "$m")" -ge 200 ] && break
   sleep 0.25
 done
-[ "$(grep -c '"loss"' "$m")" -ge 120 ] || { echo "FAIL: task 1 never got going"; cat runs/slurm/*/run.log; exit 1; }
+[ "$(grep -c '"loss"' "$m")" -ge 200 ] || { echo "FAIL: task 1 never got going"; cat runs/slurm/*/run.log; exit 1; }
 scancel -s USR1 "${jid}_1"
 for i in $(seq 1 120); do
   scontrol show job "${jid}_1" | grep -q "Restarts=1" && break
@@ -98,9 +81,9 @@ for r in $runs; do
   [ -f runs/slurm/$r/done.json ] || { cat runs/slurm/$r/run.log; echo "FAIL: $r has no done.json"; exit 1; }
   step_losses runs/local/$r/metrics.jsonl >local.loss
   step_losses runs/slurm/$r/metrics.jsonl >slurm.loss
-  [ "$(wc -l <local.loss)" -eq 400 ] || { echo "FAIL: local $r has $(wc -l <local.loss) steps"; exit 1; }
+  [ "$(wc -l <local.loss)" -eq 1500 ] || { echo "FAIL: local $r has $(wc -l <local.loss) steps"; exit 1; }
   diff local.loss slurm.loss >/dev/null || { diff local.loss slurm.loss | head; echo "FAIL: $r losses differ"; exit 1; }
-  echo "$r: 400 steps, final $(tail -1 slurm.loss)"
+  echo "$r: 1500 steps, final $(tail -1 slurm.loss)"
 done
 
 echo "== submitted again: nothing left to run"

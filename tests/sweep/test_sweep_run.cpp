@@ -86,6 +86,17 @@ TEST_F(SweepRun, RunsEveryRunOnceAndPlanAndReportAgreeWithTheTrainer) {
   EXPECT_EQ(count_of(csv, ",done,"), 4) << csv;
   EXPECT_NE(csv.find(std::string(kRuns[1]) + ",done,32,tok-20.48k,nsa,tp1.pp1.dp1,cpu,"), std::string::npos) << csv;
 
+  // The wall time from that report (each run's own speed), and from a calibration here.
+  plan = run_nsatron("sweep plan " + sweep + " --throughput " + (dir_ / "out" / "study" / "results.csv").string());
+  ASSERT_EQ(plan.code, 0) << plan.err;
+  EXPECT_NE(plan.out.find("wall time: from the same run in"), std::string::npos) << plan.out;
+  EXPECT_EQ(plan.out.find("   - done"), std::string::npos) << plan.out;  // no run without a time
+  plan = run_nsatron("sweep plan " + sweep + " --calibrate 2 --json");
+  ASSERT_EQ(plan.code, 0) << plan.err;
+  EXPECT_EQ(count_of(plan.out, "\"speed_source\": \"calibrated here (2 steps)\""), 4) << plan.out;
+  EXPECT_FALSE(fs::exists(dir_ / "out" / "study" / ".calibrate"));  // the scratch runs are removed
+  EXPECT_NE(run_nsatron("sweep plan " + sweep + " --calibrate 1").code, 0);
+
   // A done run whose metrics are gone is reported as corrupt and left out; the others stay.
   fs::remove(run_dir("study", kRuns[2]) / "metrics.jsonl");
   report = run_nsatron("sweep report " + (dir_ / "out" / "study").string() + " --no-fit");
