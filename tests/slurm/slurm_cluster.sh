@@ -55,6 +55,12 @@ CONF
 mkdir -p "$W/pmix"
 echo "PMIxCliTmpDirBase=$W/pmix" > mpi.conf
 export SLURM_CONF="$W/slurm.conf"
+# Open MPI's shared-memory segments in the scratch folder too: their names come from the
+# PMIx namespace (slurm.pmix.<job>.<step>), the same in every test cluster, so two clusters
+# on one machine (two test runs side by side) attached to each other's segments and a rank
+# crashed in MPI_Init (SIGSEGV in mca_pml_ob1_recv_frag_callback_fin).
+mkdir -p "$W/shm"
+export OMPI_MCA_btl_vader_backing_directory="$W/shm"
 slurmctld -f "$SLURM_CONF"
 slurmd -f "$SLURM_CONF"
 for i in $(seq 1 60); do
