@@ -33,7 +33,7 @@ double evaluate(Run& run) {
       for (std::int64_t m = 0; m < A; ++m) forward(b, m, nullptr);
     } else {
       parallel::run_pipeline_forward(*run.tensor_groups.pp, A,
-                                     [&](std::int64_t m, const Tensor* input) { return forward(b, m, input); },
+                                     [&](int, std::int64_t m, const Tensor* input) { return forward(b, m, input); },
                                      Shape{cfg.train.micro_batch * cfg.train.seq_len, cfg.model.d_model},
                                      model.dtype(), model.device());
     }

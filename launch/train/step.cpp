@@ -50,14 +50,14 @@ void forward_backward_pipeline(Run& run, StepResult& r) {
   stage.activation_shape = {run.cfg.train.micro_batch * run.cfg.train.seq_len, run.dims.C};
   stage.dtype = run.dtype;
   stage.device = run.device;
-  stage.forward = [&](std::int64_t m, const Tensor* input) {
+  stage.forward = [&](int, std::int64_t m, const Tensor* input) {
     run.data.sampler->next(run.data.layout, m, batch);
     in_flight.push_back(model.stage_forward(batch.inputs, batch.targets, input, batch.rows, batch.seq_len, scale));
     in_flight.back().micro_batch = m;
     r.loss += in_flight.back().loss / double(A * run.dp());
     return std::move(in_flight.back().output);  // the stage keeps no copy of what it sends
   };
-  stage.backward = [&](std::int64_t m, const Tensor* d_output) {
+  stage.backward = [&](int, std::int64_t m, const Tensor* d_output) {
     if (in_flight.empty() || in_flight.front().micro_batch != m)
       throw std::logic_error("pipeline: backward of micro-batch " + std::to_string(m) + " out of order");
     StageState st = std::move(in_flight.front());

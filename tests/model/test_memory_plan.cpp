@@ -201,12 +201,12 @@ std::int64_t measure_1f1b(NsaTransformer& model, int pp, int s, std::int64_t A, 
   std::deque<StageState> in_flight;
   parallel::PipelineStage stage;
   stage.activation_shape = {B * T, model.dims().C};
-  stage.forward = [&](std::int64_t m, const Tensor* input) {
+  stage.forward = [&](int, std::int64_t m, const Tensor* input) {
     in_flight.push_back(model.stage_forward(b.tokens, b.targets, input, B, T, 1.0 / double(A)));
     in_flight.back().micro_batch = m;
     return std::move(in_flight.back().output);
   };
-  stage.backward = [&](std::int64_t, const Tensor* d_output) {
+  stage.backward = [&](int, std::int64_t, const Tensor* d_output) {
     StageState st = std::move(in_flight.front());
     in_flight.pop_front();
     return model.stage_backward(st, d_output);
