@@ -380,7 +380,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg) {
   MemoryEstimate best;
   bool any = false;
   for (std::int64_t s = 0; s < pp; ++s) {
-    const std::vector<LayerRange> chunks = {cfg.stage_layers(s)};
+    const std::vector<LayerRange> chunks = cfg.stage_chunks(s);
     for (std::int64_t r = 0; r < tp; ++r) {
       const std::vector<ParamInfo> params = NsaTransformer::rank_parameters(dims, int(tp), int(r), chunks);
       std::int64_t n = 0;

@@ -391,7 +391,7 @@ void expect_estimate_is_the_rank_that_needs_most(const std::vector<std::string>&
       shard.tp = 2;
       shard.tp_rank = r;
       shard.tp_group = std::make_shared<FakeGroup>(r, 2);
-      std::tie(shard.layer_begin, shard.layer_end) = cfg.stage_layers(s);
+      shard.chunks = cfg.stage_chunks(s);
       NsaTransformer model(d, DType::F32, Device::CPU, shard);
       model.params().initialize(1);
       model.set_recompute(parse_recompute_policy(cfg.recompute.policy), cfg.recompute.layers);
@@ -414,6 +414,9 @@ void expect_estimate_is_the_rank_that_needs_most(const std::vector<std::string>&
 TEST(MemoryPlan, EstimateIsTheRankThatNeedsMost) {
   expect_estimate_is_the_rank_that_needs_most({"parallel.pp=2", "parallel.tp=2", "parallel.pp_layers=[1, 3]",
                                                "train.seq_len=128", "train.global_batch=3", "model.vocab_size=255"});
+  // Interleaved: each stage holds two chunks of one layer ({[0, 1), [2, 3)} and {[1, 2), [3, 4)}).
+  expect_estimate_is_the_rank_that_needs_most({"parallel.pp=2", "parallel.tp=2", "parallel.virtual_stages=2",
+                                               "train.seq_len=128", "train.global_batch=4", "model.vocab_size=255"});
 }
 
 // ---- the CUDA accounting against recorded GPU peaks -----------------------------------------
