@@ -199,6 +199,13 @@ const std::vector<Key>& keys() {
           "Layers of each pipeline stage, first stage first (e.g. [3, 5] for pp = 2, n_layers = 8): "
           "pp entries summing to n_layers. Empty: an even split, n_layers / pp per stage.")
           .at_least(1),
+      key("parallel", "virtual_stages", &R::parallel, &ParallelConfig::virtual_stages,
+          "Model chunks per pipeline stage (V): with V > 1 the interleaved 1F1B schedule runs, the "
+          "layers cut into pp * V equal chunks, chunk c on stage c % pp; the pipeline bubble shrinks "
+          "from (pp - 1) / A to (pp - 1) / (V A) of a step (A: micro-batches per step and DP rank), "
+          "for V times the messages. V > 1 needs pp >= 2, pp * V dividing n_layers, no pp_layers, "
+          "and A a multiple of pp (docs/parallel.md).")
+          .at_least(1),
       key("parallel", "zero1", &R::parallel, &ParallelConfig::zero1,
           "Shard the AdamW moments over the data-parallel ranks (ZeRO stage 1): gradients are "
           "reduce-scattered, each rank updates its share of whole tensors, the weights are "
@@ -554,7 +561,20 @@ void check_rules(Validator& v, RunConfig& c) {
     v.error(at({"parallel.tp", "model.ffn_hidden"}),
             "tp = " + n(p.tp) + " must divide ffn_hidden = " + n(m.ffn_hidden) +
                 " (the MLP is sharded by hidden columns; see docs/parallel.md)");
-  if (p.pp_layers.empty()) {
+  const std::int64_t V = p.virtual_stages;
+  if (V > 1 && p.pp < 2) {
+    v.error(at({"parallel.virtual_stages", "parallel.pp"}),
+            "virtual_stages = " + n(V) + " needs pp >= 2, but pp = " + n(p.pp) +
+                " (the interleaved schedule spreads each rank's model chunks over the pipeline)");
+  } else if (V > 1 && !p.pp_layers.empty()) {
+    v.error(at({"parallel.virtual_stages", "parallel.pp_layers"}),
+            "virtual_stages = " + n(V) + " cannot be combined with parallel.pp_layers (the interleaved "
+            "schedule cuts the layers into pp * virtual_stages equal chunks; leave pp_layers empty)");
+  } else if (V > 1 && m.n_layers % (p.pp * V) != 0) {
+    v.error(at({"parallel.virtual_stages", "model.n_layers", "parallel.pp"}),
+            "pp * virtual_stages = " + n(p.pp) + " * " + n(V) + " = " + n(p.pp * V) + " must divide n_layers = " +
+                n(m.n_layers) + " (the layers are cut into pp * virtual_stages equal chunks)");
+  } else if (p.pp_layers.empty()) {
     if (m.n_layers % p.pp != 0)
       v.error(at({"parallel.pp", "model.n_layers"}),
               "pp = " + n(p.pp) + " must divide n_layers = " + n(m.n_layers) +
@@ -579,6 +599,13 @@ void check_rules(Validator& v, RunConfig& c) {
     v.error(at({"train.global_batch", "train.micro_batch"}),
             "global_batch = " + n(t.global_batch) + " is not a multiple of micro_batch * dp = " +
                 n(t.micro_batch) + " * " + n(c.dp()));
+  } else if (V > 1 && p.pp >= 2 && c.grad_accum_steps() % p.pp != 0) {
+    v.error(at({"train.global_batch", "train.micro_batch", "parallel.virtual_stages"}),
+            "global_batch = " + n(t.global_batch) + " gives A = global_batch / (micro_batch * dp) = " +
+                n(t.global_batch) + " / (" + n(t.micro_batch) + " * " + n(c.dp()) + ") = " + n(c.grad_accum_steps()) +
+                " micro-batches per step, not a multiple of pp = " + n(p.pp) +
+                ": with virtual_stages = " + n(V) + " the interleaved schedule runs the micro-batches through "
+                "each stage's chunks in groups of pp");
   }
   if (c.recompute.layers > m.n_layers)
     v.error("recompute.layers", "layers = " + n(c.recompute.layers) + " exceeds n_layers = " + n(m.n_layers));
@@ -622,6 +649,9 @@ std::pair<std::int64_t, std::int64_t> RunConfig::stage_layers(std::int64_t pp_ra
   const std::int64_t pp = parallel.pp;
   if (pp_rank < 0 || pp_rank >= pp)
     throw std::out_of_range("stage_layers: pipeline stage " + std::to_string(pp_rank) + " of pp = " + std::to_string(pp));
+  if (parallel.virtual_stages > 1)
+    throw std::logic_error("stage_layers: with parallel.virtual_stages = " + std::to_string(parallel.virtual_stages) +
+                           " a stage holds several layer ranges (stage_chunks)");
   if (parallel.pp_layers.empty()) {
     const std::int64_t per = model.n_layers / pp;
     return {pp_rank * per, (pp_rank + 1) * per};
@@ -632,6 +662,20 @@ std::pair<std::int64_t, std::int64_t> RunConfig::stage_layers(std::int64_t pp_ra
   std::int64_t begin = 0;
   for (std::int64_t s = 0; s < pp_rank; ++s) begin += parallel.pp_layers[std::size_t(s)];
   return {begin, begin + parallel.pp_layers[std::size_t(pp_rank)]};
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> RunConfig::stage_chunks(std::int64_t pp_rank) const {
+  const std::int64_t V = parallel.virtual_stages, pp = parallel.pp;
+  if (V <= 1) return {stage_layers(pp_rank)};
+  if (pp_rank < 0 || pp_rank >= pp)
+    throw std::out_of_range("stage_chunks: pipeline stage " + std::to_string(pp_rank) + " of pp = " + std::to_string(pp));
+  const std::int64_t per = model.n_layers / (pp * V);
+  std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
+  for (std::int64_t v = 0; v < V; ++v) {
+    const std::int64_t c = v * pp + pp_rank;
+    chunks.push_back({c * per, (c + 1) * per});
+  }
+  return chunks;
 }
 
 RunConfig load_config(const std::string& path, const std::vector<std::string>& overrides, std::int64_t world_size) {
@@ -688,6 +732,9 @@ std::string config_reference_markdown() {
       "  is not supported) and `model.ffn_hidden` (the MLP is sharded by hidden columns).\n"
       "- `parallel.pp_layers` empty: `parallel.pp` divides `model.n_layers` (an even split).\n"
       "  Given: it has `parallel.pp` entries, each >= 1, summing to `model.n_layers`.\n"
+      "- `parallel.virtual_stages > 1` (the interleaved pipeline schedule) needs `parallel.pp >= 2`,\n"
+      "  `pp * virtual_stages` dividing `model.n_layers` (equal chunks), `parallel.pp_layers` empty,\n"
+      "  and `A = train.global_batch / (train.micro_batch * dp)` a multiple of `pp`.\n"
       "- The world size (number of ranks) is a multiple of `tp * pp`; `dp = world / (tp * pp)`,\n"
       "  and `train.global_batch` is a multiple of `train.micro_batch * dp`.\n"
       "  `nsatron config check` assumes one rank unless given `--world-size N`.\n"

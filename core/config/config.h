@@ -5,7 +5,7 @@
 // keeps the two in step. Defaults are the member initialisers below. A value of 0 in
 // model.head_dim, model.ffn_hidden and -1 in recompute.layers means "derive it"; the resolved
 // config holds the derived value. An empty parallel.pp_layers (an even pipeline split) stays
-// empty; stage_layers() gives each stage's layers either way.
+// empty; stage_layers() gives each stage's layers either way (stage_chunks() with virtual stages).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -72,6 +72,9 @@ struct ParallelConfig {
   // Layers of each pipeline stage, in order (one entry per stage, summing to n_layers).
   // Empty: an even split, n_layers / pp each. RunConfig::stage_layers resolves either.
   std::vector<std::int64_t> pp_layers;
+  // Model chunks per pipeline rank (the interleaved 1F1B schedule): the layers are cut into
+  // pp * virtual_stages equal chunks, chunk c on pipeline rank c % pp. 1: one stage per rank.
+  std::int64_t virtual_stages = 1;
   bool zero1 = false;  // shard the AdamW state over the data-parallel ranks
 };
 
@@ -117,7 +120,13 @@ struct RunConfig {
   // The layers [begin, end) of pipeline stage pp_rank (0 <= pp_rank < parallel.pp): the
   // parallel.pp_layers split when given, else an even one. Needs a validated config; throws
   // std::out_of_range for a pp_rank outside [0, pp).
+  // With parallel.virtual_stages > 1 a stage holds several ranges: std::logic_error here, use
+  // stage_chunks.
   std::pair<std::int64_t, std::int64_t> stage_layers(std::int64_t pp_rank) const;
+  // The layers [begin, end) of each model chunk of pipeline stage pp_rank, in increasing
+  // order: parallel.virtual_stages of them, chunk v being the model's chunk v * pp + pp_rank of
+  // pp * virtual_stages equal ones (one range, stage_layers(pp_rank), without virtual stages).
+  std::vector<std::pair<std::int64_t, std::int64_t>> stage_chunks(std::int64_t pp_rank) const;
 };
 
 // A config that failed validation: one "FILE:LINE:COL: section.key: what is wrong" per

@@ -54,10 +54,11 @@ struct DeviceIds {
 // One micro-batch on one pipeline stage, from its forward to its backward.
 struct StageState {
   std::int64_t micro_batch = 0;         // the caller's index (the pipeline checks its order)
+  int chunk = 0;                        // the rank's model chunk it ran on
   std::int64_t B = 0, T = 0;
   double grad_scale = 1.0;
   DeviceIds ids;                        // first stage: the tokens (embedding backward)
-  std::vector<LayerActivations> acts;   // this stage's layers
+  std::vector<LayerActivations> acts;   // this chunk's layers
   Tensor output;                        // not the last stage: the last layer's output [N, C]
   Tensor d_last;                        // last stage: the gradient of the last layer's output
   double loss = 0;                      // last stage: the micro-batch's mean loss

@@ -200,13 +200,19 @@ NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype, Device device, c
                       std::to_string(d.G) + " and ffn_hidden = " + std::to_string(d.F) +
                       " and not exceed vocab_size = " + std::to_string(d.V));
   }
-  const ShardGeometry g = shard_geometry(d, tp_, tp_rank_, shard.layer_begin, shard.layer_end);
+  const ShardGeometry g = shard_geometry(
+      d, tp_, tp_rank_,
+      shard.chunks.empty() ? std::vector<LayerRange>{{shard.layer_begin, shard.layer_end}} : shard.chunks);
   local_ = g.local;
-  layer_begin_ = g.layer_begin;
-  layer_end_ = g.layer_end;
-  if (layer_begin_ < 0 || layer_begin_ >= layer_end_ || layer_end_ > d.L)
-    throw std::invalid_argument("ModelShard: layers [" + std::to_string(layer_begin_) + ", " +
-                                std::to_string(layer_end_) + ") outside the model's " + std::to_string(d.L));
+  chunks_ = g.chunks;
+  std::int64_t previous_end = 0;
+  for (const auto& [begin, end] : chunks_) {
+    if (begin < previous_end || begin >= end || end > d.L)
+      throw std::invalid_argument("ModelShard: layers [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                  ") outside the model's " + std::to_string(d.L) +
+                                  " or not after the previous chunk's");
+    previous_end = end;
+  }
   vocab_begin_ = g.vocab_begin;
   vocab_end_ = g.vocab_end;
 
@@ -217,8 +223,11 @@ NsaTransformer::NsaTransformer(const ModelDims& d, DType dtype, Device device, c
 }
 
 NsaTransformer::ShardGeometry NsaTransformer::shard_geometry(const ModelDims& d, int tp, int tp_rank,
-                                                            std::int64_t layer_begin, std::int64_t layer_end) {
-  ShardGeometry g{d, tp_rank, layer_begin, layer_end < 0 ? d.L : layer_end, d.V * tp_rank / tp, d.V * (tp_rank + 1) / tp};
+                                                            std::vector<LayerRange> chunks) {
+  if (chunks.empty()) throw std::invalid_argument("ModelShard: no layers");
+  for (auto& range : chunks)
+    if (range.second < 0) range.second = d.L;
+  ShardGeometry g{d, tp_rank, std::move(chunks), d.V * tp_rank / tp, d.V * (tp_rank + 1) / tp};
   g.local.H = d.H / tp;
   g.local.G = d.G / tp;
   g.local.F = d.F / tp;
@@ -228,7 +237,7 @@ NsaTransformer::ShardGeometry NsaTransformer::shard_geometry(const ModelDims& d,
 // Every parameter this rank holds, in the order of the flat buffers (docs/parallel.md has
 // the blocks of each under tensor parallelism).
 void NsaTransformer::declare_parameters(ParamStore& store, const ModelDims& d, const ShardGeometry& g) {
-  const bool first = g.layer_begin == 0, last = g.layer_end == d.L;
+  const bool first = g.first(), last = g.last();
   const double std = d.init_std, resid_std = d.init_std / std::sqrt(2.0 * double(d.L));
   const double cmp_std = 1.0 / std::sqrt(double(d.cmp_block * d.D));  // keeps the compressed K/V at the scale of k/v
   const std::int64_t Vl = g.vocab_end - g.vocab_begin, Gl = g.local.G, Hl = g.local.H, Fl = g.local.F, Pg = d.group_width();
@@ -249,25 +258,27 @@ void NsaTransformer::declare_parameters(ParamStore& store, const ModelDims& d, c
     vocab.replica = !first;  // the last stage's copy of a tied embedding
     store.declare("model/embedding", {Vl, d.C}, true, std, false, vocab);
   }
-  for (std::int64_t l = g.layer_begin; l < g.layer_end; ++l) {
-    store.declare(layer_name(l, "attn_norm"), {d.C}, false, 0, true, replicated);
-    store.declare(layer_name(l, "attn/wqkv"), {Gl * Pg, d.C}, true, std,
-                    false, block({Gl * Pg, d.C}, 0, d.G * Pg, g.tp_rank * Gl * Pg));
-    if (d.attention == Attention::Nsa) {  // the compression maps (dense attention has none)
-      for (const char* part : {"attn/cmp_wk", "attn/cmp_wv"})
-        store.declare(layer_name(l, part), {Gl, d.cmp_block * d.D, d.D}, true, cmp_std, false,
-                      block({Gl, d.cmp_block * d.D, d.D}, 0, d.G, g.tp_rank * Gl));
-      for (const char* part : {"attn/cmp_pk", "attn/cmp_pv"})
-        store.declare(layer_name(l, part), {Gl, d.cmp_block, d.D}, false, std, false,
-                      block({Gl, d.cmp_block, d.D}, 0, d.G, g.tp_rank * Gl));
+  for (const auto& [layer_begin, layer_end] : g.chunks) {  // the rank's layers in increasing order
+    for (std::int64_t l = layer_begin; l < layer_end; ++l) {
+      store.declare(layer_name(l, "attn_norm"), {d.C}, false, 0, true, replicated);
+      store.declare(layer_name(l, "attn/wqkv"), {Gl * Pg, d.C}, true, std,
+                      false, block({Gl * Pg, d.C}, 0, d.G * Pg, g.tp_rank * Gl * Pg));
+      if (d.attention == Attention::Nsa) {  // the compression maps (dense attention has none)
+        for (const char* part : {"attn/cmp_wk", "attn/cmp_wv"})
+          store.declare(layer_name(l, part), {Gl, d.cmp_block * d.D, d.D}, true, cmp_std, false,
+                        block({Gl, d.cmp_block * d.D, d.D}, 0, d.G, g.tp_rank * Gl));
+        for (const char* part : {"attn/cmp_pk", "attn/cmp_pv"})
+          store.declare(layer_name(l, part), {Gl, d.cmp_block, d.D}, false, std, false,
+                        block({Gl, d.cmp_block, d.D}, 0, d.G, g.tp_rank * Gl));
+      }
+      store.declare(layer_name(l, "attn/wo"), {d.C, Hl * d.D}, true, resid_std, false,
+                      block({d.C, Hl * d.D}, 1, d.H * d.D, g.tp_rank * Hl * d.D));
+      store.declare(layer_name(l, "mlp_norm"), {d.C}, false, 0, true, replicated);
+      for (const char* part : {"mlp/w_gate", "mlp/w_up"})  // adjacent: together the [2F, C] input matrix
+        store.declare(layer_name(l, part), {Fl, d.C}, true, std, false, block({Fl, d.C}, 0, d.F, g.tp_rank * Fl));
+      store.declare(layer_name(l, "mlp/w_out"), {d.C, Fl}, true, resid_std, false,
+                      block({d.C, Fl}, 1, d.F, g.tp_rank * Fl));
     }
-    store.declare(layer_name(l, "attn/wo"), {d.C, Hl * d.D}, true, resid_std, false,
-                    block({d.C, Hl * d.D}, 1, d.H * d.D, g.tp_rank * Hl * d.D));
-    store.declare(layer_name(l, "mlp_norm"), {d.C}, false, 0, true, replicated);
-    for (const char* part : {"mlp/w_gate", "mlp/w_up"})  // adjacent: together the [2F, C] input matrix
-      store.declare(layer_name(l, part), {Fl, d.C}, true, std, false, block({Fl, d.C}, 0, d.F, g.tp_rank * Fl));
-    store.declare(layer_name(l, "mlp/w_out"), {d.C, Fl}, true, resid_std, false,
-                    block({d.C, Fl}, 1, d.F, g.tp_rank * Fl));
   }
   if (last) {
     store.declare("model/final_norm", {d.C}, false, 0, true, replicated);
@@ -278,14 +289,19 @@ void NsaTransformer::declare_parameters(ParamStore& store, const ModelDims& d, c
 
 std::vector<ParamInfo> NsaTransformer::rank_parameters(const ModelDims& d, int tp, int tp_rank, std::int64_t layer_begin,
                                                        std::int64_t layer_end) {
+  return rank_parameters(d, tp, tp_rank, std::vector<LayerRange>{{layer_begin, layer_end}});
+}
+
+std::vector<ParamInfo> NsaTransformer::rank_parameters(const ModelDims& d, int tp, int tp_rank,
+                                                       const std::vector<LayerRange>& chunks) {
   ParamStore store;  // declarations only: nothing is allocated
-  declare_parameters(store, d, shard_geometry(d, tp, tp_rank, layer_begin, layer_end));
+  declare_parameters(store, d, shard_geometry(d, tp, tp_rank, chunks));
   return store.infos();
 }
 
 std::vector<std::string> NsaTransformer::parameter_names(const ModelDims& d) {
   ParamStore store;  // declarations only: nothing is allocated
-  declare_parameters(store, d, {d, 0, 0, d.L, 0, d.V});
+  declare_parameters(store, d, shard_geometry(d, 1, 0, {{0, d.L}}));
   std::vector<std::string> names;
   for (const auto& p : store.infos()) names.push_back(p.name);
   return names;
@@ -350,9 +366,11 @@ void NsaTransformer::embedding_grad(const Ids& tokens, Tensor& dx) {
   embedding_backward(tokens.local, dx, g);
 }
 
-Tensor NsaTransformer::forward_layers(const Ids& tokens, const Tensor* input, std::int64_t B, std::int64_t T) const {
-  Tensor x = first_stage() ? embed(tokens, B * T) : *input;
-  for (std::int64_t l = layer_begin_; l < layer_end_; ++l) {
+Tensor NsaTransformer::forward_layers(int chunk, const Ids& tokens, const Tensor* input, std::int64_t B,
+                                      std::int64_t T) const {
+  Tensor x = chunk_first(chunk) ? embed(tokens, B * T) : *input;
+  const auto [layer_begin, layer_end] = chunk_layers(chunk);
+  for (std::int64_t l = layer_begin; l < layer_end; ++l) {
     Tensor y;
     layer_forward(l, x, &y, nullptr, Keep::Nothing, B, T);
     x = y;
@@ -591,16 +609,19 @@ double NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t 
   return tp_ > 1 ? vocab_parallel_loss : loss.to_vector()[0];
 }
 
-StageState NsaTransformer::stage_forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
-                                         const Tensor* input, std::int64_t B, std::int64_t T, double grad_scale) {
+StageState NsaTransformer::stage_forward(int chunk, std::span<const std::int32_t> tokens,
+                                         std::span<const std::int32_t> targets, const Tensor* input, std::int64_t B,
+                                         std::int64_t T, double grad_scale) {
   const ModelDims& m = dims_;
   const std::int64_t N = B * T;
+  const auto [layer_begin, layer_end] = chunk_layers(chunk);
   StageState st;
+  st.chunk = chunk;
   st.B = B;
   st.T = T;
   st.grad_scale = grad_scale;
   Tensor x;
-  if (first_stage()) {
+  if (chunk_first(chunk)) {
     if (std::int64_t(tokens.size()) != N) throw std::invalid_argument("stage_forward: tokens must hold B*T ids");
     st.ids = device_ids(tokens, true, true);  // a pipeline refills the caller's batch before the backward
     x = embed(st.ids, N);
@@ -609,13 +630,13 @@ StageState NsaTransformer::stage_forward(std::span<const std::int32_t> tokens, s
       throw std::invalid_argument("stage_forward: a later pipeline stage needs its input [B*T, C]");
     x = *input;
   }
-  st.acts.resize(std::size_t(layer_end_ - layer_begin_));
-  for (std::int64_t l = layer_begin_; l < layer_end_; ++l) {
+  st.acts.resize(std::size_t(layer_end - layer_begin));
+  for (std::int64_t l = layer_begin; l < layer_end; ++l) {
     Tensor y;
-    layer_forward(l, x, &y, &st.acts[std::size_t(l - layer_begin_)], keep_mode(l), B, T);
+    layer_forward(l, x, &y, &st.acts[std::size_t(l - layer_begin)], keep_mode(l), B, T);
     x = y;
   }
-  if (!last_stage()) {
+  if (!chunk_last(chunk)) {
     st.output = x;
     return st;
   }
@@ -633,8 +654,9 @@ StageState NsaTransformer::stage_forward(std::span<const std::int32_t> tokens, s
 }
 
 Tensor NsaTransformer::stage_backward(StageState& st, const Tensor* d_output) {
+  const auto [layer_begin, layer_end] = chunk_layers(st.chunk);
   Tensor dx;
-  if (last_stage()) {
+  if (chunk_last(st.chunk)) {
     dx = st.d_last;
     st.d_last = Tensor();
   } else {
@@ -643,20 +665,20 @@ Tensor NsaTransformer::stage_backward(StageState& st, const Tensor* d_output) {
     dx = *d_output;
   }
   st.output = Tensor();
-  for (std::int64_t l = layer_end_ - 1; l >= layer_begin_; --l) {
+  for (std::int64_t l = layer_end - 1; l >= layer_begin; --l) {
     Tensor dx_in;
-    layer_backward(l, st.acts[std::size_t(l - layer_begin_)], dx, dx_in, st.B, st.T);
-    st.acts[std::size_t(l - layer_begin_)] = LayerActivations();
+    layer_backward(l, st.acts[std::size_t(l - layer_begin)], dx, dx_in, st.B, st.T);
+    st.acts[std::size_t(l - layer_begin)] = LayerActivations();
     dx = dx_in;
   }
-  if (!first_stage()) return dx;
+  if (!chunk_first(st.chunk)) return dx;
   embedding_grad(st.ids, dx);
   return Tensor();
 }
 
 double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                                         std::int64_t B, std::int64_t T, double grad_scale) {
-  if (!first_stage() || !last_stage())
+  if (chunks() != 1 || !first_stage() || !last_stage())
     throw std::logic_error("forward_backward runs the whole model; a pipeline stage uses stage_forward/backward");
   const std::size_t base = memory_stats(device_).current;
   reset_peak_memory(device_);
@@ -668,16 +690,18 @@ double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, st
   return st.loss;
 }
 
-Tensor NsaTransformer::stage_evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
-                                      const Tensor* input, std::int64_t B, std::int64_t T, double* loss) {
+Tensor NsaTransformer::stage_evaluate(int chunk, std::span<const std::int32_t> tokens,
+                                      std::span<const std::int32_t> targets, const Tensor* input, std::int64_t B,
+                                      std::int64_t T, double* loss) {
   const ModelDims& m = dims_;
   const std::int64_t N = B * T;
-  if (!first_stage() && (!input || input->shape() != Shape{N, m.C}))
+  const bool first = chunk_first(chunk), last = chunk_last(chunk);
+  if (!first && (!input || input->shape() != Shape{N, m.C}))
     throw std::invalid_argument("stage_evaluate: a later pipeline stage needs its input [B*T, C]");
-  if ((first_stage() && std::int64_t(tokens.size()) != N) || (last_stage() && std::int64_t(targets.size()) != N))
+  if ((first && std::int64_t(tokens.size()) != N) || (last && std::int64_t(targets.size()) != N))
     throw std::invalid_argument("stage_evaluate: tokens/targets must hold B*T ids");
-  Tensor x = forward_layers(first_stage() ? device_ids(tokens, true) : Ids{}, input, B, T);
-  if (!last_stage()) return x;
+  Tensor x = forward_layers(chunk, first ? device_ids(tokens, true) : Ids{}, input, B, T);
+  if (!last) return x;
   const Ids tgt = device_ids(targets, false);
   Tensor rstdf = stat({N}), xf = act({N, m.C});
   { TIMED("rmsnorm"); rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps); }
@@ -687,7 +711,8 @@ Tensor NsaTransformer::stage_evaluate(std::span<const std::int32_t> tokens, std:
 
 double NsaTransformer::evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                                 std::int64_t B, std::int64_t T) {
-  if (!first_stage() || !last_stage()) throw std::logic_error("evaluate runs the whole model; a stage uses stage_evaluate");
+  if (chunks() != 1 || !first_stage() || !last_stage())
+    throw std::logic_error("evaluate runs the whole model; a stage uses stage_evaluate");
   double loss = 0;
   stage_evaluate(tokens, targets, nullptr, B, T, &loss);
   return loss;
@@ -695,9 +720,10 @@ double NsaTransformer::evaluate(std::span<const std::int32_t> tokens, std::span<
 
 Tensor NsaTransformer::last_logits(std::span<const std::int32_t> tokens, std::int64_t B, std::int64_t T) {
   const ModelDims& m = dims_;
-  if (tp_ > 1 || !first_stage() || !last_stage()) throw std::logic_error("last_logits needs the whole model on one rank");
+  if (tp_ > 1 || chunks() != 1 || !first_stage() || !last_stage())
+    throw std::logic_error("last_logits needs the whole model on one rank");
   const Ids ids = device_ids(tokens, false);
-  Tensor x = forward_layers(ids, nullptr, B, T);
+  Tensor x = forward_layers(0, ids, nullptr, B, T);
   Tensor last = act({B, m.C});
   for (std::int64_t b = 0; b < B; ++b) last.slice0(b, b + 1).copy_from(x.slice0(b * T + T - 1, b * T + T));
   Tensor rstd = stat({B}), xf = act({B, m.C});

@@ -34,7 +34,13 @@
 // The NSA core itself needs no communication. Pipeline parallelism: the model holds the layers
 // [layer_begin, layer_end) only, the embedding on the first stage, the final norm and head on
 // the last (with tied embeddings, the last stage holds a replica of the embedding; the
-// trainer adds the two stages' gradients). Parameter names are the global ones.
+// trainer adds the two stages' gradients). With an interleaved pipeline (virtual stages) a
+// rank holds several model chunks, each a contiguous range of layers (ModelShard::chunks, in
+// increasing order, not necessarily adjacent): the embedding comes with a chunk that starts at
+// layer 0, the final norm and head with one that ends at the last layer; stage_forward and
+// stage_evaluate take the chunk to run. Parameter names are the global ones, and the flat
+// buffers hold the rank's layers in increasing order whatever its chunks, so checkpoints do
+// not depend on the layout.
 //
 // Dense attention (model.attention = "dense", ModelDims::attention): the baseline NSA is
 // compared against. The same layer with the NSA core replaced by causal grouped-query
@@ -54,6 +60,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/comm/communicator.h"
@@ -91,11 +98,17 @@ struct ModelDims {
   static ModelDims from_config(const RunConfig& c);
 };
 
+using LayerRange = std::pair<std::int64_t, std::int64_t>;  // layers [first, second)
+
 // The part of the model this rank holds.
 struct ModelShard {
   int tp = 1, tp_rank = 0;
   std::shared_ptr<parallel::Communicator> tp_group;  // required when tp > 1 (its size is tp)
   std::int64_t layer_begin = 0, layer_end = -1;     // this pipeline stage's layers; -1: to the last
+  // Interleaved pipeline: the layers of each of this rank's model chunks, in increasing order
+  // and disjoint (e.g. {[0, 1), [2, 3)} for rank 0 of pp = 2 with 2 virtual stages of 4
+  // layers). Empty: one chunk, [layer_begin, layer_end).
+  std::vector<LayerRange> chunks;
 };
 
 class NsaTransformer {
@@ -112,10 +125,16 @@ class NsaTransformer {
   void sync_compute_weights();
   const ModelDims& dims() const { return dims_; }    // the whole model
   const ModelDims& local_dims() const { return local_; }  // this rank's share: H, G, F divided by tp
-  bool first_stage() const { return layer_begin_ == 0; }
-  bool last_stage() const { return layer_end_ == dims_.L; }
-  std::int64_t layer_begin() const { return layer_begin_; }
-  std::int64_t layer_end() const { return layer_end_; }
+  // This rank holds the embedding (a chunk starting at layer 0) / the final norm and head (a
+  // chunk ending at the last layer).
+  bool first_stage() const { return chunk_first(0); }
+  bool last_stage() const { return chunk_last(chunks() - 1); }
+  int chunks() const { return int(chunks_.size()); }
+  const LayerRange& chunk_layers(int chunk) const { return chunks_.at(std::size_t(chunk)); }
+  bool chunk_first(int chunk) const { return chunk_layers(chunk).first == 0; }
+  bool chunk_last(int chunk) const { return chunk_layers(chunk).second == dims_.L; }
+  std::int64_t layer_begin() const { return chunks_.front().first; }  // of the first chunk
+  std::int64_t layer_end() const { return chunks_.back().second; }    // of the last chunk
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
 
@@ -132,19 +151,30 @@ class NsaTransformer {
   // micro-batches for gradient accumulation). Returns the micro-batch's mean loss.
   double forward_backward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                           std::int64_t B, std::int64_t T, double grad_scale = 1.0);
-  // The same, one pipeline stage at a time. stage_forward: the first stage reads `tokens`,
-  // the others `input` (the previous stage's output, [B*T, C]); a stage that is not the last
-  // returns with state.output set (to send on); the last computes the loss (state.loss), the
-  // head's gradients and the gradient of its last layer's output right away. stage_backward:
-  // `d_output` is the gradient of state.output (received from the next stage; ignored on the
-  // last); returns the gradient of `input` (not on the first stage, which finishes with the
-  // embedding's gradient). Gradients accumulate as in forward_backward.
-  StageState stage_forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+  // The same, one pipeline stage (model chunk `chunk` of this rank) at a time. stage_forward:
+  // the model's first chunk reads `tokens`, the others `input` (the previous chunk's output,
+  // [B*T, C]); a chunk that is not the model's last returns with state.output set (to send
+  // on); the last computes the loss (state.loss), the head's gradients and the gradient of its
+  // last layer's output right away. stage_backward (of state.chunk): `d_output` is the
+  // gradient of state.output (received from the next chunk; ignored on the last); returns the
+  // gradient of `input` (not on the first chunk, which finishes with the embedding's
+  // gradient). Gradients accumulate as in forward_backward. The overloads without a chunk run
+  // chunk 0.
+  StageState stage_forward(int chunk, std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                            const Tensor* input, std::int64_t B, std::int64_t T, double grad_scale = 1.0);
+  StageState stage_forward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                           const Tensor* input, std::int64_t B, std::int64_t T, double grad_scale = 1.0) {
+    return stage_forward(0, tokens, targets, input, B, T, grad_scale);
+  }
   Tensor stage_backward(StageState& state, const Tensor* d_output);
-  // Forward only: the output of a stage that is not the last; on the last, *loss = the mean loss.
-  Tensor stage_evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+  // Forward only: the output of a chunk that is not the model's last; on the last, *loss = the
+  // mean loss.
+  Tensor stage_evaluate(int chunk, std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                         const Tensor* input, std::int64_t B, std::int64_t T, double* loss);
+  Tensor stage_evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                        const Tensor* input, std::int64_t B, std::int64_t T, double* loss) {
+    return stage_evaluate(0, tokens, targets, input, B, T, loss);
+  }
 
   // Mean loss without gradients or saved activations.
   double evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
@@ -162,11 +192,13 @@ class NsaTransformer {
   // The names of the whole model's parameters (any layout holds blocks of these).
   static std::vector<std::string> parameter_names(const ModelDims& dims);
   // The parameters one rank holds, in the order and at the offsets of its flat buffers, as
-  // the constructor with ModelShard{tp, tp_rank, -, layer_begin, layer_end} declares them,
-  // without allocating anything (memory planning: core/model/plan.h). The shard's shape is
-  // not validated here; the constructor does that.
+  // the constructor with ModelShard{tp, tp_rank, -, layer_begin, layer_end} (or with these
+  // chunks) declares them, without allocating anything (memory planning: core/model/plan.h).
+  // The shard's shape is not validated here; the constructor does that.
   static std::vector<ParamInfo> rank_parameters(const ModelDims& dims, int tp = 1, int tp_rank = 0,
                                                 std::int64_t layer_begin = 0, std::int64_t layer_end = -1);
+  static std::vector<ParamInfo> rank_parameters(const ModelDims& dims, int tp, int tp_rank,
+                                                const std::vector<LayerRange>& chunks);
 
  private:
   static std::string layer_name(std::int64_t l, const char* part);
@@ -174,11 +206,13 @@ class NsaTransformer {
   struct ShardGeometry {
     ModelDims local;
     int tp_rank;
-    std::int64_t layer_begin, layer_end, vocab_begin, vocab_end;
+    std::vector<LayerRange> chunks;  // in increasing order
+    std::int64_t vocab_begin, vocab_end;
+    bool first() const { return chunks.front().first == 0; }
+    bool last() const { return chunks.back().second == local.L; }
   };
-  // tp ranks hold H, G, F / tp and vocabulary rows [V*r/tp, V*(r+1)/tp); layer_end -1: to the last.
-  static ShardGeometry shard_geometry(const ModelDims& d, int tp, int tp_rank, std::int64_t layer_begin,
-                                      std::int64_t layer_end);
+  // tp ranks hold H, G, F / tp and vocabulary rows [V*r/tp, V*(r+1)/tp); a range's end -1: to the last.
+  static ShardGeometry shard_geometry(const ModelDims& d, int tp, int tp_rank, std::vector<LayerRange> chunks);
   static void declare_parameters(ParamStore& store, const ModelDims& d, const ShardGeometry& g);
   using Ids = DeviceIds;
   Ids device_ids(std::span<const std::int32_t> host, bool vocab_local, bool keep_copy = false) const;
@@ -203,15 +237,16 @@ class NsaTransformer {
   void layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in, std::int64_t B,
                       std::int64_t T);
   Tensor embed(const Ids& tokens, std::int64_t N) const;
-  // Embedding and every layer, keeping nothing for a backward: the last layer's output.
-  Tensor forward_layers(const Ids& tokens, const Tensor* input, std::int64_t B, std::int64_t T) const;
+  // A chunk's embedding (the model's first chunk) and layers, keeping nothing for a backward:
+  // the last layer's output.
+  Tensor forward_layers(int chunk, const Ids& tokens, const Tensor* input, std::int64_t B, std::int64_t T) const;
   const Tensor head_weight() const;
   Tensor head_grad() const;
 
   ModelDims dims_, local_;
   int tp_ = 1, tp_rank_ = 0;
   std::shared_ptr<parallel::Communicator> tp_group_;
-  std::int64_t layer_begin_ = 0, layer_end_ = 0;
+  std::vector<LayerRange> chunks_;  // this rank's model chunks (one without an interleaved pipeline)
   std::int64_t vocab_begin_ = 0, vocab_end_ = 0;  // this rank's rows of the embedding and head
   DType dtype_;
   Device device_;

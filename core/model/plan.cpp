@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/comm/pipeline_schedule.h"
 #include "core/model/params.h"
 #include "nsa/nsa.h"
 
@@ -277,47 +278,58 @@ std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPl
     throw std::invalid_argument("estimate_activation_bytes: tp_rank or pp_stage outside [0, tp) or [0, pp)");
   if (dims.G % p.tp != 0 || dims.F % p.tp != 0)
     throw std::invalid_argument("estimate_activation_bytes: tp must divide n_kv_heads and ffn_hidden");
-  const std::int64_t begin = p.layer_begin, end = p.layer_end < 0 ? dims.L : p.layer_end;
-  if (begin < 0 || begin >= end || end > dims.L)
-    throw std::invalid_argument("estimate_activation_bytes: layers [" + std::to_string(begin) + ", " +
-                                std::to_string(end) + ") outside the model's " + std::to_string(dims.L));
+  std::vector<LayerRange> chunks = p.chunk_layers;
+  if (chunks.empty()) chunks.push_back({p.layer_begin, p.layer_end < 0 ? dims.L : p.layer_end});
+  std::int64_t previous_end = 0;
+  for (const auto& [begin, end] : chunks) {
+    if (begin < previous_end || begin >= end || end > dims.L)
+      throw std::invalid_argument("estimate_activation_bytes: layers [" + std::to_string(begin) + ", " +
+                                  std::to_string(end) + ") outside the model's " + std::to_string(dims.L) +
+                                  " or not after the previous chunk's");
+    previous_end = end;
+  }
+  const int V = int(chunks.size());
+  if (V > 1 && (p.pp < 2 || p.micro_batches % p.pp != 0))
+    throw std::invalid_argument("estimate_activation_bytes: " + std::to_string(V) + " model chunks need pp >= 2 and " +
+                                "micro-batches a multiple of pp");
   const std::int64_t vocab_rows = dims.V * (p.tp_rank + 1) / p.tp - dims.V * p.tp_rank / p.tp;
   const Sizes z = sizes(dims, p, vocab_rows);
   Ledger led;
-  const bool first = begin == 0, last = end == dims.L;
-  StageReplay stage(z, p, first, last, begin, end, led);
+  std::vector<StageReplay> stage;  // one per model chunk
+  for (const auto& [begin, end] : chunks) stage.emplace_back(z, p, begin == 0, end == dims.L, begin, end, led);
 
   // pp = 1: forward_backward per micro-batch (each starts from nothing held, so one is the
-  // step's peak). pp > 1: run_1f1b (parallel/pipeline.cpp), its messages included: an input
-  // received becomes the first layer's a.x; an output lives until sent; a received output
-  // gradient until its backward returns; an input gradient until sent.
+  // step's peak). pp > 1: run_1f1b (parallel/pipeline.cpp) executing the schedule's steps,
+  // its messages included: an input received becomes its chunk's first layer's a.x; an output
+  // lives until sent; a received output gradient until its backward returns; an input
+  // gradient until sent.
   const std::int64_t A = p.pp == 1 ? std::min<std::int64_t>(p.micro_batches, 1) : p.micro_batches;
-  const std::int64_t W = std::min<std::int64_t>(p.pp - p.pp_stage - 1, A);  // warmup forwards
-  const std::int64_t R = A - W;
-  for (std::int64_t f = 0; f < W; ++f) {
-    if (!first) led.alloc(z.x);  // RecvForward: input[f]
-    stage.forward();
-    if (!last) led.free(z.x);    // SendForward: output[f]
-  }
-  if (R > 0 && !first) led.alloc(z.x);  // RecvForward: input[W]
-  for (std::int64_t i = 0; i < R; ++i) {
-    stage.forward();
-    if (!last) {
-      led.alloc(z.x);  // SendForwardRecvBackward: d_output[b]
-      led.free(z.x);   //   output[f] sent
+  using Op = parallel::PipelineOp;
+  for (const parallel::PipelineStep& st : parallel::schedule_pipeline(p.pp_stage, p.pp, A, V)) {
+    switch (st.op) {
+      case Op::RecvForward:  // input[f]
+      case Op::RecvBackward:  // d_output[b]
+        led.alloc(z.x);
+        break;
+      case Op::Forward:
+        stage[std::size_t(st.fwd_chunk)].forward();  // not the last chunk: output[f] live
+        break;
+      case Op::Backward:
+        stage[std::size_t(st.bwd_chunk)].backward();  // not the first chunk: d_input[b] live
+        if (!(st.bwd_chunk == V - 1 && p.pp_stage == p.pp - 1)) led.free(z.x);  // d_output[b] = Tensor()
+        break;
+      case Op::SendForward:   // output[f] sent
+      case Op::SendBackward:  // d_input[b] sent
+        led.free(z.x);
+        break;
+      case Op::SendForwardRecvBackward:   // d_output[b] in, output[f] sent
+      case Op::SendBackwardRecvForward:   // input[f] in, d_input[b] sent
+      case Op::SendForwardRecvForward:    // input[r] in, output[f] sent
+      case Op::SendBackwardRecvBackward:  // d_output[r] in, d_input[b] sent
+        led.alloc(z.x);
+        led.free(z.x);
+        break;
     }
-    stage.backward();
-    if (!last) led.free(z.x);  // d_output[b] = Tensor()
-    if (!first) {
-      if (i + 1 < R) led.alloc(z.x);  // SendBackwardRecvForward: input[f + 1]
-      led.free(z.x);                  // d_input[b] sent
-    }
-  }
-  for (std::int64_t b = R; b < A; ++b) {  // cooldown
-    if (!last) led.alloc(z.x);  // RecvBackward: d_output[b]
-    stage.backward();
-    if (!last) led.free(z.x);   // d_output[b] = Tensor()
-    if (!first) led.free(z.x);  // SendBackward: d_input[b]
   }
   if (led.live() != 0) throw std::logic_error("estimate_activation_bytes: the replay does not free what it allocates");
   return led.peak();
@@ -368,9 +380,9 @@ MemoryEstimate estimate_memory(const RunConfig& cfg) {
   MemoryEstimate best;
   bool any = false;
   for (std::int64_t s = 0; s < pp; ++s) {
-    const auto [begin, end] = cfg.stage_layers(s);
+    const std::vector<LayerRange> chunks = cfg.stage_chunks(s);
     for (std::int64_t r = 0; r < tp; ++r) {
-      const std::vector<ParamInfo> params = NsaTransformer::rank_parameters(dims, int(tp), int(r), begin, end);
+      const std::vector<ParamInfo> params = NsaTransformer::rank_parameters(dims, int(tp), int(r), chunks);
       std::int64_t n = 0;
       for (const ParamInfo& p : params) n += p.numel;
       MemoryEstimate e;
@@ -392,8 +404,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg) {
       }
       plan.tp_rank = int(r);
       plan.pp_stage = int(s);
-      plan.layer_begin = begin;
-      plan.layer_end = end;
+      plan.chunk_layers = chunks;
       e.activations = estimate_activation_bytes(dims, plan);
       if (!any || e.total() > best.total()) best = e;
       any = true;

@@ -10,11 +10,13 @@
 //   peak_mem_bytes         = the static memory below + the step's activation peak
 //   activation_peak_bytes  = the peak of the step above the memory live at its start
 // The estimate replays, tensor by tensor and in the code's order, what the model allocates
-// and frees over one optimizer step (the micro-batches of a stage, in 1F1B order under
-// pipeline parallelism), and keeps the running peak: a formula from the dims, evaluated by
-// walking the step, not a fit.
+// and frees over one optimizer step (the micro-batches of a stage, in the order of the
+// pipeline schedule's steps under pipeline parallelism: core/comm/pipeline_schedule.h, 1F1B or
+// interleaved, the very steps parallel/pipeline.cpp executes), and keeps the running peak: a
+// formula from the dims, evaluated by walking the step, not a fit.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/config/config.h"
 #include "core/model/model.h"
@@ -41,13 +43,18 @@ struct ActivationPlan {
   int tp = 1, tp_rank = 0;
   int pp = 1, pp_stage = 0;
   std::int64_t layer_begin = 0, layer_end = -1;  // this stage's layers; -1: to the last
+  // Interleaved pipeline (parallel.virtual_stages): the layers of each of this stage's model
+  // chunks, in increasing order (RunConfig::stage_chunks); empty: one chunk, [layer_begin,
+  // layer_end). Needs micro_batches a multiple of pp when it holds several.
+  std::vector<LayerRange> chunk_layers;
   std::int64_t head_chunk = NsaTransformer::kDefaultHeadChunk;
 };
 // The peak bytes one optimizer step allocates above the memory live at its start (the
 // trainer's activation_peak_bytes; with pp = 1 also NsaTransformer::last_activation_peak_bytes
 // of one forward_backward): the activations of the micro-batches in flight (under 1F1B, stage
-// s keeps up to min(pp - s, A) of them), what the recompute policy keeps and recomputes, the
-// pipeline's messages, and the largest transient (the LM head's chunk of logits, the
+// s keeps up to min(pp - s, A) of them; interleaved, up to min(W + 1, A V) chunk-micro-batches),
+// what the recompute policy keeps and recomputes, the pipeline's messages (those received
+// ahead of their use included), and the largest transient (the LM head's chunk of logits, the
 // backward's gradient temporaries).
 std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPlan& plan);
 

@@ -11,6 +11,7 @@
 #include "core/util/format.h"
 #include "launch/commands.h"
 #include "launch/train/phases.h"
+#include "parallel/pipeline.h"
 
 namespace nsatron::train {
 
@@ -78,6 +79,28 @@ void describe_model_and_data(Run& run, std::int64_t num_params) {
           << std::defaultfloat;
 }
 
+// The pipeline's part of the "parallel" line: the schedule, each stage's layers (a range per
+// model chunk), the tied embedding, and the bubble: (pp - 1) / (V A) of the step's ideal time.
+void describe_pipeline(Run& run) {
+  const int pp = run.pp(), V = int(run.cfg.parallel.virtual_stages);
+  const std::int64_t A = run.micro_batches();
+  std::ostream& out = run.out;
+  if (V > 1) out << "; PP: interleaved 1F1B, " << V << " virtual stages (model chunks) per stage, over " << A;
+  else out << "; PP: 1F1B over " << A;
+  out << " micro-batches, stage layers";
+  for (int s = 0; s < pp; ++s) {
+    const auto chunks = run.cfg.stage_chunks(s);
+    out << (s ? ", " : " ");
+    for (std::size_t v = 0; v < chunks.size(); ++v)
+      out << (v ? " + " : "") << "[" << chunks[v].first << ", " << chunks[v].second << ")";
+  }
+  if (run.dims.tie_embeddings) out << ", tied embedding gradients summed between the first and last stages";
+  const std::int64_t denominator = std::int64_t(V) * A;
+  out << "; bubble (pp - 1) / " << (V > 1 ? "(V * A)" : "A") << " = " << pp - 1 << "/" << denominator << " = "
+      << std::fixed << std::setprecision(1) << 100.0 * parallel::pipeline_bubble_fraction(pp, A, V) << std::defaultfloat
+      << "% of the step's ideal time (the time with every stage busy throughout)";
+}
+
 // The "parallel" line: the layout, the launcher, and what each kind of parallelism does.
 void describe_parallelism(Run& run) {
   const ModelDims& dims = run.dims;
@@ -92,14 +115,7 @@ void describe_parallelism(Run& run) {
   if (tp > 1)
     out << "; TP: per rank " << dims.G / tp << " KV group(s) with " << dims.H / tp << " query heads, "
         << dims.F / tp << " MLP units, about " << dims.V / tp << " vocabulary rows; vocab-parallel cross entropy";
-  if (pp > 1) {
-    out << "; PP: 1F1B over " << run.micro_batches() << " micro-batches, stage layers";
-    for (int s = 0; s < pp; ++s) {
-      const auto [b, e] = run.cfg.stage_layers(s);
-      out << (s ? ", " : " ") << "[" << b << ", " << e << ")";
-    }
-    if (dims.tie_embeddings) out << ", tied embedding gradients summed between the first and last stages";
-  }
+  if (pp > 1) describe_pipeline(run);
   if (run.dp() > 1 && !opt.zero1())
     out << "; DP gradients all-reduced (sum) in " << opt.buckets() << " bucket(s) of up to "
         << human_bytes(double(parallel::kDefaultBucketBytes));

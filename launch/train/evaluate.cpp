@@ -20,22 +20,24 @@ double evaluate(Run& run) {
   double sum = 0;
   std::int64_t count = 0;
   const std::int64_t A = data.layout.micro_batches();
-  auto forward = [&](std::int64_t b, std::int64_t m, const Tensor* input) {
+  // (Each micro-batch counts once: on chunk 0 of this rank, with virtual stages.)
+  auto forward = [&](std::int64_t b, int chunk, std::int64_t m, const Tensor* input) {
     data.val->fill(b, data.layout, m, batch);
     double loss = 0;
-    Tensor out = model.stage_evaluate(batch.inputs, batch.targets, input, batch.rows, batch.seq_len, &loss);
-    sum += loss;
-    ++count;
+    Tensor out = model.stage_evaluate(chunk, batch.inputs, batch.targets, input, batch.rows, batch.seq_len, &loss);
+    if (model.chunk_last(chunk)) sum += loss;
+    if (chunk == 0) ++count;
     return out;
   };
   for (std::int64_t b = 0; b < cfg.train.eval_batches; ++b) {
     if (g.pp->size() == 1) {
-      for (std::int64_t m = 0; m < A; ++m) forward(b, m, nullptr);
+      for (std::int64_t m = 0; m < A; ++m) forward(b, 0, m, nullptr);
     } else {
-      parallel::run_pipeline_forward(*run.tensor_groups.pp, A,
-                                     [&](std::int64_t m, const Tensor* input) { return forward(b, m, input); },
-                                     Shape{cfg.train.micro_batch * cfg.train.seq_len, cfg.model.d_model},
-                                     model.dtype(), model.device());
+      parallel::run_pipeline_forward(
+          *run.tensor_groups.pp, A,
+          [&](int chunk, std::int64_t m, const Tensor* input) { return forward(b, chunk, m, input); },
+          Shape{cfg.train.micro_batch * cfg.train.seq_len, cfg.model.d_model}, model.dtype(), model.device(),
+          model.chunks());
     }
   }
   if (g.pp->size() > 1) sum = parallel::all_reduce_value(*g.pp, model.last_stage() ? sum : 0.0, parallel::ReduceOp::Sum);

@@ -61,7 +61,7 @@ void build_model_and_optimizer(Run& run) {
     shard.tp = run.tp();
     shard.tp_rank = run.groups.layout.tp_rank;
     shard.tp_group = run.tensor_groups.tp;
-    std::tie(shard.layer_begin, shard.layer_end) = cfg.stage_layers(run.groups.layout.pp_rank);
+    shard.chunks = cfg.stage_chunks(run.groups.layout.pp_rank);  // one range unless virtual stages
     run.model = std::make_unique<NsaTransformer>(run.dims, run.dtype, run.device, shard);
     run.model->set_recompute(parse_recompute_policy(cfg.recompute.policy), cfg.recompute.layers);
     ParamStore& params = run.model->params();

@@ -6,6 +6,7 @@
 #include <deque>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/device/device.h"
 #include "core/ops/adamw.h"
@@ -36,32 +37,37 @@ void forward_backward(Run& run, StepResult& r) {
   }
 }
 
-// This rank's pipeline stage (pp > 1): 1F1B over the stages (parallel/pipeline.h), the
-// micro-batches in flight on this stage waiting in order for their backward. Then the loss
-// (the last stage's) goes to every stage, and a tied embedding's gradient becomes the sum of
-// the first stage's (lookup) and the last stage's (head) parts.
+// This rank's pipeline stage (pp > 1): 1F1B over the stages, interleaved with virtual stages
+// (parallel/pipeline.h), the micro-batches in flight on each of this rank's model chunks
+// waiting in order for their backward. Then the loss (the last stage's) goes to every stage,
+// and a tied embedding's gradient becomes the sum of the first stage's (lookup) and the last
+// stage's (head) parts.
 void forward_backward_pipeline(Run& run, StepResult& r) {
   const std::int64_t A = run.micro_batches();
   const double scale = micro_batch_scale(run);
   NsaTransformer& model = *run.model;
   data::TokenBatch batch;
-  std::deque<StageState> in_flight;
+  std::vector<std::deque<StageState>> in_flight(static_cast<std::size_t>(model.chunks()));  // per chunk
   parallel::PipelineStage stage;
+  stage.chunks = model.chunks();
   stage.activation_shape = {run.cfg.train.micro_batch * run.cfg.train.seq_len, run.dims.C};
   stage.dtype = run.dtype;
   stage.device = run.device;
-  stage.forward = [&](std::int64_t m, const Tensor* input) {
+  stage.forward = [&](int chunk, std::int64_t m, const Tensor* input) {
     run.data.sampler->next(run.data.layout, m, batch);
-    in_flight.push_back(model.stage_forward(batch.inputs, batch.targets, input, batch.rows, batch.seq_len, scale));
-    in_flight.back().micro_batch = m;
-    r.loss += in_flight.back().loss / double(A * run.dp());
-    return std::move(in_flight.back().output);  // the stage keeps no copy of what it sends
+    auto& queue = in_flight[std::size_t(chunk)];
+    queue.push_back(model.stage_forward(chunk, batch.inputs, batch.targets, input, batch.rows, batch.seq_len, scale));
+    queue.back().micro_batch = m;
+    if (model.chunk_last(chunk)) r.loss += queue.back().loss / double(A * run.dp());
+    return std::move(queue.back().output);  // the stage keeps no copy of what it sends
   };
-  stage.backward = [&](std::int64_t m, const Tensor* d_output) {
-    if (in_flight.empty() || in_flight.front().micro_batch != m)
-      throw std::logic_error("pipeline: backward of micro-batch " + std::to_string(m) + " out of order");
-    StageState st = std::move(in_flight.front());
-    in_flight.pop_front();
+  stage.backward = [&](int chunk, std::int64_t m, const Tensor* d_output) {
+    auto& queue = in_flight[std::size_t(chunk)];
+    if (queue.empty() || queue.front().micro_batch != m)
+      throw std::logic_error("pipeline: backward of micro-batch " + std::to_string(m) + " of chunk " +
+                             std::to_string(chunk) + " out of order");
+    StageState st = std::move(queue.front());
+    queue.pop_front();
     return model.stage_backward(st, d_output);
   };
   const std::size_t base = memory_stats(run.device).current;

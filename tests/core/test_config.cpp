@@ -189,6 +189,66 @@ TEST(Config, PipelineStageLayersErrors) {
   EXPECT_NE(e.find("--set parallel.pp_layers=x: parallel.pp_layers: 'x' is not a valid TOML value"), std::string::npos) << e;
 }
 
+TEST(Config, VirtualStagesCutTheLayersIntoInterleavedChunks) {
+  RunConfig c = parse_config("[model]\nn_layers = 8\n[parallel]\npp = 2\nvirtual_stages = 2\n[train]\nglobal_batch = 4\n",
+                             "run.toml", {}, 2);
+  EXPECT_EQ(c.parallel.virtual_stages, 2);
+  using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  // Chunk c of pp * V = 4 (2 layers each) on stage c % pp.
+  EXPECT_EQ(c.stage_chunks(0), (Ranges{{0, 2}, {4, 6}}));
+  EXPECT_EQ(c.stage_chunks(1), (Ranges{{2, 4}, {6, 8}}));
+  EXPECT_THROW(c.stage_chunks(2), std::out_of_range);
+  EXPECT_THROW(c.stage_layers(0), std::logic_error);  // several ranges: stage_chunks
+  RunConfig four = parse_config("[model]\nn_layers = 12\n", "run.toml",
+                                {"parallel.pp=2", "parallel.virtual_stages=3", "train.global_batch=2"}, 2);
+  EXPECT_EQ(four.stage_chunks(1), (Ranges{{2, 4}, {6, 8}, {10, 12}}));
+  // Without virtual stages, stage_chunks is stage_layers.
+  RunConfig plain = parse_config("[model]\nn_layers = 8\n[parallel]\npp = 2\npp_layers = [3, 5]\n", "run.toml", {}, 2);
+  EXPECT_EQ(plain.parallel.virtual_stages, 1);
+  EXPECT_EQ(plain.stage_chunks(1), (Ranges{{3, 8}}));
+  // The key round-trips through the resolved config.
+  EXPECT_EQ(parse_config(to_toml(c), "resolved.toml", {}, 2).parallel.virtual_stages, 2);
+}
+
+TEST(Config, VirtualStagesErrors) {
+  const std::string base = "[model]\nn_layers = 8\n[parallel]\npp = 2\nvirtual_stages = 2\n";
+  // pp * V must divide n_layers.
+  std::string e = errors_of("[model]\nn_layers = 6\n[parallel]\npp = 2\nvirtual_stages = 2\n", {}, 2);
+  EXPECT_NE(e.find("run.toml:5:1: parallel.virtual_stages: pp * virtual_stages = 2 * 2 = 4 must divide n_layers = 6 "
+                   "(the layers are cut into pp * virtual_stages equal chunks)"),
+            std::string::npos) << e;
+  // Not with pp_layers: both keys named.
+  e = errors_of(base + "pp_layers = [4, 4]\n", {}, 2);
+  EXPECT_NE(e.find("run.toml:5:1: parallel.virtual_stages: virtual_stages = 2 cannot be combined with "
+                   "parallel.pp_layers"),
+            std::string::npos) << e;
+  // Several chunks need several stages.
+  e = errors_of("[parallel]\nvirtual_stages = 2\n");
+  EXPECT_NE(e.find("run.toml:2:1: parallel.virtual_stages: virtual_stages = 2 needs pp >= 2, but pp = 1"),
+            std::string::npos) << e;
+  // A = global_batch / (micro_batch * dp) a multiple of pp: 6 / (1 * 1) = 6 is, 3 is not; with
+  // dp = 2 (world 4), 6 / (1 * 2) = 3 is not.
+  EXPECT_EQ(errors_of(base + "[train]\nglobal_batch = 6\n", {}, 2), "");
+  e = errors_of(base + "[train]\nglobal_batch = 3\n", {}, 2);
+  EXPECT_NE(e.find("run.toml:7:1: train.global_batch: global_batch = 3 gives A = global_batch / (micro_batch * dp) = "
+                   "3 / (1 * 1) = 3 micro-batches per step, not a multiple of pp = 2: with virtual_stages = 2 the "
+                   "interleaved schedule runs the micro-batches through each stage's chunks in groups of pp"),
+            std::string::npos) << e;
+  e = errors_of(base + "[train]\nglobal_batch = 6\n", {}, 4);
+  EXPECT_NE(e.find("train.global_batch: global_batch = 6 gives A = global_batch / (micro_batch * dp) = 6 / (1 * 2) = 3"),
+            std::string::npos) << e;
+  // Through --set: the message names the override; below 1 is out of range.
+  e = errors_of("[model]\nn_layers = 6\n", {"parallel.pp=2", "parallel.virtual_stages=2"}, 2);
+  EXPECT_NE(e.find("--set parallel.virtual_stages=2: parallel.virtual_stages: pp * virtual_stages = 2 * 2 = 4 must "
+                   "divide n_layers = 6"),
+            std::string::npos) << e;
+  e = errors_of("", {"parallel.virtual_stages=0"});
+  EXPECT_NE(e.find("--set parallel.virtual_stages=0: parallel.virtual_stages: value 0 is out of range (must be >= 1)"),
+            std::string::npos) << e;
+  // The world not known yet (a sweep's first parse): the rule on A waits for it.
+  EXPECT_NO_THROW(parse_config_with_origins(base + "[train]\nglobal_batch = 3\n", "run.toml", {}, 0));
+}
+
 TEST(Config, GlobalBatchMustSplitOverMicroBatchesAndDataParallelRanks) {
   const std::string text = "[train]\nmicro_batch = 2\nglobal_batch = 6\n";
   EXPECT_EQ(errors_of(text, {}, 1), "");  // 6 % (2 * 1) == 0

@@ -194,21 +194,26 @@ TEST(MemoryPlan, ActivationsMatchATensorParallelRank) {
 }
 
 // Runs one optimizer step's micro-batches of pipeline stage s of pp under the trainer's 1F1B
-// (parallel::run_1f1b, the stage callbacks as launch/train/step.cpp has them), the other
-// stages played by a FakeGroup. Returns the peak bytes above those live at the start.
+// (parallel::run_1f1b, the stage callbacks as launch/train/step.cpp has them; interleaved when
+// the model holds several chunks), the other stages played by a FakeGroup. Returns the peak
+// bytes above those live at the start.
 std::int64_t measure_1f1b(NsaTransformer& model, int pp, int s, std::int64_t A, std::int64_t B, std::int64_t T) {
   const Batch b = random_batch(model.dims().V, B, T, 5);
-  std::deque<StageState> in_flight;
+  std::vector<std::deque<StageState>> in_flight(static_cast<std::size_t>(model.chunks()));
   parallel::PipelineStage stage;
+  stage.chunks = model.chunks();
   stage.activation_shape = {B * T, model.dims().C};
-  stage.forward = [&](std::int64_t m, const Tensor* input) {
-    in_flight.push_back(model.stage_forward(b.tokens, b.targets, input, B, T, 1.0 / double(A)));
-    in_flight.back().micro_batch = m;
-    return std::move(in_flight.back().output);
+  stage.forward = [&](int chunk, std::int64_t m, const Tensor* input) {
+    auto& queue = in_flight[std::size_t(chunk)];
+    queue.push_back(model.stage_forward(chunk, b.tokens, b.targets, input, B, T, 1.0 / double(A)));
+    queue.back().micro_batch = m;
+    return std::move(queue.back().output);
   };
-  stage.backward = [&](std::int64_t, const Tensor* d_output) {
-    StageState st = std::move(in_flight.front());
-    in_flight.pop_front();
+  stage.backward = [&](int chunk, std::int64_t m, const Tensor* d_output) {
+    auto& queue = in_flight[std::size_t(chunk)];
+    EXPECT_EQ(queue.front().micro_batch, m);
+    StageState st = std::move(queue.front());
+    queue.pop_front();
     return model.stage_backward(st, d_output);
   };
   FakeGroup group(s, pp);
@@ -257,6 +262,55 @@ TEST(MemoryPlan, ActivationsMatchPipelineStages) {
     expect_stage_peak(d, 3, s, 2, RecomputePolicy::Full, 2);  // fewer micro-batches than stages
   }
   expect_stage_peak(dense(untied(d)), 3, 1, 5, RecomputePolicy::Selective, 0);
+}
+
+// Each stage of an interleaved pipeline alone (pp stages of V chunks of L / (pp V) layers):
+// the chunk-micro-batches in flight, the messages received ahead of their use, the embedding
+// on chunk 0 of stage 0, the head on the last chunk of the last stage.
+void expect_interleaved_stage_peak(const ModelDims& d, int pp, int V, int s, std::int64_t A, RecomputePolicy policy,
+                                   std::int64_t layers) {
+  const std::int64_t B = 1, T = 128, per = d.L / (pp * V);
+  ModelShard shard;
+  for (int v = 0; v < V; ++v) shard.chunks.push_back({(v * pp + s) * per, (v * pp + s + 1) * per});
+  NsaTransformer model(d, DType::F32, Device::CPU, shard);
+  model.params().initialize(3);
+  model.set_recompute(policy, layers);
+  const std::int64_t measured = measure_1f1b(model, pp, s, A, B, T);
+  ActivationPlan p;
+  p.micro_batch = B;
+  p.seq_len = T;
+  p.micro_batches = A;
+  p.policy = policy;
+  p.recompute_layers = layers;
+  p.pp = pp;
+  p.pp_stage = s;
+  p.chunk_layers = shard.chunks;
+  const std::int64_t estimated = estimate_activation_bytes(d, p);
+  EXPECT_EQ(estimated, measured) << "stage " << s << " of " << pp << " with " << V << " chunks, " << A
+                                 << " micro-batches" << in_activations(estimated - measured, d, B * T);
+}
+
+TEST(MemoryPlan, ActivationsMatchInterleavedPipelineStages) {
+  ModelDims d = mid_dims();
+  d.L = 4;
+  for (int s = 0; s < 2; ++s) {
+    expect_interleaved_stage_peak(d, 2, 2, s, 4, RecomputePolicy::None, 0);
+    expect_interleaved_stage_peak(d, 2, 2, s, 2, RecomputePolicy::Full, 3);  // as many micro-batches as stages
+  }
+  expect_interleaved_stage_peak(dense(untied(d)), 2, 2, 1, 6, RecomputePolicy::Selective, 0);
+  d.L = 6;
+  for (int s = 0; s < 3; ++s) expect_interleaved_stage_peak(d, 3, 2, s, 6, RecomputePolicy::None, 0);
+  // Chunks need a multiple of pp micro-batches, and ranges in increasing order.
+  ActivationPlan p;
+  p.seq_len = 128;
+  p.micro_batches = 4;
+  p.pp = 3;
+  p.chunk_layers = {{0, 1}, {3, 4}};
+  EXPECT_THROW(estimate_activation_bytes(d, p), std::invalid_argument);
+  p.micro_batches = 6;
+  EXPECT_GT(estimate_activation_bytes(d, p), 0);
+  p.chunk_layers = {{3, 4}, {0, 1}};
+  EXPECT_THROW(estimate_activation_bytes(d, p), std::invalid_argument);
 }
 
 // ---- the static part -------------------------------------------------------------------------
@@ -324,11 +378,9 @@ TEST(MemoryPlan, StaticPartIsWhatModelAndOptimizerHold) {
 // estimate_memory picks the rank that needs most: every rank of a pp = 2, tp = 2 layout
 // built as the trainer builds it (model, optimizer) and run through one step's 1F1B, the
 // other ranks played by FakeGroups; the estimate is the largest total, on its rank.
-TEST(MemoryPlan, EstimateIsTheRankThatNeedsMost) {
-  const RunConfig cfg = parse_config(kDemoToml, "demo.toml",
-                                     {"parallel.pp=2", "parallel.tp=2", "parallel.pp_layers=[1, 3]",
-                                      "train.seq_len=128", "train.global_batch=3", "model.vocab_size=255"},
-                                     4);
+void expect_estimate_is_the_rank_that_needs_most(const std::vector<std::string>& overrides) {
+  SCOPED_TRACE(::testing::PrintToString(overrides));
+  const RunConfig cfg = parse_config(kDemoToml, "demo.toml", overrides, 4);
   const ModelDims d = ModelDims::from_config(cfg);
   std::int64_t most = -1;
   int most_stage = -1, most_rank = -1;
@@ -339,7 +391,7 @@ TEST(MemoryPlan, EstimateIsTheRankThatNeedsMost) {
       shard.tp = 2;
       shard.tp_rank = r;
       shard.tp_group = std::make_shared<FakeGroup>(r, 2);
-      std::tie(shard.layer_begin, shard.layer_end) = cfg.stage_layers(s);
+      shard.chunks = cfg.stage_chunks(s);
       NsaTransformer model(d, DType::F32, Device::CPU, shard);
       model.params().initialize(1);
       model.set_recompute(parse_recompute_policy(cfg.recompute.policy), cfg.recompute.layers);
@@ -357,6 +409,14 @@ TEST(MemoryPlan, EstimateIsTheRankThatNeedsMost) {
   EXPECT_EQ(e.total(), most);
   EXPECT_EQ(e.pp_stage, most_stage);
   EXPECT_EQ(e.tp_rank, most_rank);
+}
+
+TEST(MemoryPlan, EstimateIsTheRankThatNeedsMost) {
+  expect_estimate_is_the_rank_that_needs_most({"parallel.pp=2", "parallel.tp=2", "parallel.pp_layers=[1, 3]",
+                                               "train.seq_len=128", "train.global_batch=3", "model.vocab_size=255"});
+  // Interleaved: each stage holds two chunks of one layer ({[0, 1), [2, 3)} and {[1, 2), [3, 4)}).
+  expect_estimate_is_the_rank_that_needs_most({"parallel.pp=2", "parallel.tp=2", "parallel.virtual_stages=2",
+                                               "train.seq_len=128", "train.global_batch=4", "model.vocab_size=255"});
 }
 
 // ---- the CUDA accounting against recorded GPU peaks -----------------------------------------

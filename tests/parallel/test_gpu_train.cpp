@@ -43,7 +43,8 @@ TEST_F(GpuTrain, EveryLayoutMatchesOneGpuInFp32) {
   ASSERT_EQ(train(0, "one", fp32).code, 0);
   std::vector<Layout> layouts = {{"dp2", 2, ""}, {"pp2", 2, " --set parallel.pp=2"},
                                  {"tp2", 2, " --set parallel.tp=2"},
-                                 {"dp2_zero1", 2, " --set parallel.zero1=true"}};
+                                 {"dp2_zero1", 2, " --set parallel.zero1=true"},
+                                 {"pp2_v2", 2, " --set parallel.pp=2 --set parallel.virtual_stages=2"}};
   if (nsatron::cuda_device_count() >= 4)
     layouts.insert(layouts.end(), {{"dp4", 4, ""}, {"pp2_dp2", 4, " --set parallel.pp=2"},
                                    {"pp4", 4, " --set parallel.pp=4"}, {"tp4", 4, " --set parallel.tp=4"},
@@ -67,7 +68,8 @@ TEST_F(GpuTrain, EveryLayoutFollowsOneGpuInBf16) {
   // (dp2 with ZeRO-1: the bf16 compute copy is refreshed after the weights' all-gather.)
   for (const Layout& l : {Layout{"dp2", 2, ""}, Layout{"pp2", 2, " --set parallel.pp=2"},
                           Layout{"tp2", 2, " --set parallel.tp=2"},
-                          Layout{"dp2_zero1", 2, " --set parallel.zero1=true"}}) {
+                          Layout{"dp2_zero1", 2, " --set parallel.zero1=true"},
+                          Layout{"pp2_v2", 2, " --set parallel.pp=2 --set parallel.virtual_stages=2"}}) {
     SCOPED_TRACE(l.name);
     CommandResult r = train(l.np, l.name, bf16 + l.settings);
     ASSERT_EQ(r.code, 0) << r.out << r.err;

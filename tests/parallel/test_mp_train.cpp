@@ -5,7 +5,10 @@
 //
 // The model here has 4 layers and 4 KV groups of 2 query heads, so that tp = 4 and pp = 4
 // both fit (the tiny model of train_fixture.h has 2 of each). Dense attention (model.attention
-// = "dense") is sharded the same way, by KV group: its layouts match one rank too.
+// = "dense") is sharded the same way, by KV group: its layouts match one rank too. The
+// interleaved pipeline (parallel.virtual_stages = 2: two chunks of one layer per stage with
+// pp = 2) matches one rank the same way, and bit for bit wherever the non-interleaved
+// pipeline does (untied head, no clipping: no sum spans the stages).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -54,6 +57,97 @@ TEST_F(MpTrain, EveryLayoutMatchesOneRank) {
     expect_same_curve("one", l.name, 1e-5, 5);
     expect_same_tensors("one", l.name, 1e-5, kTensors);
   }
+}
+
+// Virtual stages: pp2 with V = 2 (chunks [0, 1) + [2, 3) and [1, 2) + [3, 4)), pp2+dp2,
+// tp2+pp2 and full recompute, against one rank. (global_batch 8, micro_batch 2: A = 4
+// micro-batches with dp = 1, 2 with dp = 2: multiples of pp.)
+TEST_F(MpTrain, VirtualStagesMatchOneRank) {
+  ASSERT_EQ(train(0, "one", kModel).code, 0);
+  const std::string v2 = " --set parallel.pp=2 --set parallel.virtual_stages=2";
+  const std::vector<Layout> layouts = {
+      {"pp2_v2", 2, v2,
+       "PP: interleaved 1F1B, 2 virtual stages (model chunks) per stage, over 4 micro-batches, stage layers "
+       "[0, 1) + [2, 3), [1, 2) + [3, 4), tied embedding gradients summed between the first and last stages; bubble "
+       "(pp - 1) / (V * A) = 1/8 = 12.5% of the step's ideal time"},
+      {"pp2_dp2_v2", 4, v2, "tp=1 pp=2 dp=2"},
+      {"tp2_pp2_v2", 4, " --set parallel.tp=2" + v2, "tp=2 pp=2 dp=1"},
+      {"pp2_v2_full", 2, v2 + " --set recompute.policy=full --set recompute.layers=3", "recompute    full"},
+  };
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(l.name);
+    CommandResult r = train(l.np, l.name, kModel + l.settings);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find(l.log_says), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("interleaved 1F1B"), std::string::npos) << r.out;
+    EXPECT_EQ(r.err, "");
+    EXPECT_TRUE(ckpt::verify_checkpoint(dir_ / l.name).empty());
+    expect_same_curve("one", l.name, 1e-5, 5);
+    expect_same_tensors("one", l.name, 1e-5, kTensors);
+  }
+  // The bubble is printed without virtual stages too: (pp - 1) / A.
+  CommandResult plain = train(2, "pp2", kModel + " --set parallel.pp=2");
+  ASSERT_EQ(plain.code, 0) << plain.out << plain.err;
+  EXPECT_NE(plain.out.find("PP: 1F1B over 4 micro-batches, stage layers [0, 2), [2, 4), tied embedding gradients "
+                           "summed between the first and last stages; bubble (pp - 1) / A = 1/4 = 25.0% of the "
+                           "step's ideal time"),
+            std::string::npos)
+      << plain.out;
+}
+
+// Where nothing is summed across the stages in another order than one process sums it (an
+// untied head: no embedding gradients to add between stages; no clipping: the gradient norm,
+// added per stage, is only logged), pp2 gives the one-process bits, and so does pp2 with
+// virtual stages: every loss and every final weight and moment, bit for bit.
+TEST_F(MpTrain, VirtualStagesGiveTheBitsOfOneRank) {
+  const std::string exact = kModel + " --set model.tie_embeddings=false --set optim.grad_clip=0";
+  ASSERT_EQ(train(0, "one", exact).code, 0);
+  for (const auto& [name, settings] : std::vector<std::pair<std::string, std::string>>{
+           {"pp2", " --set parallel.pp=2"}, {"pp2_v2", " --set parallel.pp=2 --set parallel.virtual_stages=2"}}) {
+    SCOPED_TRACE(name);
+    CommandResult r = train(2, name, exact + settings);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_EQ(field_values(metrics(name), "loss"), field_values(metrics("one"), "loss"));
+    EXPECT_EQ(field_values(metrics(name), "val_loss"), field_values(metrics("one"), "val_loss"));
+    expect_same_tensors("one", name, 0, kTensors + 1);
+  }
+}
+
+// Checkpoints move between pp2 and pp2 with virtual stages (the same global names, other
+// ranks holding them), both ways, on the one-process curve.
+TEST_F(MpTrain, CheckpointsMoveBetweenVirtualStageLayouts) {
+  const std::string ten = kModel + " --set train.steps=10";
+  ASSERT_EQ(train(0, "ref", ten).code, 0);
+  const std::string pp2 = " --set parallel.pp=2", v2 = pp2 + " --set parallel.virtual_stages=2";
+  stop_and_resume("ref", "pp2_to_pp2v2", ten, 2, pp2, 2, v2, 1e-5, kTensors);
+  stop_and_resume("ref", "pp2v2_to_pp2", ten, 2, v2, 2, pp2, 1e-5, kTensors);
+  stop_and_resume("ref", "pp2v2_to_1", ten, 2, v2, 0, "", 1e-5, kTensors);
+}
+
+// Configs the interleaved schedule cannot run are refused before any work, on every rank,
+// with the config's FILE:LINE:COL: key: message (exit 2).
+TEST_F(MpTrain, VirtualStagesRefuseLayoutsThatDoNotSplit) {
+  const std::string v2 = " --set parallel.pp=2 --set parallel.virtual_stages=2";
+  // 6 layers do not cut into pp * V = 4 chunks.
+  CommandResult r = train(2, "bad_layers", kModel + v2 + " --set model.n_layers=6");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--set parallel.virtual_stages=2: parallel.virtual_stages: pp * virtual_stages = 2 * 2 = 4 must "
+                       "divide n_layers = 6"),
+            std::string::npos)
+      << r.err;
+  // global_batch 6 = 3 micro-batches of 2: not a multiple of pp.
+  r = train(2, "bad_batch", kModel + v2 + " --set train.global_batch=6");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("train.global_batch: global_batch = 6 gives A = global_batch / (micro_batch * dp) = 6 / (2 * 1) "
+                       "= 3 micro-batches per step, not a multiple of pp = 2"),
+            std::string::npos)
+      << r.err;
+  // With pp_layers: both keys named.
+  r = train(2, "bad_split", kModel + v2 + " --set parallel.pp_layers=[1,3]");
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("parallel.virtual_stages: virtual_stages = 2 cannot be combined with parallel.pp_layers"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST_F(MpTrain, DenseAttentionUnderTensorAndPipelineParallelism) {
