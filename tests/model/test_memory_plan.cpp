@@ -223,14 +223,15 @@ std::int64_t measure_1f1b(NsaTransformer& model, int pp, int s, std::int64_t A, 
   return std::int64_t(memory_stats(Device::CPU).peak - base);
 }
 
-// Each stage of a pipeline alone: the micro-batches in flight (min(pp - s, A)), the
-// messages, a tied embedding's copy on the last stage.
-void expect_stage_peak(const ModelDims& d, int pp, int s, std::int64_t A, RecomputePolicy policy,
-                       std::int64_t layers) {
+// Stage s of pp alone, holding `chunks` (one layer range: the 1F1B schedule; several: the
+// interleaved one): the (chunk-)micro-batches in flight (1F1B: min(pp - s, A)), the messages
+// received ahead of their use, the embedding on the first chunk of stage 0, the head (and a
+// tied embedding's copy) on the last chunk of the last stage.
+std::int64_t expect_chunks_peak(const ModelDims& d, int pp, int s, const std::vector<LayerRange>& chunks,
+                                std::int64_t A, RecomputePolicy policy, std::int64_t layers) {
   const std::int64_t B = 1, T = 128;
   ModelShard shard;
-  shard.layer_begin = d.L * s / pp;
-  shard.layer_end = d.L * (s + 1) / pp;
+  shard.chunks = chunks;
   NsaTransformer model(d, DType::F32, Device::CPU, shard);
   model.params().initialize(3);
   model.set_recompute(policy, layers);
@@ -243,14 +244,26 @@ void expect_stage_peak(const ModelDims& d, int pp, int s, std::int64_t A, Recomp
   p.recompute_layers = layers;
   p.pp = pp;
   p.pp_stage = s;
-  p.layer_begin = shard.layer_begin;
-  p.layer_end = shard.layer_end;
+  p.chunk_layers = chunks;
   const std::int64_t estimated = estimate_activation_bytes(d, p);
-  EXPECT_EQ(estimated, measured) << "stage " << s << " of " << pp << ", " << A << " micro-batches"
-                                 << in_activations(estimated - measured, d, B * T);
+  EXPECT_EQ(estimated, measured) << "stage " << s << " of " << pp << " with " << chunks.size() << " chunk(s), " << A
+                                 << " micro-batches" << in_activations(estimated - measured, d, B * T);
+  return estimated;
+}
+
+// The 1F1B schedule: stage s holds the layers [L s / pp, L (s + 1) / pp).
+void expect_stage_peak(const ModelDims& d, int pp, int s, std::int64_t A, RecomputePolicy policy,
+                       std::int64_t layers) {
+  const std::int64_t estimated =
+      expect_chunks_peak(d, pp, s, {{d.L * s / pp, d.L * (s + 1) / pp}}, A, policy, layers);
   if (s == 0 && A >= pp) {  // the first stage holds pp micro-batches: more than one alone
-    p.micro_batches = 1;
-    EXPECT_GT(estimated, estimate_activation_bytes(d, p));
+    ActivationPlan one;
+    one.seq_len = 128;
+    one.policy = policy;
+    one.recompute_layers = layers;
+    one.pp = pp;
+    one.layer_end = d.L / pp;
+    EXPECT_GT(estimated, estimate_activation_bytes(d, one));
   }
 }
 
@@ -264,30 +277,13 @@ TEST(MemoryPlan, ActivationsMatchPipelineStages) {
   expect_stage_peak(dense(untied(d)), 3, 1, 5, RecomputePolicy::Selective, 0);
 }
 
-// Each stage of an interleaved pipeline alone (pp stages of V chunks of L / (pp V) layers):
-// the chunk-micro-batches in flight, the messages received ahead of their use, the embedding
-// on chunk 0 of stage 0, the head on the last chunk of the last stage.
+// The interleaved schedule: pp stages of V chunks of L / (pp V) layers, chunk c on stage c % pp.
 void expect_interleaved_stage_peak(const ModelDims& d, int pp, int V, int s, std::int64_t A, RecomputePolicy policy,
                                    std::int64_t layers) {
-  const std::int64_t B = 1, T = 128, per = d.L / (pp * V);
-  ModelShard shard;
-  for (int v = 0; v < V; ++v) shard.chunks.push_back({(v * pp + s) * per, (v * pp + s + 1) * per});
-  NsaTransformer model(d, DType::F32, Device::CPU, shard);
-  model.params().initialize(3);
-  model.set_recompute(policy, layers);
-  const std::int64_t measured = measure_1f1b(model, pp, s, A, B, T);
-  ActivationPlan p;
-  p.micro_batch = B;
-  p.seq_len = T;
-  p.micro_batches = A;
-  p.policy = policy;
-  p.recompute_layers = layers;
-  p.pp = pp;
-  p.pp_stage = s;
-  p.chunk_layers = shard.chunks;
-  const std::int64_t estimated = estimate_activation_bytes(d, p);
-  EXPECT_EQ(estimated, measured) << "stage " << s << " of " << pp << " with " << V << " chunks, " << A
-                                 << " micro-batches" << in_activations(estimated - measured, d, B * T);
+  const std::int64_t per = d.L / (pp * V);
+  std::vector<LayerRange> chunks;
+  for (int v = 0; v < V; ++v) chunks.push_back({(v * pp + s) * per, (v * pp + s + 1) * per});
+  expect_chunks_peak(d, pp, s, chunks, A, policy, layers);
 }
 
 TEST(MemoryPlan, ActivationsMatchInterleavedPipelineStages) {
