@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/util/format.h"
+#include "launch/sweep/report.h"
 
 namespace nsatron::sweep {
 
@@ -26,23 +27,6 @@ double machine_memory_bytes() {
 
 std::string layout_name(const RunConfig& c) {
   return "tp" + std::to_string(c.parallel.tp) + ".pp" + std::to_string(c.parallel.pp) + ".dp" + std::to_string(c.dp());
-}
-
-std::vector<std::string> split_csv_line(const std::string& line) {
-  std::vector<std::string> cells(1);
-  bool quoted = false;
-  for (std::size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (c == '"') {
-      if (quoted && i + 1 < line.size() && line[i + 1] == '"') cells.back() += '"', ++i;
-      else quoted = !quoted;
-    } else if (c == ',' && !quoted) {
-      cells.emplace_back();
-    } else if (c != '\r') {
-      cells.back() += c;
-    }
-  }
-  return cells;
 }
 
 // Earlier runs' speeds (a results.csv of `sweep report`): by run name, and the FLOP/s they
@@ -76,11 +60,6 @@ SpeedTable read_speed_table(const std::string& path) {
     t.flops[cells[c_dev] + " " + cells[c_layout]].push_back(tok * fpt);
   }
   return t;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 // Trains a copy of the run for `steps` steps in a scratch folder; its median tokens/s.

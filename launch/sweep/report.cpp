@@ -28,14 +28,6 @@ namespace {
 const std::vector<std::string> kPlanColumns = {"attention", "layout", "device", "params", "params_nonembed",
                                                "tokens", "steps", "tokens_per_step", "flops_per_token", "flops"};
 
-std::vector<std::string> split(const std::string& line) {
-  std::vector<std::string> cells(1);
-  for (char c : line)
-    if (c == ',') cells.emplace_back();
-    else if (c != '\r') cells.back() += c;
-  return cells;
-}
-
 std::string number(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.10g", v);
@@ -43,6 +35,23 @@ std::string number(double v) {
 }
 
 }  // namespace
+
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> cells(1);
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (c == '"') {
+      if (quoted && i + 1 < line.size() && line[i + 1] == '"') cells.back() += '"', ++i;
+      else quoted = !quoted;
+    } else if (c == ',' && !quoted) {
+      cells.emplace_back();
+    } else if (c != '\r') {
+      cells.back() += c;
+    }
+  }
+  return cells;
+}
 
 void write_runs_csv(const Sweep& sweep, const std::vector<PlannedRun>& runs) {
   fs::create_directories(sweep.out);
@@ -75,7 +84,7 @@ int report(const std::string& dir, std::ostream& out, bool fit) {
   }
   std::string line;
   std::getline(in, line);
-  const std::vector<std::string> header = split(line);
+  const std::vector<std::string> header = split_csv_line(line);
   const std::size_t plan_cols = kPlanColumns.size();
   if (header.size() < 1 + plan_cols || header.front() != "run")
     throw UserError((d / "runs.csv").string() + ": not a runs.csv of `nsatron sweep run` (header: " + line + ")");
@@ -92,7 +101,7 @@ int report(const std::string& dir, std::ostream& out, bool fit) {
   std::vector<std::string> not_done;
   std::size_t rows = 0;
   while (std::getline(in, line)) {
-    const auto cells = split(line);
+    const auto cells = split_csv_line(line);
     if (cells.size() != header.size()) continue;
     ++rows;
     const std::string& name = cells[0];

@@ -10,6 +10,10 @@
 
 namespace nsatron::sweep {
 
+// The cells of one line of runs.csv or results.csv (commas; a cell in double quotes may hold
+// commas, "" inside it a quote).
+std::vector<std::string> split_csv_line(const std::string& line);
+
 // DIR/runs.csv: what the plan knows of each run (name, axis values, model, layout, tokens,
 // FLOPs), written by `sweep run` so that `sweep report DIR` needs only the folder.
 void write_runs_csv(const Sweep& sweep, const std::vector<PlannedRun>& runs);

@@ -43,12 +43,6 @@ bool json_number(const std::string& line, const char* key, double& out) {
   return end != begin;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 }  // namespace
 
 RunMetrics read_metrics(const std::string& path) {
@@ -95,6 +89,12 @@ RunMetrics read_metrics(const std::string& path) {
   m.tokens_per_s = median(tok_s);
   m.mfu = median(mfu);
   return m;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 void write_failed_marker(const std::string& run_dir, int exit_code, const std::string& why) {

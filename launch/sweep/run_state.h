@@ -29,6 +29,9 @@ struct RunMetrics {
 };
 RunMetrics read_metrics(const std::string& path);
 
+// The median of a set of speeds (0 for none).
+double median(std::vector<double> v);
+
 // The failure marker `sweep run` writes: the exit code and the log's last lines.
 void write_failed_marker(const std::string& run_dir, int exit_code, const std::string& why);
 std::string failed_reason(const std::string& run_dir);  // "exit 2: ..." ("" when none)
