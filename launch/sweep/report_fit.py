@@ -663,6 +663,17 @@ def note(ax, text):
             color="0.3", wrap=True)
 
 
+def finish_plot(fig, ax, xlabel, ylabel, title, path):
+    """Labels, a light grid, and the PNG written (the figure closed)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def plot_loss_curves(runs, path):
     fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
     sizes = [r["params"] for r in runs if math.isfinite(r["params"]) and r["params"] > 0]
@@ -690,13 +701,8 @@ def plot_loss_curves(runs, path):
     if norm:
         sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
         fig.colorbar(sm, ax=ax, label="parameters")
-    ax.set_xlabel("tokens seen")
-    ax.set_ylabel("loss (validation; faint: train)")
-    ax.set_title("loss curves (solid: nsa, dashed: dense)")
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    finish_plot(fig, ax, "tokens seen", "loss (validation; faint: train)",
+                "loss curves (solid: nsa, dashed: dense)", path)
 
 
 def plot_loss_vs_flops(done, analyses, path):
@@ -731,13 +737,8 @@ def plot_loss_vs_flops(done, analyses, path):
         ax.legend(fontsize=8)
     else:
         note(ax, "no done run with a validation loss and known FLOPs")
-    ax.set_xlabel("training FLOPs")
-    ax.set_ylabel("validation loss")
-    ax.set_title("loss against compute (faint: validation curves)")
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    finish_plot(fig, ax, "training FLOPs", "validation loss", "loss against compute (faint: validation curves)",
+                path)
 
 
 def plot_optimal_size(analyses, path):
@@ -765,13 +766,8 @@ def plot_optimal_size(analyses, path):
         ax.legend(fontsize=8)
     else:
         note(ax, "no compute-optimal size: no L(N, D) fit and no compute level reached by 2 runs")
-    ax.set_xlabel("training FLOPs")
-    ax.set_ylabel("compute-optimal non-embedding parameters")
-    ax.set_title("compute-optimal model size")
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    finish_plot(fig, ax, "training FLOPs", "compute-optimal non-embedding parameters",
+                "compute-optimal model size", path)
 
 
 def plot_throughput(runs, path):
