@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The demo scaling study on CPU (configs/sweeps/kjv_tiny.toml: 3 model sizes x 2 token budgets x
-# {NSA, dense attention} on the King James Bible, about 10 minutes on 2 cores): set up, build,
+# {NSA, dense attention} on the King James Bible, about 6 minutes of training on 2 cores): set up, build,
 # prepare the corpus, plan, run, report. Run it again to continue an interrupted study.
 # The report: runs/kjv_tiny/summary.md, runs/kjv_tiny/plots/*.png, runs/kjv_tiny/results.csv.
 set -euo pipefail
