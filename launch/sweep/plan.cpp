@@ -25,10 +25,6 @@ double machine_memory_bytes() {
   return double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
 }
 
-std::string layout_name(const RunConfig& c) {
-  return "tp" + std::to_string(c.parallel.tp) + ".pp" + std::to_string(c.parallel.pp) + ".dp" + std::to_string(c.dp());
-}
-
 // Earlier runs' speeds (a results.csv of `sweep report`): by run name, and the FLOP/s they
 // reached per device and layout.
 struct SpeedTable {

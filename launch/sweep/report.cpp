@@ -3,6 +3,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -53,6 +54,10 @@ std::vector<std::string> split_csv_line(const std::string& line) {
   return cells;
 }
 
+std::string layout_name(const RunConfig& c) {
+  return "tp" + std::to_string(c.parallel.tp) + ".pp" + std::to_string(c.parallel.pp) + ".dp" + std::to_string(c.dp());
+}
+
 void write_runs_csv(const Sweep& sweep, const std::vector<PlannedRun>& runs) {
   fs::create_directories(sweep.out);
   const fs::path p = fs::path(sweep.out) / "runs.csv", tmp = p.string() + ".tmp";
@@ -66,7 +71,7 @@ void write_runs_csv(const Sweep& sweep, const std::vector<PlannedRun>& runs) {
       const RunConfig& c = r.config;
       f << r.name;
       for (const auto& l : r.axis_labels) f << "," << l;
-      f << "," << c.model.attention << ",tp" << c.parallel.tp << ".pp" << c.parallel.pp << ".dp" << c.dp() << ","
+      f << "," << c.model.attention << "," << layout_name(c) << ","
         << c.train.device << "," << r.params << "," << r.params_nonembed << "," << r.tokens << "," << c.train.steps << ","
         << r.tokens_per_step << "," << number(r.flops_per_token) << "," << number(r.flops) << "\n";
     }
@@ -89,7 +94,8 @@ int report(const std::string& dir, std::ostream& out, bool fit) {
   if (header.size() < 1 + plan_cols || header.front() != "run")
     throw UserError((d / "runs.csv").string() + ": not a runs.csv of `nsatron sweep run` (header: " + line + ")");
   const std::size_t n_axes = header.size() - 1 - plan_cols;
-  const std::size_t c_steps = 1 + n_axes + 6;  // kPlanColumns' "steps"
+  const std::size_t c_steps =
+      1 + n_axes + std::size_t(std::find(kPlanColumns.begin(), kPlanColumns.end(), "steps") - kPlanColumns.begin());
 
   const fs::path results = d / "results.csv", tmp = results.string() + ".tmp";
   std::ofstream f(tmp, std::ios::trunc);

@@ -14,6 +14,9 @@ namespace nsatron::sweep {
 // commas, "" inside it a quote).
 std::vector<std::string> split_csv_line(const std::string& line);
 
+// A run's layout as results.csv and plan name it: "tp1.pp2.dp4".
+std::string layout_name(const RunConfig& c);
+
 // DIR/runs.csv: what the plan knows of each run (name, axis values, model, layout, tokens,
 // FLOPs), written by `sweep run` so that `sweep report DIR` needs only the folder.
 void write_runs_csv(const Sweep& sweep, const std::vector<PlannedRun>& runs);

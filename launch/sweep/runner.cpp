@@ -38,13 +38,6 @@ std::string self_executable() {
   return ec ? std::string("nsatron") : p.string();
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 void write_file(const fs::path& p, const std::string& text) {
   const fs::path tmp = p.string() + ".tmp";
   {
@@ -77,7 +70,8 @@ class StudyLock {
     fd_ = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) throw EnvironmentError("cannot open '" + p.string() + "': " + std::strerror(errno));
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      const std::string holder = read_file(p);
+      std::string holder;
+      read_whole_file(p.string(), holder);
       ::close(fd_);
       throw UserError("another `sweep run` is working on " + out.string() +
                       (holder.empty() ? "" : " (" + holder.substr(0, holder.find('\n')) + ")") +
@@ -123,7 +117,8 @@ void write_run_configs(const Sweep& sweep, const std::vector<PlannedRun>& runs) 
   std::vector<std::string> changed;
   for (const auto& r : runs) {
     const fs::path p = fs::path(r.dir) / "config.toml";
-    if (fs::exists(p) && read_file(p) != to_toml(r.config)) changed.push_back(p.string());
+    std::string existing;
+    if (read_whole_file(p.string(), existing) && existing != to_toml(r.config)) changed.push_back(p.string());
   }
   if (!changed.empty()) {
     std::vector<std::string> msgs;

@@ -292,20 +292,25 @@ Sweep parse_sweep(const std::string& text, const std::string& path) {
   return s;
 }
 
-Sweep read_sweep(const std::string& path) {
+bool read_whole_file(const std::string& path, std::string& text) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw SweepError({path + ": cannot open the sweep file"});
+  if (!in) return false;
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_sweep(ss.str(), path);
+  text = ss.str();
+  return true;
+}
+
+Sweep read_sweep(const std::string& path) {
+  std::string text;
+  if (!read_whole_file(path, text)) throw SweepError({path + ": cannot open the sweep file"});
+  return parse_sweep(text, path);
 }
 
 std::vector<PlannedRun> expand(const Sweep& sweep) {
-  std::ifstream in(sweep.base, std::ios::binary);
-  if (!in) throw SweepError({sweep.file + ": sweep.base: cannot open the base config '" + sweep.base + "'"});
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string base_text = ss.str();
+  std::string base_text;
+  if (!read_whole_file(sweep.base, base_text))
+    throw SweepError({sweep.file + ": sweep.base: cannot open the base config '" + sweep.base + "'"});
 
   std::size_t count = 1;
   for (const auto& a : sweep.axes) count *= a.values.size();

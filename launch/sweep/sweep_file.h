@@ -92,6 +92,9 @@ struct PlannedRun {
   double flops = 0;                     // tokens * flops_per_token
 };
 
+// The whole of a file as text; false when it cannot be opened (the sweep's files are small).
+bool read_whole_file(const std::string& path, std::string& text);
+
 // Reads and checks a sweep file (not the runs: expand does). Throws SweepError.
 Sweep read_sweep(const std::string& path);
 Sweep parse_sweep(const std::string& text, const std::string& path);
