@@ -95,10 +95,12 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
     c.window = m.window;
     if (cuda) {
       // NsaSavedCuda (nsa/cuda/nsa_cuda.cu, saved_layout): fp32 compressed K and V [B, Nc, G, D],
-      // int32 selected blocks [B, T, G, n], fp32 lse [3, B, T, H], each 256-byte aligned; no
-      // branch outputs (the CUDA backward recomputes them).
+      // int32 selected blocks [B, T, G, n], fp32 lse [3, B, T, H], and for bf16 the selection and
+      // window branches' fp32 outputs [2, B, T, H, D] (the backward's do . o_c), each 256-byte
+      // aligned.
       const std::int64_t kv = align256(c.B * c.num_cmp_blocks() * c.G * c.D * 4);
-      z.saved = 2 * kv + align256(c.B * c.T * c.G * c.sel_count * 4) + align256(3 * c.B * c.T * c.H * 4);
+      z.saved = 2 * kv + align256(c.B * c.T * c.G * c.sel_count * 4) + align256(3 * c.B * c.T * c.H * 4) +
+                (p.dtype == DType::BF16 ? align256(2 * c.B * c.T * c.H * c.D * 4) : 0);
     } else if (p.dtype == DType::F64) {
       z.saved = std::int64_t(nsa::NsaSaved<double>::bytes_for(c));
     } else {

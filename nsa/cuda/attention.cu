@@ -275,11 +275,14 @@ __global__ void __launch_bounds__(256) row_kernel(Geo g, RowArgs a, int hc, int 
     if constexpr (!BWD) {
       const bool any = lsum[rr] > 0.f;
       const float inv = any ? 1.f / lsum[rr] : 0.f;
-      T* o = static_cast<T*>(a.o) + row * g.D;
 #pragma unroll
       for (int j = 0; j < NJ; ++j) {
         const int dd = lane + 32 * j;
-        if (dd < g.D) o[dd] = stf<T>(acc[rr][j] * inv);
+        if (dd >= g.D) continue;
+        if (a.o_f32)
+          static_cast<float*>(a.o)[row * g.D + dd] = acc[rr][j] * inv;
+        else
+          static_cast<T*>(a.o)[row * g.D + dd] = stf<T>(acc[rr][j] * inv);
       }
       if (lane == 0) a.lse[row] = any ? m[rr] + logf(lsum[rr]) : -INFINITY;
     } else {
@@ -674,7 +677,7 @@ std::size_t cmp_select_tc_smem(const Geo& g) {
 }
 
 void launch_cmp_select_tc(const Geo& g, const bf16* q, const float2* rope, const float* kc,
-                          const float* vc, CmpSelectScratch scratch, bf16* o, float* lse,
+                          const float* vc, CmpSelectScratch scratch, float* o, float* lse,
                           std::int32_t* sel, cudaStream_t s) {
   const std::size_t smem = cmp_select_tc_smem(g);
   if (smem == 0) throw std::logic_error("launch_cmp_select_tc: the fused kernel does not fit");

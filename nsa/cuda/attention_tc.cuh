@@ -8,13 +8,16 @@
 // mma.sync m16n8k16 (bf16 in, fp32 accumulate):
 //   forward   S = Q K^T, online softmax in fp32 (exp2 domain), O += P V (P rounded to bf16),
 //             O / l and lse = m + log(l) written as the fp32 kernel does;
-//   backward  two passes over the keys. Pass 1: S = Q K^T, dP = dO V^T, p = exp(scale s -
-//             lse), lsum += p dP (fp32): lsum = do . o_c, hence delta = g lsum and dgate.
-//             Pass 2: the same S, dP, p; dS = p (dP - lsum) in fp32, rounded to bf16,
-//             A += dS K; dq (+)= scale g A. (One pass with A = sum p dP k and B = sum p k,
-//             dq ~ A - lsum B as the fp32 kernel does, cancels badly once P and dP are
-//             rounded to bf16: with one key, dq = 0 exactly but A - lsum B keeps the
-//             rounding error of dP.)
+//   backward  one pass over the keys for dq: S = Q K^T, dP = dO V^T, p = exp(scale s - lse),
+//             dS = p (dP - lsum) in fp32, rounded to bf16, A += dS K; dq (+)= scale g A, with
+//             lsum = do . o_c per row from the saved fp32 branch output (RowArgs::dot_in).
+//             Without dot_in (dense attention, whose output is bf16) a first pass computes
+//             lsum += p dP (fp32) over the same tiles and writes delta = g lsum and dgate;
+//             the compression branch's first pass computes its own lse (see the launcher)
+//             and lsum with it online (sum p~ dP rescaled as the row sum l is, over l).
+//             (One pass with A = sum p dP k and B = sum p k, dq ~ A - lsum B as the fp32
+//             kernel does, cancels badly once P and dP are rounded to bf16: with one key,
+//             dq = 0 exactly but A - lsum B keeps the rounding error of dP.)
 // Every output element is written by one thread after a fixed sequence of mma's: the
 // results are deterministic.
 // Included inside namespace nsatron::nsa::cuda::detail::{anonymous} of attention.cu.
@@ -206,11 +209,15 @@ __device__ __forceinline__ unsigned long long key_bits(int lo, int hi) {
 // rows lane/4 and lane/4 + 8, NT tiles of 8 keys), in the exp2 domain: on entry s holds the
 // scores and ok which of them the row may see; on exit s holds p = 2^(sl2 s - m2) (0 where not
 // ok), the running max m2 and sum ls (this thread's keys only) are updated, and acc, when
-// given, is rescaled to the new max. sl2 = scale log2(e).
+// given, is rescaled to the new max. With x given, xs (this thread's keys only) becomes
+// xs corr + sum p x, the running sum whose ratio to ls is sum_j p_j x_j over the row's
+// softmax. sl2 = scale log2(e).
 template <int NT, int DT>
 __device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], const bool (&ok)[NT][4],
                                                     float sl2, float (&m2)[2], float (&ls)[2],
-                                                    float (*acc)[4]) {
+                                                    float (*acc)[4],
+                                                    const float (*x)[4] = nullptr,
+                                                    float* xs = nullptr) {
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     float mx = -INFINITY;
@@ -228,7 +235,7 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], const boo
     float corr = 1.f;
     if (mnew != -INFINITY) corr = exp2f(m2[h2] - mnew);
     const float msub = mnew == -INFINITY ? 0.f : mnew;
-    float sum = 0.f;
+    float sum = 0.f, xsum = 0.f;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -236,8 +243,10 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], const boo
         const int ee = 2 * h2 + e;
         s[n][ee] = ok[n][ee] ? exp2f(s[n][ee] - msub) : 0.f;
         sum += s[n][ee];
+        if (x) xsum += s[n][ee] * x[n][ee];
       }
     ls[h2] = ls[h2] * corr + sum;
+    if (x) xs[h2] = xs[h2] * corr + xsum;
     m2[h2] = mnew;
     if (acc) {
 #pragma unroll
@@ -276,17 +285,22 @@ __device__ __forceinline__ void acc_add_product(float (*acc)[4], const float (*x
 // The forward's epilogue for one row: o = acc / l (bf16, the thread's columns) and, from its
 // first thread (gc == 0), lse = ln 2 m2 + ln l (-inf for a row that saw nothing). l: the full
 // row sum; m2: its max in the exp2 domain.
-template <int DT>
+// O: bf16 (dense attention's output) or float (the NSA branch outputs, kept for the backward).
+template <int DT, class O>
 __device__ __forceinline__ void store_row_output(const float (*acc)[4], int h2, float l, float m2,
-                                                 bf16* o_row, float* lse_row, int D, int gc) {
+                                                 O* o_row, float* lse_row, int D, int gc) {
   const bool any = l > 0.f;
   const float inv = any ? 1.f / l : 0.f;
 #pragma unroll
   for (int j = 0; j < DT; ++j) {
     const int dd = j * 8 + gc * 2;
-    if (dd < D)
-      *reinterpret_cast<__nv_bfloat162*>(o_row + dd) =
-          __floats2bfloat162_rn(acc[j][2 * h2] * inv, acc[j][2 * h2 + 1] * inv);
+    if (dd < D) {
+      const float v0 = acc[j][2 * h2] * inv, v1 = acc[j][2 * h2 + 1] * inv;
+      if constexpr (std::is_same_v<O, float>)
+        *reinterpret_cast<float2*>(o_row + dd) = make_float2(v0, v1);
+      else
+        *reinterpret_cast<__nv_bfloat162*>(o_row + dd) = __floats2bfloat162_rn(v0, v1);
+    }
   }
   if (gc == 0) *lse_row = any ? m2 * 0.6931471805599453f + logf(l) : -INFINITY;
 }
@@ -387,10 +401,11 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
     beg = BR == kWin ? max(0, t_first - g.w + 1) : 0;
     ntiles = (key_end - beg + KT - 1) / KT;
   }
-  // Passes over the tiles: forward 1; backward 2 (lsum, dq), the compression branch 3 (its
-  // own tensor-core lse first: see the launcher).
-  constexpr int kPasses = BWD ? (BR == kCmp ? 3 : 2) : 1;
-  const int nsteps = kPasses * ntiles;
+  // Passes over the tiles: forward 1; backward: dq, after an lsum pass (do . o_c) unless the
+  // caller gives do . o_c (a.dot_in, from the saved branch output). The compression branch's
+  // first pass computes its own tensor-core lse (see the launcher) and, online, lsum with it.
+  const int passes = BWD ? (BR == kCmp ? 2 : (a.dot_in ? 1 : 2)) : 1;
+  const int nsteps = passes * ntiles;
   int issue_tile = -1;  // selection: the tile index of the last issued step
   auto step_tile = [&](int k, int& cur) {  // window: s0 of step k; selection: advances cur
     if constexpr (BR == kSlc) {
@@ -444,6 +459,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
   float m2[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f};
   float acc[DT][4];
   float dot[2] = {0.f, 0.f};  // backward: do . o_c per row, after pass 1
+  float us[2] = {0.f, 0.f};   // compression backward: the online sum of p dP (pass 0)
 #pragma unroll
   for (int j = 0; j < DT; ++j)
 #pragma unroll
@@ -451,7 +467,10 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
   float lrow2[2] = {0.f, 0.f};  // backward: lse in the exp2 domain
   if constexpr (BWD) {
 #pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) lrow2[h2] = rv[h2] ? a.lse_in[rowg[h2]] * kLog2e : 0.f;
+    for (int h2 = 0; h2 < 2; ++h2) {
+      lrow2[h2] = rv[h2] ? a.lse_in[rowg[h2]] * kLog2e : 0.f;
+      if (a.dot_in) dot[h2] = rv[h2] ? a.dot_in[rowg[h2]] : 0.f;
+    }
   }
   std::uint32_t qf[BWD ? 1 : DP / 16][4];
   __syncwarp();
@@ -463,20 +482,25 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
   issue(0);
   int s0_cur = s0_next;
   for (int k = 0; k < nsteps; ++k) {
-    // Backward phases: 0 softmax statistics (compression only), 1 lsum, 2 dq.
-    const int phase = BWD ? k / ntiles + (3 - kPasses) : 0;
+    // Backward phases: 0 softmax statistics and lsum (compression only, the first pass), 1
+    // lsum (the others, when no dot_in), 2 dq (the last pass).
+    const int pass = k / max(ntiles, 1);
+    const int phase = !BWD ? 0 : (pass == passes - 1 ? 2 : (BR == kCmp ? 0 : 1));
     const bool pass2 = BWD && phase == 2;
-    if (BWD && kPasses == 3 && k == ntiles) {  // end of the statistics pass: lse per row
+    if (BWD && BR == kCmp && k == ntiles) {  // end of the statistics pass: lse per row
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {
         float l = ls[h2] + __shfl_xor_sync(0xffffffffu, ls[h2], 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         lrow2[h2] = l > 0.f ? m2[h2] + log2f(l) : 0.f;
         if (rv[h2] && gc == 0 && a.lse_tc) a.lse_tc[rowg[h2]] = l > 0.f ? lrow2[h2] / kLog2e : -INFINITY;
+        float u = us[h2] + __shfl_xor_sync(0xffffffffu, us[h2], 1);
+        u += __shfl_xor_sync(0xffffffffu, u, 2);
+        dot[h2] = l > 0.f ? u / l : 0.f;  // lsum = sum_j p_j dP_j
         ls[h2] = 0.f;
       }
     }
-    if (BWD && k == (kPasses - 1) * ntiles) {  // end of the lsum pass: full row sums
+    if (BWD && BR != kCmp && !a.dot_in && k == ntiles) {  // end of the lsum pass: row sums
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {
         dot[h2] = ls[h2] + __shfl_xor_sync(0xffffffffu, ls[h2], 1);
@@ -531,7 +555,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
             mma(s[2 * np + 1], qq, kb[2], kb[3]);
           }
           if constexpr (BWD) {
-            if (phase > 0) {
+            if (phase > 0 || BR == kCmp) {
 #pragma unroll
               for (int p = kKParts - 1; p >= 0; --p) {
                 std::uint32_t vb[4];
@@ -553,7 +577,10 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
           ok[n][e] = (vis[h2] >> kk) & 1ull;
         }
       if (!BWD || phase == 0) {  // online softmax (forward; backward statistics pass)
-        online_softmax_tile<NT, DT>(s, ok, sl2, m2, ls, BWD ? nullptr : acc);
+        if constexpr (BWD)
+          online_softmax_tile<NT, DT>(s, ok, sl2, m2, ls, nullptr, dp, us);
+        else
+          online_softmax_tile<NT, DT>(s, ok, sl2, m2, ls, acc);
       } else {
 #pragma unroll
         for (int n = 0; n < NT; ++n)
@@ -568,9 +595,10 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
             }
           }
       }
-      if (!BWD || pass2) {
-        // forward: acc += P V; backward (pass 2): acc += dS K.
-        acc_add_product<NT, DT, STR, KT, kKParts>(acc, BWD ? dp : s, BWD ? Kt : Vt, lane);
+      if constexpr (BWD) {
+        if (pass2) acc_add_product<NT, DT, STR, KT, kKParts>(acc, dp, Kt, lane);  // acc += dS K
+      } else {
+        acc_add_product<NT, DT, STR, KT, kKParts>(acc, s, Vt, lane);  // acc += P V
       }
     }
     __syncthreads();  // stage k & 1 is refilled by issue(k + 2)
@@ -590,13 +618,17 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
     if (!rv[h2]) continue;
     const std::int64_t row = rowg[h2];
     if constexpr (!BWD) {
-      store_row_output<DT>(acc, h2, ls[h2], m2[h2], static_cast<bf16*>(a.o) + row * g.D,
-                           a.lse + row, g.D, gc);
+      if (a.o_f32)
+        store_row_output<DT>(acc, h2, ls[h2], m2[h2], static_cast<float*>(a.o) + row * g.D,
+                             a.lse + row, g.D, gc);
+      else
+        store_row_output<DT>(acc, h2, ls[h2], m2[h2], static_cast<bf16*>(a.o) + row * g.D,
+                             a.lse + row, g.D, gc);
     } else {
       const float gs =
           a.gate ? 1.f / (1.f + expf(-__bfloat162float(static_cast<const bf16*>(a.gate)[row * 3 + BR]))) : 1.f;
       const float dt = dot[h2];
-      if (gc == 0) {
+      if (gc == 0 && !a.dot_in) {
         a.gsig[row] = gs;
         a.delta[row] = gs * dt;
         if (a.dgate) static_cast<bf16*>(a.dgate)[row * 3 + BR] = __float2bfloat16_rn(dt * gs * (1.f - gs));

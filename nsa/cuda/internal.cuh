@@ -215,7 +215,7 @@ struct CmpSelectScratch {
 std::size_t cmp_select_tc_smem(const Geo& g);
 void launch_cmp_select_tc(const Geo& g, const __nv_bfloat16* q, const float2* rope,
                           const float* kc, const float* vc, CmpSelectScratch scratch,
-                          __nv_bfloat16* o, float* lse, std::int32_t* sel, cudaStream_t s);
+                          float* o, float* lse, std::int32_t* sel, cudaStream_t s);
 // attention.cu
 struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   const void* q;       // T [B,T,H,D]
@@ -224,11 +224,15 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   const float2* rope;  // [T, D/2] (cos, sin)
   const std::int32_t* sel;  // [B,T,G,n]
   // forward
-  void* o;             // T [B,T,H,D] branch output
+  void* o;             // [B,T,H,D] branch output: fp32 when o_f32 (the NSA branch outputs, kept
+  bool o_f32;          // for the backward's do . o_c), else T (dense attention's output)
   float* lse;          // [B,T,H]
-  // backward (one branch): reads d_out, the gate logits and lse; writes sigmoid(gate_c),
-  // delta_c = g_c (do . o_c) with do . o_c = sum_j p_j (do . v_j) recomputed in fp32, the
-  // gate gradient (when dgate is set) and dq (when dq is set)
+  // backward (one branch): reads d_out, the gate logits and lse, and writes dq (when dq is
+  // set). With dot_in (do . o_c per row, [B,T,H]: branch_dot_kernel from the saved branch
+  // output) the row side makes one pass over the keys for dq; without it, it first recomputes
+  // do . o_c = sum_j p_j (do . v_j) in fp32 in a pass of its own and writes sigmoid(gate_c),
+  // delta_c = g_c (do . o_c) and the gate gradient (when dgate is set).
+  const float* dot_in;
   const void* dout;    // T [B,T,H,D]
   const void* gate;    // T [B,T,H,3]; null: the gate is 1 (dense attention, nsa/cuda/dense.h)
   const float* lse_in; // [B,T,H]

@@ -46,8 +46,10 @@ __global__ void rope_table_kernel(float2* cs, int T, int half, int D, double the
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
 
+// out = sum_c sigmoid(gate_c) o_c over the three branch outputs (fp32 [B,T,H,D] each).
 template <class T>
-__global__ void combine_kernel(T* __restrict__ out, const T* __restrict__ o,
+__global__ void combine_kernel(T* __restrict__ out, const float* __restrict__ o_cmp,
+                               const float* __restrict__ o_slc, const float* __restrict__ o_win,
                                const T* __restrict__ gate, std::int64_t BTH, int D) {
   const std::int64_t total = BTH * D;
   for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -55,7 +57,56 @@ __global__ void combine_kernel(T* __restrict__ out, const T* __restrict__ o,
     const std::int64_t row = idx / D;
     const float g0 = sigmoidf(ldf(gate[row * 3])), g1 = sigmoidf(ldf(gate[row * 3 + 1])),
                 g2 = sigmoidf(ldf(gate[row * 3 + 2]));
-    out[idx] = stf<T>(g0 * ldf(o[idx]) + g1 * ldf(o[total + idx]) + g2 * ldf(o[2 * total + idx]));
+    out[idx] = stf<T>(g0 * o_cmp[idx] + g1 * o_slc[idx] + g2 * o_win[idx]);
+  }
+}
+
+// The backward's per-row gate terms of the selection and window branches from their saved
+// outputs o [2][B,T,H,D] (fp32: slc, win), one warp per row (b, t, head), each sum in a fixed
+// order: for c = slc, win,
+//   dot_c = d_out . o_c,  gsig_c = sigmoid(gate_c),  delta_c = gsig_c dot_c (the key side's
+//   row term: dO_c = gsig_c d_out),  d gate_c = dot_c gsig_c (1 - gsig_c).
+// dot, gsig and delta are [3][B,T,H] (the compression branch's third is left to its row side).
+// Their row side then needs one pass over the keys (RowArgs::dot_in). VEC = 4: lane i reads
+// elements 4i..4i+3 with 16-byte loads of o (D % 4 == 0); VEC = 1: lane i reads i, i+32, ...
+template <class T, int VEC>
+__global__ void branch_dot_kernel(const T* __restrict__ d_out, const float* __restrict__ o,
+                                  const T* __restrict__ gate, float* __restrict__ dot,
+                                  float* __restrict__ gsig, float* __restrict__ delta,
+                                  T* __restrict__ dgate, std::int64_t BTH, int D) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t row = blockIdx.x * std::int64_t(blockDim.x / 32) + threadIdx.x / 32; row < BTH;
+       row += warps) {
+    const T* dr = d_out + row * D;
+    float acc[2] = {0.f, 0.f};
+    for (int dd = lane * VEC; dd < D; dd += 32 * VEC) {
+      float x[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) x[e] = ldf(dr[dd + e]);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float* orow = o + (std::int64_t(i) * BTH + row) * D + dd;
+        if constexpr (VEC == 4) {
+          const float4 v = *reinterpret_cast<const float4*>(orow);
+          acc[i] += x[0] * v.x + x[1] * v.y + x[2] * v.z + x[3] * v.w;
+        } else {
+          acc[i] += x[0] * orow[0];
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float dt = warp_sum(acc[i]);
+      if (lane == 0) {
+        const int c = kSlc + i;
+        const float gs = sigmoidf(ldf(gate[row * 3 + c]));
+        dot[c * BTH + row] = dt;
+        gsig[c * BTH + row] = gs;
+        delta[c * BTH + row] = gs * dt;
+        if (dgate) dgate[row * 3 + c] = stf<T>(dt * gs * (1.f - gs));
+      }
+    }
   }
 }
 
@@ -78,7 +129,7 @@ __global__ void dq_rotate_kernel(T* __restrict__ dq_out, const float* __restrict
 class Workspace {
  public:
   enum Slot : int {
-    kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDq, kDkc, kDvc, kTokK, kTokV, kCmpScratch,
+    kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDot, kDq, kDkc, kDvc, kTokK, kTokV, kCmpScratch,
     kTcK, kTcV, kSplit, kTcQ, kTcO, kInvMask, kInvCnt, kInvOff, kInvPos, kSlcPart, kTicket,
     kTcKc, kTcVc, kLseTc, kCmpPart, kCmpTicket, kTcKinv, kNumSlots
   };
@@ -193,16 +244,20 @@ using namespace detail;
 // ---- saved state ----------------------------------------------------------------------------
 namespace {
 struct SavedLayout {
-  std::size_t kc, vc, sel, lse, total;
+  std::size_t kc, vc, sel, lse, o, total;
 };
-SavedLayout saved_layout(const NsaDims& dm, int /*elem_bytes*/) {
+SavedLayout saved_layout(const NsaDims& dm, int elem_bytes) {
   const std::size_t kv = std::size_t(dm.B * dm.num_cmp_blocks() * dm.G * dm.D) * 4;
   SavedLayout L;
   L.kc = 0;
   L.vc = L.kc + align_up(kv);
   L.sel = L.vc + align_up(kv);
   L.lse = L.sel + align_up(std::size_t(dm.B * dm.T * dm.G * dm.sel_count) * 4);
-  L.total = L.lse + align_up(std::size_t(3 * dm.B * dm.T * dm.H) * 4);
+  L.o = L.lse + align_up(std::size_t(3 * dm.B * dm.T * dm.H) * 4);
+  // bf16: the selection and window branches' fp32 outputs (the tensor-core backward's
+  // do . o_c, see o_slc_win).
+  const bool keep_o = elem_bytes == 2;
+  L.total = L.o + (keep_o ? align_up(std::size_t(2 * dm.B * dm.T * dm.H * dm.D) * 4) : 0);
   return L;
 }
 }  // namespace
@@ -238,6 +293,7 @@ void NsaSavedCuda::reserve(const NsaDims& dm, int eb) {
   v_cmp_blocks = reinterpret_cast<float*>(base + L.vc);
   sel_blocks = reinterpret_cast<std::int32_t*>(base + L.sel);
   lse = reinterpret_cast<float*>(base + L.lse);
+  o_slc_win = eb == 2 ? reinterpret_cast<float*>(base + L.o) : nullptr;
 }
 
 std::vector<std::int32_t> NsaSavedCuda::sel_blocks_host(cudaStream_t stream) const {
@@ -259,15 +315,15 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   const float2* rope = ws.rope(dims, stream);
   const std::int64_t BTH = dims.B * dims.T * dims.H;
   const std::size_t kvn = std::size_t(dims.B * dims.num_cmp_blocks() * dims.G * dims.D);
-  float *kc, *vc, *lse;
+  float *kc, *vc, *lse, *o_sw = nullptr;  // o_sw: the selection and window outputs
   std::int32_t* sel;
-  T* o;
   if (saved) {
     saved->reserve(dims, int(sizeof(T)));
     kc = saved->k_cmp_blocks;
     vc = saved->v_cmp_blocks;
     sel = saved->sel_blocks;
     lse = saved->lse;
+    o_sw = saved->o_slc_win;  // bf16: kept for the backward
   } else {
     kc = static_cast<float*>(ws.get(Workspace::kKc, kvn * 4 + 4, stream));
     vc = static_cast<float*>(ws.get(Workspace::kVc, kvn * 4 + 4, stream));
@@ -275,8 +331,11 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
         ws.get(Workspace::kSel, std::size_t(dims.B * dims.T * dims.G * dims.sel_count) * 4, stream));
     lse = static_cast<float*>(ws.get(Workspace::kLse, std::size_t(3 * BTH) * 4, stream));
   }
-  // The branch outputs live in the workspace only until the gated sum.
-  o = static_cast<T*>(ws.get(Workspace::kO, std::size_t(3 * BTH * dims.D) * sizeof(T), stream));
+  // The branch outputs (fp32): the compression branch's in the workspace until the gated sum,
+  // the others in the saved state (bf16 training) or there too.
+  const std::size_t on = std::size_t(BTH * dims.D);
+  float* o_cmp = static_cast<float*>(ws.get(Workspace::kO, (o_sw ? 1 : 3) * on * 4, stream));
+  if (!o_sw) o_sw = o_cmp + on;
   void* cmp_scratch = ws.get(Workspace::kCmpScratch, compress_scratch_bytes(g, sizeof(T)), stream);
   launch_compress_forward<T>(g, in.k_cmp, in.cmp_wk, in.cmp_pk, rope, kc, cmp_scratch, stream);
   launch_compress_forward<T>(g, in.v_cmp, in.cmp_wv, in.cmp_pv, nullptr, vc, cmp_scratch, stream);
@@ -287,7 +346,8 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   a.sel = sel;
   a.k = kc;
   a.v = vc;
-  a.o = o;
+  a.o = o_cmp;
+  a.o_f32 = true;
   a.lse = lse;
   // The compression branch's forward feeds the selection, whose block scores must rank as the
   // fp32 reference's do: bf16 runs the fused tensor-core kernel with fp32-accurate scores where
@@ -302,7 +362,7 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
       CmpSelectScratch cs{static_cast<__half*>(ws.get(Workspace::kTcKc, 2 * part_bytes, stream)),
                           static_cast<float*>(ws.get(Workspace::kTcKinv, rows * 4, stream)),
                           static_cast<bf16*>(ws.get(Workspace::kTcVc, 2 * part_bytes, stream))};
-      launch_cmp_select_tc(g, in.q, rope, kc, vc, cs, o, lse, sel, stream);
+      launch_cmp_select_tc(g, in.q, rope, kc, vc, cs, o_cmp, lse, sel, stream);
       fused = true;
     }
   }
@@ -313,16 +373,17 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   a.k = in.k_slc;
   a.v = in.v_slc;
   tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
-  a.o = o + BTH * dims.D;
+  a.o = o_sw;
   a.lse = lse + BTH;
   launch_row<T>(g, kSlc, false, a, stream);
   a.k = in.k_win;
   a.v = in.v_win;
   tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream);
-  a.o = o + 2 * BTH * dims.D;
+  a.o = o_sw + on;
   a.lse = lse + 2 * BTH;
   launch_row<T>(g, kWin, false, a, stream);
-  combine_kernel<T><<<grid1(BTH * dims.D, 256), 256, 0, stream>>>(out, o, in.gate, BTH, int(dims.D));
+  combine_kernel<T><<<grid1(BTH * dims.D, 256), 256, 0, stream>>>(out, o_cmp, o_sw, o_sw + on, in.gate,
+                                                                     BTH, int(dims.D));
   check_launch("combine_kernel");
 }
 
@@ -361,6 +422,25 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   float* lse_tc = std::is_same_v<T, bf16>
                       ? static_cast<float*>(ws.get(Workspace::kLseTc, std::size_t(BTH) * 4, stream))
                       : nullptr;
+  // bf16: do . o_c, the gate terms and the gate gradient of the selection and window branches
+  // from the saved branch outputs, so that their tensor-core row side makes one pass over the
+  // keys for dq (the fp32 row kernel gets do . o_c in its own single pass). The compression
+  // branch's row side keeps its lsum pass: its backward probabilities come from bf16 scores
+  // and their own lse, not the forward's fp32-accurate ones; do . o_c from the forward's output
+  // raised the worst bf16 grad_q error of the parity tests from 6.3e-3 to 7.8e-3 on one seed
+  // (docs/performance.md, change 9). Its first pass gets lsum online with the lse instead.
+  float* dot = nullptr;
+  if constexpr (std::is_same_v<T, bf16>) {
+    NSA_CHECK(saved.o_slc_win, "nsa cuda backward: the saved state has no branch outputs");
+    dot = static_cast<float*>(ws.get(Workspace::kDot, std::size_t(3 * BTH) * 4, stream));
+    if (D % 4 == 0)
+      branch_dot_kernel<T, 4><<<grid1(BTH * 32, 256), 256, 0, stream>>>(
+          d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
+    else
+      branch_dot_kernel<T, 1><<<grid1(BTH * 32, 256), 256, 0, stream>>>(
+          d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
+    check_launch("branch_dot_kernel");
+  }
   {
     RowArgs a{};
     a.q = in.q;
@@ -378,6 +458,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       a.lse_in = saved.lse + br * BTH;
       a.gsig = gsig + br * BTH;
       a.delta = delta + br * BTH;
+      a.dot_in = dot && br != kCmp ? dot + br * BTH : nullptr;
       a.accumulate = br != kCmp;
       a.lse_tc = br == kCmp ? lse_tc : nullptr;
       if (br == kCmp) {

@@ -58,10 +58,14 @@ struct NsaGradsCuda {
 //   k_cmp_blocks, v_cmp_blocks  fp32 [B,N,G,D]  compressed keys (RoPE applied) / values
 //   sel_blocks                  int32 [B,T,G,n]  ascending, -1 padded (as on the CPU)
 //   lse                         fp32 [3,B,T,H]   per-branch log-sum-exp (-inf: no keys)
-// Unlike the CPU (NsaSaved::o_branch) the branch outputs are not kept: the backward gets
-// do . o_c = sum_j p_j (do . v_j) from the recomputed probabilities, exactly in fp32 (no
-// bf16-rounded o_c enters the gradients), so the saved state is about 3*B*T*H*D elements
-// smaller than the CPU's.
+//   o_slc_win                   fp32 [2,B,T,H,D] the selection and window branch outputs,
+//                               bf16 only (null for fp32)
+// bf16: the backward's do . o_c of the selection and window branches comes from o_slc_win,
+// kept in fp32 (a bf16-rounded o_c would move dq by the rounding of o_c times
+// sum_j p_j k_j), so their tensor-core row side needs one pass over the keys for dq instead
+// of two. The compression branch's row side recomputes do . o_c = sum_j p_j (do . v_j) in a
+// pass of its own (its backward probabilities are not the forward's: see nsa_backward), and
+// so does the fp32 row kernel, in its single pass.
 class NsaSavedCuda {
  public:
   NsaSavedCuda() = default;
@@ -75,6 +79,7 @@ class NsaSavedCuda {
   float* v_cmp_blocks = nullptr;
   std::int32_t* sel_blocks = nullptr;
   float* lse = nullptr;
+  float* o_slc_win = nullptr;
 
   std::size_t bytes() const;  // device memory in use for the current dims
   static std::size_t bytes_for(const NsaDims& dims, int elem_bytes);

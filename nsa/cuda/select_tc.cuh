@@ -88,7 +88,7 @@ struct CmpSelArgs {
   const __half* kparts;   // [2][B N G][DP] (pad_f16_parts_kernel)
   const float* kinv;      // [B N G]
   const bf16* vparts;     // [2][B N G][DP] bf16 hi + lo (pad_kernel, 2 parts)
-  bf16* o;                // [B, T, H, D] compression branch output
+  float* o;               // [B, T, H, D] compression branch output (fp32, kept for the backward)
   float* lse;             // [B, T, H]
   std::int32_t* sel;      // [B, T, G, n]
 };
