@@ -147,9 +147,4 @@ double event_elapsed_ms(void* start, void* stop) {
 }
 void destroy_event(void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
 
-void copy_rows_device(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
-                      std::size_t row_bytes, std::size_t rows) {
-  CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, 0));
-}
-
 }  // namespace nsatron

@@ -108,23 +108,20 @@ std::vector<Tensor LayerActivations::*> part_members(Attention attention) {
   return {&A::q, &A::k_cmp, &A::v_cmp, &A::k_slc, &A::v_slc, &A::k_win, &A::v_win, &A::gate};
 }
 
-// Splitting the projection (p -> parts) and gathering the gradients back (parts -> p) are
-// strided row copies, the same code on either device and for any dtype.
-void split_or_gather(const ModelDims& m, std::int64_t N, const Tensor& p, Tensor* const parts[], bool to_parts) {
-  const std::int64_t G = m.G, Pg = m.group_width();
+// Splitting the projection (p -> parts) and gathering the gradients back (parts -> p): p
+// viewed as [N * G, group width] and each part as [N * G, part width] are a column split
+// (core/ops/elementwise.h), one pass over the bytes on either device.
+void split_or_gather(const ModelDims& m, std::int64_t N, Tensor& p, Tensor* const parts[], bool to_parts) {
   const std::vector<std::int64_t> width = part_widths(m);
-  const std::size_t e = dtype_size(p.dtype());
-  std::int64_t col = 0;
-  for (std::size_t k = 0; k < width.size(); ++k) {
-    char* row0 = static_cast<char*>(p.raw()) + std::size_t(col) * e;
-    char* part = static_cast<char*>(parts[k]->raw());
-    const std::size_t wb = std::size_t(width[k]) * e, pb = std::size_t(Pg) * e, rows = std::size_t(N * G);
-    if (to_parts)
-      copy_rows(part, wb, row0, pb, wb, rows, p.device());
-    else
-      copy_rows(row0, pb, part, wb, wb, rows, p.device());
-    col += width[k];
-  }
+  std::vector<Tensor> views;
+  for (std::size_t k = 0; k < width.size(); ++k) views.push_back(parts[k]->view({N * m.G, width[k]}));
+  std::vector<Tensor*> ptrs;
+  for (Tensor& v : views) ptrs.push_back(&v);
+  Tensor packed = p.view({N * m.G, m.group_width()});
+  if (to_parts)
+    split_columns(packed, ptrs);
+  else
+    join_columns(std::vector<const Tensor*>(ptrs.begin(), ptrs.end()), packed);
 }
 
 // The NSA core's inputs: the split projection kept in `a` and the layer's compression
