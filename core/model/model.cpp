@@ -170,7 +170,7 @@ NsaTransformer::Ids NsaTransformer::device_ids(std::span<const std::int32_t> hos
   if (device_ == Device::CPU || host.empty()) return ids;
   auto on_device = [&](const void* data, std::size_t bytes) {
     auto copy = std::make_shared<Storage>(bytes, device_);
-    memcpy_any(copy->data(), data, bytes, CopyKind::HostToDevice);
+    copy_to_device_async(copy->data(), data, bytes);  // no wait for the device
     ids.device_copies.push_back(copy);
     return copy->data();
   };
@@ -563,13 +563,14 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   { TIMED("rmsnorm"); rmsnorm_backward(dxn, a.x, W("attn_norm"), a.rstd1, dx_in, g_attn_norm, &dh); }
 }
 
-double NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t N, double grad_scale, Tensor* dxf) {
+Tensor NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t N, double grad_scale, Tensor* dxf) {
   const std::int64_t Vl = vocab_end_ - vocab_begin_;
   const Tensor E = head_weight();
   Tensor dE = dxf ? head_grad() : Tensor();
-  Tensor loss = stat({1});
+  // The loss stays on the device: fp64 summed over the vocab-parallel chunks, else the cross
+  // entropy's own (stat dtype).
+  Tensor loss = tp_ > 1 ? Tensor::empty({1}, DType::F64, device_) : stat({1});
   loss.zero_();
-  double vocab_parallel_loss = 0;
   CrossEntropyOptions ce;
   ce.denominator = double(N);
   ce.accumulate_loss = true;
@@ -587,7 +588,7 @@ double NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t 
       opt.vocab_start = vocab_begin_;
       opt.vocab_size = dims_.V;
       opt.denominator = double(N);
-      vocab_parallel_loss += parallel::vocab_parallel_cross_entropy(*tp_group_, logits, targets, dxf ? grad_scale : 0.0, opt);
+      parallel::vocab_parallel_cross_entropy(*tp_group_, logits, targets, dxf ? grad_scale : 0.0, opt, loss);
     } else if (dxf) {
       TIMED("cross entropy");
       cross_entropy_fused(logits, targets, loss, grad_scale, ce);
@@ -603,7 +604,7 @@ double NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t 
     }
   }
   if (dxf) tp_sum(*dxf);  // vocab-parallel head: every rank's share of the gradient
-  return tp_ > 1 ? vocab_parallel_loss : loss.to_vector()[0];
+  return loss;
 }
 
 StageState NsaTransformer::stage_forward(int chunk, std::span<const std::int32_t> tokens,
@@ -675,6 +676,12 @@ Tensor NsaTransformer::stage_backward(StageState& st, const Tensor* d_output) {
 
 double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                                         std::int64_t B, std::int64_t T, double grad_scale) {
+  return forward_backward_queued(tokens, targets, B, T, grad_scale).to_vector()[0];
+}
+
+Tensor NsaTransformer::forward_backward_queued(std::span<const std::int32_t> tokens,
+                                               std::span<const std::int32_t> targets, std::int64_t B, std::int64_t T,
+                                               double grad_scale) {
   if (chunks() != 1 || !first_stage() || !last_stage())
     throw std::logic_error("forward_backward runs the whole model; a pipeline stage uses stage_forward/backward");
   const std::size_t base = memory_stats(device_).current;
@@ -702,7 +709,7 @@ Tensor NsaTransformer::stage_evaluate(int chunk, std::span<const std::int32_t> t
   const Ids tgt = device_ids(targets, false);
   Tensor rstdf = stat({N}), xf = act({N, m.C});
   { TIMED("rmsnorm"); rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps); }
-  *loss = head_loss(xf, tgt, N, 0.0, nullptr);
+  *loss = head_loss(xf, tgt, N, 0.0, nullptr).to_vector()[0];
   return Tensor();
 }
 

@@ -57,7 +57,7 @@ struct Sizes {
   std::int64_t ids = 0;      // CUDA: st.ids, the device copy of the tokens (tp > 1: also the rebased ids
                              //   and the ownership mask); the CPU reads the host vectors (not counted)
   std::int64_t targets = 0;  // CUDA: tgt, the device copy of the targets
-  std::int64_t loss = 0;     // head_loss's stat {1}
+  std::int64_t loss = 0;     // head_loss's loss {1} (stat; fp64 with tp > 1), kept as st.loss to the step's end
   std::int64_t logits = 0;   // head_loss's first (largest) chunk of logits [min(N, chunk), V/tp]
   std::int64_t ce_scratch = 0;  // tp > 1: vocab_parallel_cross_entropy's fp64 [4 * rows] scratch
 };
@@ -110,7 +110,7 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
     z.targets = N * 4;                            // device_ids(targets, vocab_local = false): span
   }
   const std::int64_t rows = std::min(N, p.head_chunk);
-  z.loss = s;
+  z.loss = p.tp > 1 ? 8 : s;
   z.logits = rows * vocab_rows * e;
   z.ce_scratch = p.tp > 1 ? 4 * rows * 8 : 0;
   return z;
@@ -142,12 +142,12 @@ class StageReplay {
     led_.alloc(z_.x);        // dxf
     // head_loss: per row chunk the logits, their loss and gradient in place, the chunk's
     // backward; the first chunk is the largest.
-    led_.alloc(z_.loss);        // loss
+    led_.alloc(z_.loss);        // loss: returned as st.loss, read (and freed) at the step's end
+    ++losses_;
     led_.alloc(z_.logits);      // logits
     led_.alloc(z_.ce_scratch);  // tp > 1: vocab_parallel_cross_entropy's scratch
     led_.free(z_.ce_scratch);
     led_.free(z_.logits);
-    led_.free(z_.loss);
     led_.free(z_.x);        // xf = Tensor()
     led_.alloc(z_.x);       // st.d_last
     led_.free(z_.row);      // return: rstdf,
@@ -171,6 +171,11 @@ class StageReplay {
     if (!first_) return;  // dx is returned (d_input)
     led_.free(z_.x);    // embedding_grad(dx) done: dx
     led_.free(z_.ids);  // st.ids
+  }
+
+  // The step has read the losses (launch/train/step.cpp, read_losses): they go.
+  void end_of_step() {
+    for (; losses_ > 0; --losses_) led_.free(z_.loss);
   }
 
   // What a layer keeps from its forward for its backward (LayerActivations), a.x excluded
@@ -269,6 +274,7 @@ class StageReplay {
   bool first_, last_;
   std::int64_t begin_, end_;
   Ledger& led_;
+  std::int64_t losses_ = 0;  // st.loss of the micro-batches this chunk ended, held to the step's end
 };
 
 }  // namespace
@@ -298,12 +304,14 @@ std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPl
   std::vector<StageReplay> stage;  // one per model chunk
   for (const auto& [begin, end] : chunks) stage.emplace_back(z, p, begin == 0, end == dims.L, begin, end, led);
 
-  // pp = 1: forward_backward per micro-batch (each starts from nothing held, so one is the
-  // step's peak). pp > 1: run_1f1b (parallel/pipeline.cpp) executing the schedule's steps,
+  // pp = 1: forward_backward per micro-batch (each starts from the earlier ones' losses, held
+  // until the step reads them, so the last is the step's peak). pp > 1: run_1f1b (parallel/pipeline.cpp) executing the schedule's steps,
   // its messages included: an input received becomes its chunk's first layer's a.x; an output
   // lives until sent; a received output gradient until its backward returns; an input
   // gradient until sent.
   const std::int64_t A = p.pp == 1 ? std::min<std::int64_t>(p.micro_batches, 1) : p.micro_batches;
+  const std::int64_t earlier_losses = p.pp == 1 ? std::max<std::int64_t>(p.micro_batches - 1, 0) : 0;
+  for (std::int64_t i = 0; i < earlier_losses; ++i) led.alloc(z.loss);
   using Op = parallel::PipelineOp;
   for (const parallel::PipelineStep& st : parallel::schedule_pipeline(p.pp_stage, p.pp, A, V)) {
     switch (st.op) {
@@ -331,6 +339,8 @@ std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPl
         break;
     }
   }
+  for (StageReplay& s : stage) s.end_of_step();
+  for (std::int64_t i = 0; i < earlier_losses; ++i) led.free(z.loss);
   if (led.live() != 0) throw std::logic_error("estimate_activation_bytes: the replay does not free what it allocates");
   return led.peak();
 }
