@@ -365,14 +365,15 @@ void NsaTransformer::embedding_grad(const Ids& tokens, Tensor& dx) {
 
 Tensor NsaTransformer::forward_layers(int chunk, const Ids& tokens, const Tensor* input, std::int64_t B,
                                       std::int64_t T) const {
-  Tensor x = chunk_first(chunk) ? embed(tokens, B * T) : *input;
+  Stream s{chunk_first(chunk) ? embed(tokens, B * T) : *input, Tensor()};
   const auto [layer_begin, layer_end] = chunk_layers(chunk);
   for (std::int64_t l = layer_begin; l < layer_end; ++l) {
-    Tensor y;
-    layer_forward(l, x, &y, nullptr, Keep::Nothing, B, T);
-    x = y;
+    Stream out;
+    layer_forward(l, s, &out, nullptr, Keep::Nothing, B, T);
+    s = std::move(out);
   }
-  return x;
+  sum_stream(s);
+  return s.x;
 }
 
 NsaTransformer::Keep NsaTransformer::keep_mode(std::int64_t l) const {
@@ -430,16 +431,31 @@ void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, co
   });
 }
 
-void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor* x_out, LayerActivations* acts, Keep keep,
+void NsaTransformer::norm_stream(Stream& s, const Tensor& w, Tensor& y, Tensor& rstd) const {
+  TIMED("rmsnorm");
+  if (!s.h.defined()) return rmsnorm_forward(s.x, w, y, rstd, local_.norm_eps);
+  add_rmsnorm_forward(s.h, s.x, w, s.x, y, rstd, local_.norm_eps);
+  s.h = Tensor();
+}
+
+void NsaTransformer::sum_stream(Stream& s) const {
+  if (!s.h.defined()) return;
+  TIMED("residual add");
+  add(s.h, s.x, s.x);
+  s.h = Tensor();
+}
+
+void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, LayerActivations* acts, Keep keep,
                                    std::int64_t B, std::int64_t T) const {
   const ModelDims& m = local_;
   const std::int64_t N = B * T;
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   LayerActivations a;
-  a.x = x;
   a.rstd1 = stat({N});
   a.xn = act({N, m.C});
-  { TIMED("rmsnorm"); rmsnorm_forward(x, W("attn_norm"), a.xn, a.rstd1, m.norm_eps); }
+  norm_stream(in, W("attn_norm"), a.xn, a.rstd1);  // the previous layer's residual add too
+  a.x = in.x;
+  const Tensor& x = a.x;
 
   Tensor p = act({N, m.G * m.group_width()});
   { TIMED("matmul"); linear_forward(a.xn, W("attn/wqkv"), nullptr, p); }
@@ -468,11 +484,11 @@ void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor* x_ou
   { TIMED("matmul"); linear_forward(a.hn, mlp_in(compute_, l), nullptr, a.u); }
   a.act = act({N, m.F});
   { TIMED("swiglu"); swiglu_forward(a.u, a.act); }
-  if (x_out) {  // (a recompute for the backward needs the activations, not the output)
-    *x_out = act({N, m.C});
-    { TIMED("matmul"); linear_forward(a.act, W("mlp/w_out"), nullptr, *x_out); }
-    tp_sum(*x_out);  // row-parallel w_out
-    { TIMED("residual add"); add(a.h, *x_out, *x_out); }
+  if (out) {  // (a recompute for the backward needs the activations, not the output)
+    out->x = act({N, m.C});
+    { TIMED("matmul"); linear_forward(a.act, W("mlp/w_out"), nullptr, out->x); }
+    tp_sum(out->x);  // row-parallel w_out
+    out->h = a.h;    // h + out->x: added by the next norm
   }
 
   if (!acts) return;
@@ -492,7 +508,8 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
   const ModelDims& m = local_;
   const std::int64_t N = B * T;
   if (!a.h.defined()) {  // full recompute: only the input was kept
-    layer_forward(l, a.x, nullptr, &a, Keep::All, B, T);
+    Stream in{a.x, Tensor()};
+    layer_forward(l, in, nullptr, &a, Keep::All, B, T);
     return;
   }
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
@@ -618,30 +635,33 @@ StageState NsaTransformer::stage_forward(int chunk, std::span<const std::int32_t
   st.B = B;
   st.T = T;
   st.grad_scale = grad_scale;
-  Tensor x;
+  Stream s;
   if (chunk_first(chunk)) {
     if (std::int64_t(tokens.size()) != N) throw std::invalid_argument("stage_forward: tokens must hold B*T ids");
     st.ids = device_ids(tokens, true, true);  // a pipeline refills the caller's batch before the backward
-    x = embed(st.ids, N);
+    s.x = embed(st.ids, N);
   } else {
     if (!input || input->shape() != Shape{N, m.C})
       throw std::invalid_argument("stage_forward: a later pipeline stage needs its input [B*T, C]");
-    x = *input;
+    s.x = *input;
   }
   st.acts.resize(std::size_t(layer_end - layer_begin));
   for (std::int64_t l = layer_begin; l < layer_end; ++l) {
-    Tensor y;
-    layer_forward(l, x, &y, &st.acts[std::size_t(l - layer_begin)], keep_mode(l), B, T);
-    x = y;
+    Stream out;
+    layer_forward(l, s, &out, &st.acts[std::size_t(l - layer_begin)], keep_mode(l), B, T);
+    s = std::move(out);
   }
   if (!chunk_last(chunk)) {
-    st.output = x;
+    sum_stream(s);
+    st.output = s.x;
     return st;
   }
   if (std::int64_t(targets.size()) != N) throw std::invalid_argument("stage_forward: targets must hold B*T ids");
   const Ids tgt = device_ids(targets, false);
   Tensor rstdf = stat({N}), xf = act({N, m.C});
-  { TIMED("rmsnorm"); rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps); }
+  norm_stream(s, weight("model/final_norm"), xf, rstdf);  // the last layer's residual add too
+  const Tensor x = s.x;
+  s.x = Tensor();
   Tensor dxf = act({N, m.C});
   st.loss = head_loss(xf, tgt, N, grad_scale, &dxf);
   xf = Tensor();

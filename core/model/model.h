@@ -236,9 +236,21 @@ class NsaTransformer {
   void core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o, Tensor* const dparts[],
                      std::int64_t B, std::int64_t T);
   Keep keep_mode(std::int64_t l) const;
-  // x_out: the layer's output; nullptr when only the activations are wanted (full recompute).
-  void layer_forward(std::int64_t l, const Tensor& x, Tensor* x_out, LayerActivations* acts, Keep keep,
-                     std::int64_t B, std::int64_t T) const;
+  // The residual stream between layers as a layer leaves it: its MLP output x and, not yet
+  // added to it, its attention residual h (undefined: x is the whole stream, e.g. the
+  // embedding or a pipeline stage's input). The next norm adds them (add_rmsnorm, the sum
+  // written over x) and lets h go: the residual add costs no pass of its own.
+  struct Stream {
+    Tensor x, h;
+  };
+  // y = rmsnorm(x), or with h: x = h + x (in place), y = rmsnorm(x), h released.
+  void norm_stream(Stream& s, const Tensor& w, Tensor& y, Tensor& rstd) const;
+  // x = h + x where no norm follows (a stage's output, evaluation), h released.
+  void sum_stream(Stream& s) const;
+  // in: the layer's input (summed into in.x by its norm); out: its output, nullptr when only
+  // the activations are wanted (full recompute).
+  void layer_forward(std::int64_t l, Stream& in, Stream* out, LayerActivations* acts, Keep keep, std::int64_t B,
+                     std::int64_t T) const;
   void complete_for_backward(std::int64_t l, LayerActivations& a, std::int64_t B, std::int64_t T) const;
   void layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in, std::int64_t B,
                       std::int64_t T);

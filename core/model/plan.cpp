@@ -135,10 +135,14 @@ class StageReplay {
       led_.alloc(z_.x);    // x = embed(...): layer begin's a.x
     }
     for (std::int64_t l = begin_; l < end_; ++l) layer_forward(keep(l), /*x_out=*/true);
-    if (!last_) return;  // x (the last layer's output) becomes st.output
+    if (!last_) {  // sum_stream: x (the last layer's output, its residual added) becomes st.output
+      release_h();
+      return;
+    }
     led_.alloc(z_.targets);  // tgt
     led_.alloc(z_.row);      // rstdf
     led_.alloc(z_.x);        // xf
+    release_h();             // norm_stream: the last layer's residual added
     led_.alloc(z_.x);        // dxf
     // head_loss: per row chunk the logits, their loss and gradient in place, the chunk's
     // backward; the first chunk is the largest.
@@ -208,10 +212,18 @@ class StageReplay {
     if (z_.dense && !save) led_.free(z_.saved);
   }
 
-  // layer_forward(l, x, x_out, acts, keep): the layer's input is live already.
+  // The previous layer's attention residual (Stream::h), when only the stream held it (its
+  // layer kept no a.h), goes once the next norm has added it.
+  void release_h() {
+    if (h_held_) led_.free(z_.x);
+    h_held_ = false;
+  }
+
+  // layer_forward(l, in, out, acts, keep): the layer's input is live already.
   void layer_forward(Keep k, bool x_out) {
     led_.alloc(z_.row);   // a.rstd1
     led_.alloc(z_.x);     // a.xn
+    release_h();          // norm_stream(in): the previous layer's residual added
     led_.alloc(z_.proj);  // p
     led_.alloc(z_.proj);  // the parts a.q ... (split_or_gather's targets)
     led_.alloc(z_.o);     // a.o
@@ -225,10 +237,11 @@ class StageReplay {
     led_.free(z_.x);      // attn_out = Tensor()
     led_.alloc(z_.u);     // a.u
     led_.alloc(z_.f);     // a.act
-    if (x_out) led_.alloc(z_.x);  // *x_out: the next layer's a.x
-    // What is not kept goes with the local LayerActivations.
+    if (x_out) led_.alloc(z_.x);  // out->x: the next layer's a.x (once its norm has added out->h)
+    // What is not kept goes with the local LayerActivations; a.h stays while out->h holds it.
     const std::int64_t made = 2 * z_.row + 3 * z_.x + z_.proj + z_.o + (save ? z_.saved : 0) + z_.u + z_.f;
-    led_.free(made - kept(k));
+    h_held_ = x_out && k == Keep::Input;  // Selective and All keep a.h anyway
+    led_.free(made - kept(k) - (h_held_ ? z_.x : 0));
   }
 
   // complete_for_backward: what the policy dropped, recomputed.
@@ -275,6 +288,7 @@ class StageReplay {
   std::int64_t begin_, end_;
   Ledger& led_;
   std::int64_t losses_ = 0;  // st.loss of the micro-batches this chunk ended, held to the step's end
+  bool h_held_ = false;      // the last layer's a.h, held only by its output stream
 };
 
 }  // namespace
