@@ -4,7 +4,11 @@
 // FLOP/s (against 989 TFLOP/s, H100/H200 dense bf16); and, times the calls in one micro-batch
 // of the model's step (recompute "none"), the family's expected share of train_gpu --profile.
 //
-//   build/bench/ops_gpu [CONFIG] [--micro N] [--reps N] [--set section.key=value]...
+//   build/bench/ops_gpu [CONFIG] [--micro N] [--reps N] [--head-chunk ROWS] [--set section.key=value]...
+//
+// --head-chunk: the LM head's row chunk (default the model's, 1024): each chunk's dW reads and
+// writes the whole fp32 gradient of the [V, C] head, so the chunk sets that product's
+// arithmetic intensity.
 //
 // Bytes per call (e the compute dtype's size, X = N C e): rmsnorm 2X, add_rmsnorm 4X,
 // rmsnorm backward 3X (4X with the residual gradient), swiglu forward 3 N F e and backward
@@ -80,12 +84,14 @@ int main(int argc, char** argv) {
   std::string path = "configs/nsa_125m.toml";
   std::int64_t micro = 16;
   int reps = 20;
+  std::int64_t head_chunk = NsaTransformer::kDefaultHeadChunk;
   std::vector<std::string> overrides;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--set" && i + 1 < argc) overrides.push_back(argv[++i]);
     else if (a == "--micro" && i + 1 < argc) micro = std::atoll(argv[++i]);
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--head-chunk" && i + 1 < argc) head_chunk = std::atoll(argv[++i]);
     else path = a;
   }
   if (!cuda_available()) {
@@ -97,7 +103,7 @@ int main(int argc, char** argv) {
   const DType dt = cfg.train.dtype == "bf16" ? DType::BF16 : DType::F32;
   const double e = double(dtype_size(dt));
   const std::int64_t N = micro * cfg.train.seq_len, C = d.C, F = d.F, V = d.V, L = d.L, G = d.G;
-  const std::int64_t Pg = d.group_width(), R = std::min(N, NsaTransformer::kDefaultHeadChunk);
+  const std::int64_t Pg = d.group_width(), R = std::min(N, head_chunk);
   const double X = double(N * C) * e, heads = double((N + R - 1) / R);
   std::printf("device %s (peak memory bandwidth %.0f GB/s)\nconfig %s, %lld x %lld tokens, %s\n",
               cuda_device_summary().c_str(), peak_bytes_per_s() / 1e9, path.c_str(), (long long)micro,

@@ -126,7 +126,7 @@ void copy_columns_as(void* packed, std::size_t pitch, const ColumnParts& parts, 
 
 void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts) {
   if (R == 0 || pitch == 0) return;
-  if (pitch / 16 > std::size_t(0x7fffffff) || pitch > std::size_t(0x7fffffff))
+  if (pitch > std::size_t(0x7fffffff))
     throw std::invalid_argument("split_columns / join_columns (cuda): rows too wide");
   // The widest unit that divides every address, width and offset (and so the pitch).
   std::uintptr_t a = reinterpret_cast<std::uintptr_t>(packed) | std::uintptr_t(pitch);

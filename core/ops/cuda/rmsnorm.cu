@@ -1,15 +1,16 @@
 // CUDA RMSNorm (see rmsnorm.h): one warp per row, 16-byte vectors where the width and the
 // pointers allow, fp32 arithmetic, the row sums reduced by a fixed butterfly within the warp
-// (no block barrier on the row's path). A lane keeps up to kCached vectors of its row in
-// registers between the two passes over the row (the row sum, then the outputs); wider rows
-// read the rest again (from L1/L2).
+// (no block barrier on the row's path). A lane keeps up to kCached (forward) or kCachedBwd
+// (backward) vectors of its row in registers, as stored, between the two passes over the row
+// (the row sum, then the outputs); wider rows read the rest again (from L1/L2).
 //
 // Forward: blocks of kWarps warps, one row per warp. Bytes: x read, y written (2 N C e; e the
 // element size); fused: a and b read, h and y written (4 N C e); plus rstd (4 N) and w.
 // Backward: each block takes a chunk of rows_per_chunk(N) rows (at least 32, at most 1024
 // chunks), its warps the rows warp, warp + warps, ... in order. dx row by row; the column
-// sums dy * xhat per warp in shared memory (each column owned by one lane: no atomics), the
-// block's warps then added in warp order into one row of fp32 partial sums per chunk, and a
+// sums dy * xhat per warp, in registers for the cached columns and in shared memory for the
+// others (each column owned by one lane: no atomics), the block's warps then added in warp
+// order into one row of fp32 partial sums per chunk, and a
 // second kernel adds the chunks to dw in chunk order (fp64). Bytes: dy and x read, dx
 // written, dres read when fused (3 or 4 N C e), the partial sums (8 C per chunk).
 // Chunking, warps per block and vector width depend on the shape (and the pointers'
