@@ -3,7 +3,7 @@
 // measured: it is a few memcpy per step).
 //
 //   build/bench/train_gpu [CONFIG] [--micro 8,16,32] [--policies none,selective,full]
-//                         [--seq N] [--steps N] [--profile] [--set section.key=value]...
+//                         [--seq N] [--steps N] [--profile] [--head-chunk ROWS] [--set section.key=value]...
 //
 // Each configuration: the model in the config's dtype on CUDA, 2 warm-up steps, then --steps
 // timed optimizer steps of one micro-batch each (forward, backward, gradient norm, AdamW with
@@ -12,6 +12,7 @@
 // workspaces not included). MFU = tokens/s * flops_per_token / 989e12 (H100/H200 dense bf16).
 // --profile: after the timed steps, one more step with op_timer on, printing the time per op
 // family (CUDA events around each of the model's calls; the events add a little time).
+// --head-chunk: the LM head's row chunk (the trainer's is NsaTransformer::kDefaultHeadChunk).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
   std::string path = "configs/nsa_125m.toml", micro = "8,16,32", policies = "none", seq;
   int steps = 5;
   bool profile = false;
+  std::int64_t head_chunk = NsaTransformer::kDefaultHeadChunk;
   std::vector<std::string> overrides;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
     else if (a == "--seq" && i + 1 < argc) seq = argv[++i];
     else if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (a == "--profile") profile = true;
+    else if (a == "--head-chunk" && i + 1 < argc) head_chunk = std::atoll(argv[++i]);
     else path = a;
   }
   if (!cuda_available()) {
@@ -72,6 +75,7 @@ int main(int argc, char** argv) {
       try {
         NsaTransformer model(dims, dtype, Device::CUDA);
         model.set_recompute(parse_recompute_policy(pol), dims.L);
+        model.set_head_chunk(head_chunk);
         model.params().initialize(std::uint64_t(cfg.train.seed));
         model.sync_compute_weights();
         ParamStore& params = model.params();

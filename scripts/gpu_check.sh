@@ -25,6 +25,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
   [ -x build-gpu/bench/bench_nsa_gpu ] && run_bench build-gpu/bench/bench_nsa_gpu
   run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --micro 16,32,64,96 --policies none
   run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --micro 16 --policies none --profile
+  [ -x build-gpu/bench/ops_gpu ] && run_bench build-gpu/bench/ops_gpu configs/nsa_125m.toml --micro 16
   run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --micro 16 --policies selective,full
   run_bench build-gpu/bench/train_gpu configs/nsa_125m.toml --seq 32768 --micro 1 --policies full
 fi

@@ -24,14 +24,13 @@ void cuda_release_cached();  // returns the cached blocks to the driver
 enum class CopyKind { HostToHost, HostToDevice, DeviceToHost, DeviceToDevice };
 void memcpy_any(void* dst, const void* src, std::size_t bytes, CopyKind kind);
 void memset_device(void* dst, int value, std::size_t bytes);
-// Strided copy of `rows` rows of `row_bytes` bytes within one device's memory: row r goes
-// from src + r*src_pitch to dst + r*dst_pitch (cudaMemcpy2D on CUDA, a loop on the CPU).
-void copy_rows(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t row_bytes,
-               std::size_t rows, Device device);
+// Host to device, queued on the default stream without waiting for the device (a plain
+// cudaMemcpy from pageable memory first waits for all queued work): the bytes are copied into
+// a pinned staging buffer, one of a per-device ring of 8, and sent from there.
+// Returns once `src` may be reused; waits only if the copy that last used its slot (that many
+// copies ago) has not run yet. For the token ids of each micro-batch.
+void copy_to_device_async(void* dst, const void* src, std::size_t bytes);
 void cuda_synchronize();
-// The CUDA half of copy_rows (device_cuda.cpp / device_nocuda.cpp).
-void copy_rows_device(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
-                      std::size_t row_bytes, std::size_t rows);
 
 // CUDA events on the default stream, for timing (op_timer); opaque handles.
 void* create_event();

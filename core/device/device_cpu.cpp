@@ -17,22 +17,6 @@ void* cpu_alloc(std::size_t bytes) {
 void cpu_free(void* p) { std::free(p); }
 
 namespace {
-void copy_rows_cpu(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t row_bytes,
-                   std::size_t rows) {
-#pragma omp parallel for schedule(static) if (rows * row_bytes > (1u << 16))
-  for (std::size_t r = 0; r < rows; ++r)
-    std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, row_bytes);
-}
-}  // namespace
-
-void copy_rows(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch, std::size_t row_bytes,
-               std::size_t rows, Device device) {
-  if (rows == 0 || row_bytes == 0) return;
-  if (device == Device::CPU) return copy_rows_cpu(dst, dst_pitch, src, src_pitch, row_bytes, rows);
-  copy_rows_device(dst, dst_pitch, src, src_pitch, row_bytes, rows);
-}
-
-namespace {
 struct Counter {
   std::atomic<std::size_t> current{0}, peak{0};
 };

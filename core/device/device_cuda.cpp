@@ -128,6 +128,37 @@ void memcpy_any(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
                                                       : cudaMemcpyDeviceToDevice;
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, k));
 }
+void copy_to_device_async(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  constexpr std::size_t kStagingSlots = 8;
+  struct Slot {
+    void* host = nullptr;
+    std::size_t bytes = 0;
+    cudaEvent_t sent = nullptr;  // recorded after the copy that last used the slot
+  };
+  struct Ring {
+    Slot slots[kStagingSlots];
+    std::size_t next = 0;
+  };
+  thread_local std::vector<Ring> per_device;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (per_device.size() <= std::size_t(dev)) per_device.resize(std::size_t(dev) + 1);
+  Ring& ring = per_device[std::size_t(dev)];
+  Slot& s = ring.slots[ring.next++ % kStagingSlots];
+  if (s.sent) CUDA_CHECK(cudaEventSynchronize(s.sent));
+  if (s.bytes < bytes) {
+    if (s.host) CUDA_CHECK(cudaFreeHost(s.host));
+    s.host = nullptr;
+    s.bytes = 0;
+    CUDA_CHECK(cudaMallocHost(&s.host, bytes));
+    s.bytes = bytes;
+  }
+  if (!s.sent) CUDA_CHECK(cudaEventCreateWithFlags(&s.sent, cudaEventDisableTiming));
+  std::memcpy(s.host, src, bytes);
+  CUDA_CHECK(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, 0));
+  CUDA_CHECK(cudaEventRecord(s.sent, 0));
+}
 void memset_device(void* dst, int value, std::size_t bytes) {
   if (bytes) CUDA_CHECK(cudaMemset(dst, value, bytes));
 }
@@ -146,10 +177,5 @@ double event_elapsed_ms(void* start, void* stop) {
   return ms;
 }
 void destroy_event(void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
-
-void copy_rows_device(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
-                      std::size_t row_bytes, std::size_t rows) {
-  CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, 0));
-}
 
 }  // namespace nsatron

@@ -22,8 +22,6 @@ void memcpy_any(void* dst, const void* src, std::size_t bytes, CopyKind kind) {
 }
 void memset_device(void*, int, std::size_t) { throw std::runtime_error("this build of nsatron has no CUDA"); }
 void cuda_synchronize() {}
-void copy_rows_device(void*, std::size_t, const void*, std::size_t, std::size_t, std::size_t) {
-  throw std::runtime_error("this build of nsatron has no CUDA");
-}
+void copy_to_device_async(void*, const void*, std::size_t) { throw std::runtime_error("this build of nsatron has no CUDA"); }
 
 }  // namespace nsatron

@@ -61,7 +61,8 @@ struct StageState {
   std::vector<LayerActivations> acts;   // this chunk's layers
   Tensor output;                        // not the last stage: the last layer's output [N, C]
   Tensor d_last;                        // last stage: the gradient of the last layer's output
-  double loss = 0;                      // last stage: the micro-batch's mean loss
+  Tensor loss;                          // last stage: the micro-batch's mean loss, one element on
+                                        // the model's device, not read yet (reading waits for it)
 };
 
 }  // namespace nsatron

@@ -108,23 +108,20 @@ std::vector<Tensor LayerActivations::*> part_members(Attention attention) {
   return {&A::q, &A::k_cmp, &A::v_cmp, &A::k_slc, &A::v_slc, &A::k_win, &A::v_win, &A::gate};
 }
 
-// Splitting the projection (p -> parts) and gathering the gradients back (parts -> p) are
-// strided row copies, the same code on either device and for any dtype.
-void split_or_gather(const ModelDims& m, std::int64_t N, const Tensor& p, Tensor* const parts[], bool to_parts) {
-  const std::int64_t G = m.G, Pg = m.group_width();
+// Splitting the projection (p -> parts) and gathering the gradients back (parts -> p): p
+// viewed as [N * G, group width] and each part as [N * G, part width] are a column split
+// (core/ops/elementwise.h), one pass over the bytes on either device.
+void split_or_gather(const ModelDims& m, std::int64_t N, Tensor& p, Tensor* const parts[], bool to_parts) {
   const std::vector<std::int64_t> width = part_widths(m);
-  const std::size_t e = dtype_size(p.dtype());
-  std::int64_t col = 0;
-  for (std::size_t k = 0; k < width.size(); ++k) {
-    char* row0 = static_cast<char*>(p.raw()) + std::size_t(col) * e;
-    char* part = static_cast<char*>(parts[k]->raw());
-    const std::size_t wb = std::size_t(width[k]) * e, pb = std::size_t(Pg) * e, rows = std::size_t(N * G);
-    if (to_parts)
-      copy_rows(part, wb, row0, pb, wb, rows, p.device());
-    else
-      copy_rows(row0, pb, part, wb, wb, rows, p.device());
-    col += width[k];
-  }
+  std::vector<Tensor> views;
+  for (std::size_t k = 0; k < width.size(); ++k) views.push_back(parts[k]->view({N * m.G, width[k]}));
+  std::vector<Tensor*> ptrs;
+  for (Tensor& v : views) ptrs.push_back(&v);
+  Tensor packed = p.view({N * m.G, m.group_width()});
+  if (to_parts)
+    split_columns(packed, ptrs);
+  else
+    join_columns(std::vector<const Tensor*>(ptrs.begin(), ptrs.end()), packed);
 }
 
 // The NSA core's inputs: the split projection kept in `a` and the layer's compression
@@ -173,7 +170,7 @@ NsaTransformer::Ids NsaTransformer::device_ids(std::span<const std::int32_t> hos
   if (device_ == Device::CPU || host.empty()) return ids;
   auto on_device = [&](const void* data, std::size_t bytes) {
     auto copy = std::make_shared<Storage>(bytes, device_);
-    memcpy_any(copy->data(), data, bytes, CopyKind::HostToDevice);
+    copy_to_device_async(copy->data(), data, bytes);  // no wait for the device
     ids.device_copies.push_back(copy);
     return copy->data();
   };
@@ -368,14 +365,15 @@ void NsaTransformer::embedding_grad(const Ids& tokens, Tensor& dx) {
 
 Tensor NsaTransformer::forward_layers(int chunk, const Ids& tokens, const Tensor* input, std::int64_t B,
                                       std::int64_t T) const {
-  Tensor x = chunk_first(chunk) ? embed(tokens, B * T) : *input;
+  Stream s{chunk_first(chunk) ? embed(tokens, B * T) : *input, Tensor()};
   const auto [layer_begin, layer_end] = chunk_layers(chunk);
   for (std::int64_t l = layer_begin; l < layer_end; ++l) {
-    Tensor y;
-    layer_forward(l, x, &y, nullptr, Keep::Nothing, B, T);
-    x = y;
+    Stream out;
+    layer_forward(l, s, &out, nullptr, Keep::Nothing, B, T);
+    s = std::move(out);
   }
-  return x;
+  sum_stream(s);
+  return s.x;
 }
 
 NsaTransformer::Keep NsaTransformer::keep_mode(std::int64_t l) const {
@@ -433,16 +431,31 @@ void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, co
   });
 }
 
-void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor* x_out, LayerActivations* acts, Keep keep,
+void NsaTransformer::norm_stream(Stream& s, const Tensor& w, Tensor& y, Tensor& rstd) const {
+  TIMED("rmsnorm");
+  if (!s.h.defined()) return rmsnorm_forward(s.x, w, y, rstd, local_.norm_eps);
+  add_rmsnorm_forward(s.h, s.x, w, s.x, y, rstd, local_.norm_eps);
+  s.h = Tensor();
+}
+
+void NsaTransformer::sum_stream(Stream& s) const {
+  if (!s.h.defined()) return;
+  TIMED("residual add");
+  add(s.h, s.x, s.x);
+  s.h = Tensor();
+}
+
+void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, LayerActivations* acts, Keep keep,
                                    std::int64_t B, std::int64_t T) const {
   const ModelDims& m = local_;
   const std::int64_t N = B * T;
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   LayerActivations a;
-  a.x = x;
   a.rstd1 = stat({N});
   a.xn = act({N, m.C});
-  { TIMED("rmsnorm"); rmsnorm_forward(x, W("attn_norm"), a.xn, a.rstd1, m.norm_eps); }
+  norm_stream(in, W("attn_norm"), a.xn, a.rstd1);  // the previous layer's residual add too
+  a.x = in.x;
+  const Tensor& x = a.x;
 
   Tensor p = act({N, m.G * m.group_width()});
   { TIMED("matmul"); linear_forward(a.xn, W("attn/wqkv"), nullptr, p); }
@@ -471,11 +484,11 @@ void NsaTransformer::layer_forward(std::int64_t l, const Tensor& x, Tensor* x_ou
   { TIMED("matmul"); linear_forward(a.hn, mlp_in(compute_, l), nullptr, a.u); }
   a.act = act({N, m.F});
   { TIMED("swiglu"); swiglu_forward(a.u, a.act); }
-  if (x_out) {  // (a recompute for the backward needs the activations, not the output)
-    *x_out = act({N, m.C});
-    { TIMED("matmul"); linear_forward(a.act, W("mlp/w_out"), nullptr, *x_out); }
-    tp_sum(*x_out);  // row-parallel w_out
-    { TIMED("residual add"); add(a.h, *x_out, *x_out); }
+  if (out) {  // (a recompute for the backward needs the activations, not the output)
+    out->x = act({N, m.C});
+    { TIMED("matmul"); linear_forward(a.act, W("mlp/w_out"), nullptr, out->x); }
+    tp_sum(out->x);  // row-parallel w_out
+    out->h = a.h;    // h + out->x: added by the next norm
   }
 
   if (!acts) return;
@@ -495,7 +508,8 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
   const ModelDims& m = local_;
   const std::int64_t N = B * T;
   if (!a.h.defined()) {  // full recompute: only the input was kept
-    layer_forward(l, a.x, nullptr, &a, Keep::All, B, T);
+    Stream in{a.x, Tensor()};
+    layer_forward(l, in, nullptr, &a, Keep::All, B, T);
     return;
   }
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
@@ -566,13 +580,14 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   { TIMED("rmsnorm"); rmsnorm_backward(dxn, a.x, W("attn_norm"), a.rstd1, dx_in, g_attn_norm, &dh); }
 }
 
-double NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t N, double grad_scale, Tensor* dxf) {
+Tensor NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t N, double grad_scale, Tensor* dxf) {
   const std::int64_t Vl = vocab_end_ - vocab_begin_;
   const Tensor E = head_weight();
   Tensor dE = dxf ? head_grad() : Tensor();
-  Tensor loss = stat({1});
+  // The loss stays on the device: fp64 summed over the vocab-parallel chunks, else the cross
+  // entropy's own (stat dtype).
+  Tensor loss = tp_ > 1 ? Tensor::empty({1}, DType::F64, device_) : stat({1});
   loss.zero_();
-  double vocab_parallel_loss = 0;
   CrossEntropyOptions ce;
   ce.denominator = double(N);
   ce.accumulate_loss = true;
@@ -590,7 +605,7 @@ double NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t 
       opt.vocab_start = vocab_begin_;
       opt.vocab_size = dims_.V;
       opt.denominator = double(N);
-      vocab_parallel_loss += parallel::vocab_parallel_cross_entropy(*tp_group_, logits, targets, dxf ? grad_scale : 0.0, opt);
+      parallel::vocab_parallel_cross_entropy(*tp_group_, logits, targets, dxf ? grad_scale : 0.0, opt, loss);
     } else if (dxf) {
       TIMED("cross entropy");
       cross_entropy_fused(logits, targets, loss, grad_scale, ce);
@@ -606,7 +621,7 @@ double NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t 
     }
   }
   if (dxf) tp_sum(*dxf);  // vocab-parallel head: every rank's share of the gradient
-  return tp_ > 1 ? vocab_parallel_loss : loss.to_vector()[0];
+  return loss;
 }
 
 StageState NsaTransformer::stage_forward(int chunk, std::span<const std::int32_t> tokens,
@@ -620,30 +635,33 @@ StageState NsaTransformer::stage_forward(int chunk, std::span<const std::int32_t
   st.B = B;
   st.T = T;
   st.grad_scale = grad_scale;
-  Tensor x;
+  Stream s;
   if (chunk_first(chunk)) {
     if (std::int64_t(tokens.size()) != N) throw std::invalid_argument("stage_forward: tokens must hold B*T ids");
     st.ids = device_ids(tokens, true, true);  // a pipeline refills the caller's batch before the backward
-    x = embed(st.ids, N);
+    s.x = embed(st.ids, N);
   } else {
     if (!input || input->shape() != Shape{N, m.C})
       throw std::invalid_argument("stage_forward: a later pipeline stage needs its input [B*T, C]");
-    x = *input;
+    s.x = *input;
   }
   st.acts.resize(std::size_t(layer_end - layer_begin));
   for (std::int64_t l = layer_begin; l < layer_end; ++l) {
-    Tensor y;
-    layer_forward(l, x, &y, &st.acts[std::size_t(l - layer_begin)], keep_mode(l), B, T);
-    x = y;
+    Stream out;
+    layer_forward(l, s, &out, &st.acts[std::size_t(l - layer_begin)], keep_mode(l), B, T);
+    s = std::move(out);
   }
   if (!chunk_last(chunk)) {
-    st.output = x;
+    sum_stream(s);
+    st.output = s.x;
     return st;
   }
   if (std::int64_t(targets.size()) != N) throw std::invalid_argument("stage_forward: targets must hold B*T ids");
   const Ids tgt = device_ids(targets, false);
   Tensor rstdf = stat({N}), xf = act({N, m.C});
-  { TIMED("rmsnorm"); rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps); }
+  norm_stream(s, weight("model/final_norm"), xf, rstdf);  // the last layer's residual add too
+  const Tensor x = s.x;
+  s.x = Tensor();
   Tensor dxf = act({N, m.C});
   st.loss = head_loss(xf, tgt, N, grad_scale, &dxf);
   xf = Tensor();
@@ -678,6 +696,12 @@ Tensor NsaTransformer::stage_backward(StageState& st, const Tensor* d_output) {
 
 double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                                         std::int64_t B, std::int64_t T, double grad_scale) {
+  return forward_backward_queued(tokens, targets, B, T, grad_scale).to_vector()[0];
+}
+
+Tensor NsaTransformer::forward_backward_queued(std::span<const std::int32_t> tokens,
+                                               std::span<const std::int32_t> targets, std::int64_t B, std::int64_t T,
+                                               double grad_scale) {
   if (chunks() != 1 || !first_stage() || !last_stage())
     throw std::logic_error("forward_backward runs the whole model; a pipeline stage uses stage_forward/backward");
   const std::size_t base = memory_stats(device_).current;
@@ -705,7 +729,7 @@ Tensor NsaTransformer::stage_evaluate(int chunk, std::span<const std::int32_t> t
   const Ids tgt = device_ids(targets, false);
   Tensor rstdf = stat({N}), xf = act({N, m.C});
   { TIMED("rmsnorm"); rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps); }
-  *loss = head_loss(xf, tgt, N, 0.0, nullptr);
+  *loss = head_loss(xf, tgt, N, 0.0, nullptr).to_vector()[0];
   return Tensor();
 }
 

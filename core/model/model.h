@@ -151,10 +151,15 @@ class NsaTransformer {
   // micro-batches for gradient accumulation). Returns the micro-batch's mean loss.
   double forward_backward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                           std::int64_t B, std::int64_t T, double grad_scale = 1.0);
+  // The same without reading the loss: it is returned as one element on the model's device
+  // (on CUDA everything is queued; nothing in the micro-batch waits for the device), to be read
+  // once per step for the log.
+  Tensor forward_backward_queued(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                                 std::int64_t B, std::int64_t T, double grad_scale = 1.0);
   // The same, one pipeline stage (model chunk `chunk` of this rank) at a time. stage_forward:
   // the model's first chunk reads `tokens`, the others `input` (the previous chunk's output,
   // [B*T, C]); a chunk that is not the model's last returns with state.output set (to send
-  // on); the last computes the loss (state.loss), the head's gradients and the gradient of its
+  // on); the last computes the loss (state.loss, on the device), the head's gradients and the gradient of its
   // last layer's output right away. stage_backward (of state.chunk): `d_output` is the
   // gradient of state.output (received from the next chunk; ignored on the last); returns the
   // gradient of `input` (not on the first chunk, which finishes with the embedding's
@@ -218,8 +223,9 @@ class NsaTransformer {
   Ids device_ids(std::span<const std::int32_t> host, bool vocab_local, bool keep_copy = false) const;
   Tensor mlp_in(const Tensor& flat, std::int64_t l) const;  // [w_gate; w_up] of layer l in a flat buffer
   void tp_sum(Tensor& t) const;
-  // Final-norm output -> mean loss; with dxf, also the head's gradients and dxf.
-  double head_loss(const Tensor& xf, const Ids& targets, std::int64_t N, double grad_scale, Tensor* dxf);
+  // Final-norm output -> mean loss (one element on the device, not read); with dxf, also the
+  // head's gradients and dxf.
+  Tensor head_loss(const Tensor& xf, const Ids& targets, std::int64_t N, double grad_scale, Tensor* dxf);
   void embedding_grad(const Ids& tokens, Tensor& dx);
   enum class Keep { Nothing, Input, Selective, All };
   Tensor weight(const std::string& name) const;  // compute-dtype view
@@ -230,9 +236,21 @@ class NsaTransformer {
   void core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o, Tensor* const dparts[],
                      std::int64_t B, std::int64_t T);
   Keep keep_mode(std::int64_t l) const;
-  // x_out: the layer's output; nullptr when only the activations are wanted (full recompute).
-  void layer_forward(std::int64_t l, const Tensor& x, Tensor* x_out, LayerActivations* acts, Keep keep,
-                     std::int64_t B, std::int64_t T) const;
+  // The residual stream between layers as a layer leaves it: its MLP output x and, not yet
+  // added to it, its attention residual h (undefined: x is the whole stream, e.g. the
+  // embedding or a pipeline stage's input). The next norm adds them (add_rmsnorm, the sum
+  // written over x) and lets h go: the residual add costs no pass of its own.
+  struct Stream {
+    Tensor x, h;
+  };
+  // y = rmsnorm(x), or with h: x = h + x (in place), y = rmsnorm(x), h released.
+  void norm_stream(Stream& s, const Tensor& w, Tensor& y, Tensor& rstd) const;
+  // x = h + x where no norm follows (a stage's output, evaluation), h released.
+  void sum_stream(Stream& s) const;
+  // in: the layer's input (summed into in.x by its norm); out: its output, nullptr when only
+  // the activations are wanted (full recompute).
+  void layer_forward(std::int64_t l, Stream& in, Stream* out, LayerActivations* acts, Keep keep, std::int64_t B,
+                     std::int64_t T) const;
   void complete_for_backward(std::int64_t l, LayerActivations& a, std::int64_t B, std::int64_t T) const;
   void layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in, std::int64_t B,
                       std::int64_t T);

@@ -1,6 +1,7 @@
 #include "core/model/nsa_core_cuda.h"
 
 #include <stdexcept>
+#include <vector>
 
 #ifdef NSATRON_WITH_CUDA
 #include "core/device/device.h"
@@ -13,11 +14,32 @@ namespace nsatron {
 
 namespace {
 
+std::vector<std::unique_ptr<nsa::cuda::NsaSavedCuda>>& saved_pool(int dev) {
+  thread_local std::vector<std::vector<std::unique_ptr<nsa::cuda::NsaSavedCuda>>> per_device;
+  if (per_device.size() <= std::size_t(dev)) per_device.resize(std::size_t(dev) + 1);
+  return per_device[std::size_t(dev)];
+}
+
 // Calls f(float{}) or f(__nv_bfloat16{}) for the compute dtype of the CUDA model.
 template <class F> void dispatch_cuda(DType t, F&& f) {
   if (t == DType::F32) return f(float{});
   if (t == DType::BF16) return f(nsa::cuda::bf16{});
   throw std::invalid_argument("the NSA core on CUDA computes in fp32 or bf16");
+}
+
+// Released saved states, kept for the next forward (per host thread and device): an
+// NsaSavedCuda owns a cudaMalloc'ed block, and cudaFree waits for the whole device, so a fresh
+// one per layer and micro-batch put a host synchronisation in every layer's backward. Reused
+// in stream order (everything runs on the default stream), as the Tensor allocator's blocks
+// are; their memory, like that allocator's cache, is not counted while pooled.
+std::unique_ptr<nsa::cuda::NsaSavedCuda> take_saved() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) throw std::runtime_error("cudaGetDevice failed");
+  auto& pool = saved_pool(dev);
+  if (pool.empty()) return std::make_unique<nsa::cuda::NsaSavedCuda>();
+  auto s = std::move(pool.back());
+  pool.pop_back();
+  return s;
 }
 
 template <class T> const T* ptr(const Tensor& t) { return static_cast<const T*>(t.raw()); }
@@ -37,15 +59,21 @@ std::shared_ptr<void> nsa_core_forward_cuda(const nsa::NsaDims& dims, const Laye
   std::shared_ptr<void> kept;
   dispatch_cuda(o.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    auto saved = save ? std::make_unique<nsa::cuda::NsaSavedCuda>() : nullptr;
+    auto saved = save ? take_saved() : nullptr;
     nsa::cuda::nsa_forward<T>(dims, inputs<T>(a, W), mut<T>(o), saved.get());
     if (!saved) return;
     // The saved state is device memory outside the Tensor allocator: count it while held.
     const std::size_t bytes = saved->bytes();
     note_alloc(Device::CUDA, bytes);
     kept = std::shared_ptr<void>(saved.release(), [bytes](void* p) {
-      delete static_cast<nsa::cuda::NsaSavedCuda*>(p);
+      auto* s = static_cast<nsa::cuda::NsaSavedCuda*>(p);
       note_free(Device::CUDA, bytes);
+      int dev = 0;
+      if (cudaGetDevice(&dev) != cudaSuccess) {  // the runtime is going away: no reuse
+        delete s;
+        return;
+      }
+      saved_pool(dev).emplace_back(s);
     });
   });
   return kept;

@@ -57,7 +57,7 @@ struct Sizes {
   std::int64_t ids = 0;      // CUDA: st.ids, the device copy of the tokens (tp > 1: also the rebased ids
                              //   and the ownership mask); the CPU reads the host vectors (not counted)
   std::int64_t targets = 0;  // CUDA: tgt, the device copy of the targets
-  std::int64_t loss = 0;     // head_loss's stat {1}
+  std::int64_t loss = 0;     // head_loss's loss {1} (stat; fp64 with tp > 1), kept as st.loss to the step's end
   std::int64_t logits = 0;   // head_loss's first (largest) chunk of logits [min(N, chunk), V/tp]
   std::int64_t ce_scratch = 0;  // tp > 1: vocab_parallel_cross_entropy's fp64 [4 * rows] scratch
 };
@@ -112,7 +112,7 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
     z.targets = N * 4;                            // device_ids(targets, vocab_local = false): span
   }
   const std::int64_t rows = std::min(N, p.head_chunk);
-  z.loss = s;
+  z.loss = p.tp > 1 ? 8 : s;
   z.logits = rows * vocab_rows * e;
   z.ce_scratch = p.tp > 1 ? 4 * rows * 8 : 0;
   return z;
@@ -137,19 +137,23 @@ class StageReplay {
       led_.alloc(z_.x);    // x = embed(...): layer begin's a.x
     }
     for (std::int64_t l = begin_; l < end_; ++l) layer_forward(keep(l), /*x_out=*/true);
-    if (!last_) return;  // x (the last layer's output) becomes st.output
+    if (!last_) {  // sum_stream: x (the last layer's output, its residual added) becomes st.output
+      release_h();
+      return;
+    }
     led_.alloc(z_.targets);  // tgt
     led_.alloc(z_.row);      // rstdf
     led_.alloc(z_.x);        // xf
+    release_h();             // norm_stream: the last layer's residual added
     led_.alloc(z_.x);        // dxf
     // head_loss: per row chunk the logits, their loss and gradient in place, the chunk's
     // backward; the first chunk is the largest.
-    led_.alloc(z_.loss);        // loss
+    led_.alloc(z_.loss);        // loss: returned as st.loss, read (and freed) at the step's end
+    ++losses_;
     led_.alloc(z_.logits);      // logits
     led_.alloc(z_.ce_scratch);  // tp > 1: vocab_parallel_cross_entropy's scratch
     led_.free(z_.ce_scratch);
     led_.free(z_.logits);
-    led_.free(z_.loss);
     led_.free(z_.x);        // xf = Tensor()
     led_.alloc(z_.x);       // st.d_last
     led_.free(z_.row);      // return: rstdf,
@@ -173,6 +177,11 @@ class StageReplay {
     if (!first_) return;  // dx is returned (d_input)
     led_.free(z_.x);    // embedding_grad(dx) done: dx
     led_.free(z_.ids);  // st.ids
+  }
+
+  // The step has read the losses (launch/train/step.cpp, read_losses): they go.
+  void end_of_step() {
+    for (; losses_ > 0; --losses_) led_.free(z_.loss);
   }
 
   // What a layer keeps from its forward for its backward (LayerActivations), a.x excluded
@@ -205,10 +214,18 @@ class StageReplay {
     if (z_.dense && !save) led_.free(z_.saved);
   }
 
-  // layer_forward(l, x, x_out, acts, keep): the layer's input is live already.
+  // The previous layer's attention residual (Stream::h), when only the stream held it (its
+  // layer kept no a.h), goes once the next norm has added it.
+  void release_h() {
+    if (h_held_) led_.free(z_.x);
+    h_held_ = false;
+  }
+
+  // layer_forward(l, in, out, acts, keep): the layer's input is live already.
   void layer_forward(Keep k, bool x_out) {
     led_.alloc(z_.row);   // a.rstd1
     led_.alloc(z_.x);     // a.xn
+    release_h();          // norm_stream(in): the previous layer's residual added
     led_.alloc(z_.proj);  // p
     led_.alloc(z_.proj);  // the parts a.q ... (split_or_gather's targets)
     led_.alloc(z_.o);     // a.o
@@ -222,10 +239,11 @@ class StageReplay {
     led_.free(z_.x);      // attn_out = Tensor()
     led_.alloc(z_.u);     // a.u
     led_.alloc(z_.f);     // a.act
-    if (x_out) led_.alloc(z_.x);  // *x_out: the next layer's a.x
-    // What is not kept goes with the local LayerActivations.
+    if (x_out) led_.alloc(z_.x);  // out->x: the next layer's a.x (once its norm has added out->h)
+    // What is not kept goes with the local LayerActivations; a.h stays while out->h holds it.
     const std::int64_t made = 2 * z_.row + 3 * z_.x + z_.proj + z_.o + (save ? z_.saved : 0) + z_.u + z_.f;
-    led_.free(made - kept(k));
+    h_held_ = x_out && k == Keep::Input;  // Selective and All keep a.h anyway
+    led_.free(made - kept(k) - (h_held_ ? z_.x : 0));
   }
 
   // complete_for_backward: what the policy dropped, recomputed.
@@ -271,6 +289,8 @@ class StageReplay {
   bool first_, last_;
   std::int64_t begin_, end_;
   Ledger& led_;
+  std::int64_t losses_ = 0;  // st.loss of the micro-batches this chunk ended, held to the step's end
+  bool h_held_ = false;      // the last layer's a.h, held only by its output stream
 };
 
 }  // namespace
@@ -300,12 +320,14 @@ std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPl
   std::vector<StageReplay> stage;  // one per model chunk
   for (const auto& [begin, end] : chunks) stage.emplace_back(z, p, begin == 0, end == dims.L, begin, end, led);
 
-  // pp = 1: forward_backward per micro-batch (each starts from nothing held, so one is the
-  // step's peak). pp > 1: run_1f1b (parallel/pipeline.cpp) executing the schedule's steps,
+  // pp = 1: forward_backward per micro-batch (each starts from the earlier ones' losses, held
+  // until the step reads them, so the last is the step's peak). pp > 1: run_1f1b (parallel/pipeline.cpp) executing the schedule's steps,
   // its messages included: an input received becomes its chunk's first layer's a.x; an output
   // lives until sent; a received output gradient until its backward returns; an input
   // gradient until sent.
   const std::int64_t A = p.pp == 1 ? std::min<std::int64_t>(p.micro_batches, 1) : p.micro_batches;
+  const std::int64_t earlier_losses = p.pp == 1 ? std::max<std::int64_t>(p.micro_batches - 1, 0) : 0;
+  for (std::int64_t i = 0; i < earlier_losses; ++i) led.alloc(z.loss);
   using Op = parallel::PipelineOp;
   for (const parallel::PipelineStep& st : parallel::schedule_pipeline(p.pp_stage, p.pp, A, V)) {
     switch (st.op) {
@@ -333,6 +355,8 @@ std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPl
         break;
     }
   }
+  for (StageReplay& s : stage) s.end_of_step();
+  for (std::int64_t i = 0; i < earlier_losses; ++i) led.free(z.loss);
   if (led.live() != 0) throw std::logic_error("estimate_activation_bytes: the replay does not free what it allocates");
   return led.peak();
 }

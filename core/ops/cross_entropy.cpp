@@ -254,4 +254,19 @@ void cross_entropy_slice_grad(Tensor& logits, std::span<const std::int32_t> targ
   });
 }
 
+void cross_entropy_slice_loss(const Tensor& row_loss, double denominator, Tensor& loss) {
+  const std::string op = "cross_entropy_slice_loss";
+  check_f64(op, row_loss, row_loss, "row_loss", row_loss.numel(), "the row losses");
+  check_f64(op, row_loss, loss, "loss", 1, "one value");
+  if (row_loss.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda::cross_entropy_slice_loss(loss.data<double>(), row_loss.data<double>(), row_loss.numel(), denominator);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
+  cpu::cross_entropy_slice_loss(loss.data<double>(), row_loss.data<double>(), row_loss.numel(), denominator);
+}
+
 }  // namespace nsatron

@@ -44,6 +44,9 @@
 //                              row_loss[n] = log s_n + m_n - zt_n             (= lse_n - z_{n,t_n})
 //                              z_nv       <- scale (exp(z_nv - m_n) / s_n - [v == t_n - vocab_start])
 //                              both 0 on ignored rows; the gradient replaces the logits.
+//   cross_entropy_slice_loss:  loss += (sum_n row_loss[n]) / D (0 when D = 0), on the device:
+//                              the chunk's loss added to a running fp64 total without a host
+//                              read (CPU: rows in order; CUDA: ce's fixed-order block sum)
 // With scale = dloss / D, the loss is sum_n row_loss[n] / D and the slices' gradients are
 // the columns of cross_entropy_fused's, to rounding. row_max, sums and row_loss are fp64
 // tensors on the logits' device (so that the communicator reduces them in fp64). Logits: fp32
@@ -93,6 +96,8 @@ void cross_entropy_slice_grad(Tensor& logits, std::span<const std::int32_t> targ
                               std::int64_t vocab_start, std::int32_t ignore_index,
                               const Tensor& row_max, const Tensor& sums, double scale,
                               Tensor& row_loss);
+// row_loss: N fp64 elements, loss: one fp64 element, on one device.
+void cross_entropy_slice_loss(const Tensor& row_loss, double denominator, Tensor& loss);
 
 namespace cpu {
 // Throws std::invalid_argument for the first target neither ignore_index nor in [0, V).
@@ -127,6 +132,7 @@ void cross_entropy_slice_grad(T* logits, double* row_loss, const std::int32_t* t
                               std::int64_t N, std::int64_t V, std::int64_t vocab_start,
                               std::int32_t ignore_index, const double* row_max,
                               const double* sums, double scale);
+void cross_entropy_slice_loss(double* loss, const double* row_loss, std::int64_t N, double denominator);
 }  // namespace cpu
 
 namespace cuda {
@@ -158,6 +164,7 @@ void cross_entropy_slice_grad(DType dt, void* logits, double* row_loss,
                               const std::int32_t* targets, std::int64_t N, std::int64_t V,
                               std::int64_t vocab_start, std::int32_t ignore_index,
                               const double* row_max, const double* sums, double scale);
+void cross_entropy_slice_loss(double* loss, const double* row_loss, std::int64_t N, double denominator);
 void check_id_errors();  // see embedding.h
 }  // namespace cuda
 

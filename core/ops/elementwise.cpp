@@ -3,6 +3,7 @@
 #include "core/ops/op_util.h"
 
 #include <type_traits>
+#include <vector>
 
 namespace nsatron {
 
@@ -66,6 +67,52 @@ void zero_rows(Tensor& x, std::span<const std::uint8_t> keep) {
 #endif
   }
   cpu::zero_rows(x.raw(), row_bytes, N, keep.data());
+}
+
+namespace {
+// Checks packed [R, W] against the parts [R, w_k] (sum w_k = W) and runs the copy.
+void copy_columns(const std::string& op, const Tensor& packed, std::span<const Tensor* const> parts, bool to_parts) {
+  require(packed.ndim() == 2, op, "packed must be 2-D [R, W], got " + packed.describe());
+  require(!parts.empty() && parts.size() <= std::size_t(kMaxColumnParts), op,
+          "between 1 and " + std::to_string(kMaxColumnParts) + " parts, got " + std::to_string(parts.size()));
+  const std::int64_t R = packed.dim(0);
+  const std::size_t e = dtype_size(packed.dtype());
+  ColumnParts cp;
+  std::int64_t col = 0;
+  for (const Tensor* t : parts) {
+    same_dtype_device(op, {&packed, t});
+    require(t->ndim() == 2 && t->dim(0) == R, op,
+            "each part must be 2-D [" + std::to_string(R) + ", w], got " + t->describe());
+    cp.ptr[cp.count] = t->raw();
+    cp.row_bytes[cp.count] = std::size_t(t->dim(1)) * e;
+    cp.offset[cp.count] = std::size_t(col) * e;
+    ++cp.count;
+    col += t->dim(1);
+  }
+  require(col == packed.dim(1), op,
+          "the parts' widths sum to " + std::to_string(col) + ", packed " + packed.describe() + " has " +
+              std::to_string(packed.dim(1)) + " columns");
+  if (R == 0 || col == 0) return;
+  const std::size_t pitch = std::size_t(col) * e;
+  if (packed.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda::copy_columns(packed.raw(), pitch, cp, R, to_parts);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
+  cpu::copy_columns(packed.raw(), pitch, cp, R, to_parts);
+}
+}  // namespace
+
+void split_columns(const Tensor& packed, std::span<Tensor* const> parts) {
+  std::vector<const Tensor*> ps(parts.begin(), parts.end());
+  copy_columns("split_columns", packed, ps, true);
+}
+
+void join_columns(std::span<const Tensor* const> parts, Tensor& packed) {
+  copy_columns("join_columns", packed, parts, false);
 }
 
 void cast(const Tensor& src, Tensor& dst) {

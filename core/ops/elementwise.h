@@ -13,6 +13,15 @@
 // zero_rows:  x[n, ...] = 0 for the rows n with keep[n] == 0, the others untouched (rows along
 //             the first dimension); e.g. the vocab-parallel embedding zeroes the rows of the
 //             tokens another rank owns. keep: one byte per row, in the memory of x's device.
+// split_columns: packed [R, W] with W = sum_k w_k, parts[k] [R, w_k]:
+//             parts[k][r, j] = packed[r, o_k + j], o_k = w_0 + ... + w_{k-1}
+//             (the fused attention projection, viewed as [tokens * groups, group width], into
+//             the attention core's inputs, each [tokens * groups, part width]);
+//             backward: join_columns of the parts' gradients
+// join_columns: the inverse, packed[r, o_k + j] = parts[k][r, j]; backward: split_columns.
+//             Both are copies (any dtype, bits unchanged), one pass over the bytes: on CUDA one
+//             kernel for all the parts, in the widest unit (up to 16 bytes) that every width,
+//             offset and address allows.
 // Deterministic: elementwise.
 #pragma once
 #include <cstddef>
@@ -32,6 +41,20 @@ void add_(Tensor& acc, const Tensor& x);
 void cast(const Tensor& src, Tensor& dst);
 // x [N, ...], any dtype, CPU or CUDA; keep [N] (uint8) in x's device memory.
 void zero_rows(Tensor& x, std::span<const std::uint8_t> keep);
+// packed [R, W] and parts[k] [R, w_k] with sum_k w_k = W; one dtype and device; at most
+// kMaxColumnParts parts.
+constexpr int kMaxColumnParts = 16;
+void split_columns(const Tensor& packed, std::span<Tensor* const> parts);
+void join_columns(std::span<const Tensor* const> parts, Tensor& packed);
+
+// The raw form of both, shared by the CPU and CUDA sides: `count` parts of row_bytes[k] bytes
+// per row, at byte offsets offset[k] (ascending, contiguous) of packed rows of pitch bytes.
+struct ColumnParts {
+  void* ptr[kMaxColumnParts];
+  std::size_t row_bytes[kMaxColumnParts];
+  std::size_t offset[kMaxColumnParts];
+  int count = 0;
+};
 
 namespace cpu {
 // out may alias a or b.
@@ -39,6 +62,8 @@ template <class T> void add(T* out, const T* a, const T* b, std::int64_t n);
 template <class T> void add_(T* acc, const T* x, std::int64_t n);
 // Rows of row_bytes bytes each (zero bits are 0 in every dtype).
 void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep);
+// to_parts: packed -> parts (split_columns), else parts -> packed (join_columns).
+void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts);
 }  // namespace cpu
 
 namespace cuda {
@@ -48,6 +73,8 @@ void add_(DType dt, void* acc, const void* x, std::int64_t n);
 void cast(DType src_dt, const void* src, DType dst_dt, void* dst, std::int64_t n);
 // x and keep in device memory; rows of row_bytes bytes.
 void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep);
+// Same contract as cpu::copy_columns, device pointers, one kernel.
+void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts);
 }  // namespace cuda
 
 }  // namespace nsatron

@@ -8,8 +8,8 @@
 
 namespace nsatron::parallel {
 
-double vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<const std::int32_t> targets,
-                                    double dloss, const VocabParallelCE& opt) {
+void vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<const std::int32_t> targets,
+                                  double dloss, const VocabParallelCE& opt, Tensor& loss) {
   const std::string op = "vocab_parallel_cross_entropy";
   if (!logits.defined() || logits.ndim() != 2 || std::int64_t(targets.size()) != logits.dim(0))
     throw std::invalid_argument(op + ": logits must be an [N, V_r] tensor with N targets, got " +
@@ -25,6 +25,9 @@ double vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<
   if (dev == Device::CUDA && !(opt.denominator > 0))
     throw std::invalid_argument(op + ": on CUDA the denominator must be given (> 0): counting the targets "
                                      "would read device memory from the host");
+  if (!loss.defined() || loss.numel() != 1 || loss.dtype() != DType::F64 || loss.device() != dev)
+    throw std::invalid_argument(op + ": loss must be one fp64 element on the device of the logits, got " +
+                                (loss.defined() ? loss.describe() : std::string("undefined")));
   if (!tp.supports(DType::F64, dev))
     throw std::invalid_argument(op + ": the " + tp.backend() + " communicator '" + tp.name() +
                                 "' does not take fp64 tensors on the device of " + logits.describe());
@@ -55,9 +58,14 @@ double vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<
   cross_entropy_slice_sums(logits, targets, opt.vocab_start, opt.ignore_index, row_max, sums, opt.vocab_size);
   tp.all_reduce(sums, ReduceOp::Sum);
   cross_entropy_slice_grad(logits, targets, opt.vocab_start, opt.ignore_index, row_max, sums, scale, row_loss);
-  double loss = 0.0;
-  for (double l : row_loss.to_vector()) loss += l;  // row order
-  return D > 0 ? loss / D : 0.0;
+  cross_entropy_slice_loss(row_loss, D, loss);  // on the device: no host read
+}
+
+double vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<const std::int32_t> targets,
+                                    double dloss, const VocabParallelCE& opt) {
+  Tensor loss = Tensor::zeros({1}, DType::F64, logits.defined() ? logits.device() : Device::CPU);
+  vocab_parallel_cross_entropy(tp, logits, targets, dloss, opt, loss);
+  return loss.to_vector()[0];
 }
 
 }  // namespace nsatron::parallel

@@ -12,8 +12,9 @@
 //   dz_nv = (dloss/D) (exp(z_nv - m_n)/s_n - [v == t_n])   on this rank's columns (0 on ignored rows)
 // Built from the vocabulary-slice ops of core/ops/cross_entropy.h, on the logits' device:
 //   cross_entropy_slice_max -> tp.all_reduce(Max) -> cross_entropy_slice_sums ->
-//   tp.all_reduce(Sum) -> cross_entropy_slice_grad (scale = dloss / D) -> the row losses
-//   copied to the host, summed in row order, / D.
+//   tp.all_reduce(Sum) -> cross_entropy_slice_grad (scale = dloss / D) ->
+//   cross_entropy_slice_loss (the row losses summed, / D, added to a running fp64 total on
+//   the device: no host read; the CPU sums the rows in order, CUDA by a fixed-order block sum).
 // Two all-reduces, of N and 2N fp64 numbers, whatever the vocabulary size. The tensors are
 // fp64 on the logits' device, so `tp` must take fp64 there: an MpiCommunicator for CPU logits,
 // an NcclCommunicator for CUDA logits (or a SingleCommunicator for a group of one). Equal, to
@@ -41,11 +42,15 @@ struct VocabParallelCE {
 };
 
 // logits [N, V_r] (CPU fp32/fp64, or CUDA fp32/bf16) are replaced by dlogits; targets [N] are
-// global ids in the logits' device memory (host memory on the CPU). Returns this call's loss
-// (the same on every rank of `tp`); on CUDA this waits for the device (the row losses are
-// copied to the host). A bad target: the CPU throws std::invalid_argument on every rank alike;
-// CUDA makes the loss NaN and records it for cuda::check_id_errors() (see cross_entropy.h).
+// global ids in the logits' device memory (host memory on the CPU). Adds this call's loss
+// (the same on every rank of `tp`) to `loss`, one fp64 element on the logits' device, without
+// reading anything on the host (the LM head's row chunks add up there; the step reads the
+// total once). A bad target: the CPU throws std::invalid_argument on every rank alike; CUDA
+// makes the loss NaN and records it for cuda::check_id_errors() (see cross_entropy.h).
 // Collective over `tp`; every argument error is thrown before the first collective.
+void vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<const std::int32_t> targets,
+                                  double dloss, const VocabParallelCE& opt, Tensor& loss);
+// The same, returning this call's loss (read on the host: on CUDA that waits for the device).
 double vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<const std::int32_t> targets,
                                     double dloss, const VocabParallelCE& opt);
 

@@ -23,18 +23,31 @@ namespace {
 // global batch (dp = 1: 1 / A, as a single process).
 double micro_batch_scale(const Run& run) { return 1.0 / double(run.micro_batches() * run.dp()); }
 
+// The micro-batches' losses (each one element on the model's device, left there by the
+// model so that no micro-batch waits for the device) read once, after the last, and added in
+// micro-batch order.
+double read_losses(const Run& run, const std::vector<Tensor>& losses) {
+  double sum = 0;
+  for (const Tensor& l : losses) sum += l.to_vector()[0] / double(run.micro_batches() * run.dp());
+  return sum;
+}
+
 // The whole model on this rank (pp = 1): forward and backward of each micro-batch in turn,
-// the gradients accumulating. Sets the loss (this rank's share) and the activation peak.
+// the gradients accumulating. Sets the loss (this rank's share) and the activation peak: from
+// the step's start, so the earlier micro-batches' losses, held until read, count.
 void forward_backward(Run& run, StepResult& r) {
   const std::int64_t A = run.micro_batches();
   const double scale = micro_batch_scale(run);
   data::TokenBatch batch;
+  std::vector<Tensor> losses;
+  const std::size_t base = memory_stats(run.device).current;
   for (std::int64_t m = 0; m < A; ++m) {
     run.data.sampler->next(run.data.layout, m, batch);
-    r.loss += run.model->forward_backward(batch.inputs, batch.targets, batch.rows, batch.seq_len, scale) /
-              double(A * run.dp());
-    r.activation_peak_bytes = std::max(r.activation_peak_bytes, run.model->last_activation_peak_bytes());
+    // (the model resets the peak at the micro-batch's start, when the earlier losses are live)
+    losses.push_back(run.model->forward_backward_queued(batch.inputs, batch.targets, batch.rows, batch.seq_len, scale));
+    r.activation_peak_bytes = std::max(r.activation_peak_bytes, memory_stats(run.device).peak - base);
   }
+  r.loss = read_losses(run, losses);
 }
 
 // This rank's pipeline stage (pp > 1): 1F1B over the stages, interleaved with virtual stages
@@ -47,6 +60,7 @@ void forward_backward_pipeline(Run& run, StepResult& r) {
   const double scale = micro_batch_scale(run);
   NsaTransformer& model = *run.model;
   data::TokenBatch batch;
+  std::vector<Tensor> losses;  // the last stage's
   std::vector<std::deque<StageState>> in_flight(static_cast<std::size_t>(model.chunks()));  // per chunk
   parallel::PipelineStage stage;
   stage.chunks = model.chunks();
@@ -58,7 +72,7 @@ void forward_backward_pipeline(Run& run, StepResult& r) {
     auto& queue = in_flight[std::size_t(chunk)];
     queue.push_back(model.stage_forward(chunk, batch.inputs, batch.targets, input, batch.rows, batch.seq_len, scale));
     queue.back().micro_batch = m;
-    if (model.chunk_last(chunk)) r.loss += queue.back().loss / double(A * run.dp());
+    if (model.chunk_last(chunk)) losses.push_back(queue.back().loss);
     return std::move(queue.back().output);  // the stage keeps no copy of what it sends
   };
   stage.backward = [&](int chunk, std::int64_t m, const Tensor* d_output) {
@@ -74,6 +88,7 @@ void forward_backward_pipeline(Run& run, StepResult& r) {
   reset_peak_memory(run.device);
   parallel::run_1f1b(*run.tensor_groups.pp, A, stage);
   r.activation_peak_bytes = memory_stats(run.device).peak - base;  // every micro-batch in flight at once
+  r.loss = read_losses(run, losses);
   r.loss = parallel::all_reduce_value(*run.groups.pp, model.last_stage() ? r.loss : 0.0, parallel::ReduceOp::Sum);
   if (run.dims.tie_embeddings && (model.first_stage() || model.last_stage())) {
     Tensor g = model.params().grad("model/embedding");

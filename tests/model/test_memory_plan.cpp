@@ -199,6 +199,7 @@ TEST(MemoryPlan, ActivationsMatchATensorParallelRank) {
 // bytes above those live at the start.
 std::int64_t measure_1f1b(NsaTransformer& model, int pp, int s, std::int64_t A, std::int64_t B, std::int64_t T) {
   const Batch b = random_batch(model.dims().V, B, T, 5);
+  std::vector<Tensor> losses;  // the last stage's, held (as the trainer does) until the step's end
   std::vector<std::deque<StageState>> in_flight(static_cast<std::size_t>(model.chunks()));
   parallel::PipelineStage stage;
   stage.chunks = model.chunks();
@@ -207,6 +208,7 @@ std::int64_t measure_1f1b(NsaTransformer& model, int pp, int s, std::int64_t A, 
     auto& queue = in_flight[std::size_t(chunk)];
     queue.push_back(model.stage_forward(chunk, b.tokens, b.targets, input, B, T, 1.0 / double(A)));
     queue.back().micro_batch = m;
+    if (model.chunk_last(chunk)) losses.push_back(queue.back().loss);
     return std::move(queue.back().output);
   };
   stage.backward = [&](int chunk, std::int64_t m, const Tensor* d_output) {

@@ -5,11 +5,15 @@
 // matrix products and reductions sum in other orders); bf16 compute, the loss within 1e-2
 // relative and each gradient tensor within 5e-2 relative L2 error (bf16 keeps 8 bits of
 // mantissa in every activation).
+// And a micro-batch queued without a host synchronisation.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "core/device/device.h"
 #include "core/model/model.h"
@@ -125,4 +129,48 @@ TEST(ModelCuda, RecomputePoliciesGiveTheSameBits) {
 TEST(ModelCuda, DenseRecomputePoliciesGiveTheSameBits) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   expect_policies_give_the_same_bits(dense(mid_dims()));
+}
+
+// A micro-batch is queued without waiting for the device (forward_backward_queued: no host
+// synchronisation inside a step). The default stream is held by a host function until the
+// call has returned: had the step waited for the device (a copy to or from pageable memory,
+// a cudaFree, a loss read), the stream would have drained before the call returned (the gate
+// gives up after 20 s, so a failure cannot hang). Four micro-batches first grow every cache:
+// the allocator's blocks, the ops' and the NSA core's workspaces, cuBLASLt's plans, the NSA
+// saved-state pool and the eight pinned staging buffers of the token ids.
+static void expect_a_micro_batch_is_queued(ModelDims d, RecomputePolicy policy) {
+  d.L = 2;  // few launches: they must all fit the launch queue while the stream is held
+  NsaTransformer gpu(d, DType::BF16, Device::CUDA);
+  gpu.params().initialize(7);
+  gpu.sync_compute_weights();
+  gpu.set_recompute(policy, d.L);
+  Batch b = random_batch(d.V, 2, 75, 8);
+  double warm = 0;
+  for (int i = 0; i < 4; ++i) warm = gpu.forward_backward(b.tokens, b.targets, b.B, b.T);
+  struct Gate {
+    std::atomic<bool> open{false};
+  } gate;
+  ASSERT_EQ(cudaLaunchHostFunc(
+                nullptr,
+                [](void* p) {
+                  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+                  while (!static_cast<Gate*>(p)->open.load() && std::chrono::steady_clock::now() < give_up)
+                    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                },
+                &gate),
+            cudaSuccess);
+  const Tensor loss = gpu.forward_backward_queued(b.tokens, b.targets, b.B, b.T);
+  const bool held = cudaStreamQuery(nullptr) == cudaErrorNotReady;  // the gate still holds the stream
+  gate.open = true;
+  EXPECT_TRUE(held) << "the micro-batch waited for the device (policy " << int(policy) << ")";
+  EXPECT_EQ(loss.to_vector()[0], warm);  // the same weights and batch: the same loss
+  cuda_synchronize();
+}
+
+TEST(ModelCuda, AMicroBatchIsQueuedWithoutWaitingForTheDevice) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (RecomputePolicy policy : {RecomputePolicy::None, RecomputePolicy::Full}) {
+    expect_a_micro_batch_is_queued(mid_dims(), policy);
+    expect_a_micro_batch_is_queued(dense(mid_dims()), policy);
+  }
 }

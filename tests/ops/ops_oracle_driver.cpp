@@ -201,6 +201,26 @@ const std::map<std::string, Op>& ops() {
          nsatron::add(a, b, o);
          out.write("out", o);
        }},
+      {"split_columns",  // forward: the parts; backward: the parts' gradients joined
+       [](const Group& in, const Group& out) {
+         Tensor x = in.tensor("x");
+         std::vector<Tensor> parts, grads;
+         for (int i = 0; in.has("dpart" + std::to_string(i)); ++i) {
+           grads.push_back(in.tensor("dpart" + std::to_string(i)));
+           parts.push_back(like(grads.back()));
+         }
+         std::vector<Tensor*> pp;
+         std::vector<const Tensor*> gp;
+         for (std::size_t i = 0; i < parts.size(); ++i) {
+           pp.push_back(&parts[i]);
+           gp.push_back(&grads[i]);
+         }
+         nsatron::split_columns(x, pp);
+         Tensor dx = like(x);
+         nsatron::join_columns(gp, dx);
+         for (std::size_t i = 0; i < parts.size(); ++i) out.write("part" + std::to_string(i), parts[i]);
+         out.write("dx", dx);
+       }},
   };
   return table;
 }

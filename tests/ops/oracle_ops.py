@@ -191,6 +191,21 @@ def add_case(rng, shape):
     return inp, lambda i: dict(out=(t(i["a"]) + t(i["b"])).numpy())
 
 
+def split_columns_case(rng, rows, widths):
+    inp = dict(x=rng.standard_normal((rows, sum(widths))))
+    for k, w in enumerate(widths):
+        inp[f"dpart{k}"] = rng.standard_normal((rows, w))
+
+    def ref(i):
+        x = t(i["x"], True)
+        parts = torch.split(x, list(widths), dim=1)
+        sum((p * t(i[f"dpart{k}"])).sum() for k, p in enumerate(parts)).backward()
+        r = {f"part{k}": p.detach().numpy() for k, p in enumerate(parts)}
+        r["dx"] = x.grad.numpy()
+        return r
+    return inp, ref
+
+
 def build_cases(rng):
     cases = []
     for shape, eps in [((1, 1), 1e-5), ((1, 7), 1e-5), ((3, 5), 1e-6), ((2, 3, 33), 1e-5), ((17, 64), 0.1)]:
@@ -215,6 +230,8 @@ def build_cases(rng):
     cases.append(("grad_norm", *grad_norm_case(rng, [(7,), (2, 2)], 100.0)))  # no clipping
     cases.append(("add", *add_case(rng, (3, 5))))
     cases.append(("add", *add_case(rng, (1,))))
+    for rows, widths in [(1, (1,)), (5, (3, 1, 7)), (33, (12, 4, 4, 4, 4, 4, 4, 6))]:
+        cases.append(("split_columns", *split_columns_case(rng, rows, widths)))
     return cases
 
 

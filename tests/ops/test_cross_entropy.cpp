@@ -345,6 +345,25 @@ TEST(CrossEntropySlice, RejectsBadTargetsAndArguments) {
   EXPECT_THROW(cross_entropy_slice_max(empty, m), std::invalid_argument);
 }
 
+TEST(CrossEntropySlice, LossAddsTheRowsInOrderOverTheDenominator) {
+  test::Rng rng(187);
+  for (std::int64_t N : {0, 1, 37, 1024}) {
+    const std::vector<double> rows = rng.normals(std::size_t(N));
+    Tensor row_loss = Tensor::from_vector(rows, {N}, DType::F64);
+    Tensor loss = Tensor::from_vector({0.25}, {1}, DType::F64);
+    cross_entropy_slice_loss(row_loss, 3.5, loss);
+    double s = 0;
+    for (double r : rows) s += r;
+    EXPECT_EQ(loss.to_vector()[0], 0.25 + s / 3.5) << "N = " << N;  // the same operations: the same bits
+    cross_entropy_slice_loss(row_loss, 0.0, loss);  // D = 0: nothing added
+    EXPECT_EQ(loss.to_vector()[0], 0.25 + s / 3.5);
+  }
+  Tensor rows = Tensor::zeros({3}, DType::F64), loss = Tensor::zeros({1}, DType::F64);
+  Tensor rows32 = Tensor::zeros({3}, DType::F32), two = Tensor::zeros({2}, DType::F64);
+  EXPECT_THROW(cross_entropy_slice_loss(rows32, 1.0, loss), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_loss(rows, 1.0, two), std::invalid_argument);
+}
+
 TEST(CrossEntropySlice, SameBitsForAnyThreadCount) {
   Rng rng(47);
   const std::int64_t N = 301, V = 257;

@@ -101,5 +101,76 @@ TEST(Elementwise, ZeroRowsClearsTheRowsNotKept) {
   EXPECT_NO_THROW(zero_rows(none, std::span<const std::uint8_t>()));
 }
 
+// Parts of random widths (zero and odd widths included) of an [R, W] matrix.
+std::vector<Tensor> parts_of(test::Rng& rng, std::int64_t R, const std::vector<std::int64_t>& widths, DType dt) {
+  std::vector<Tensor> parts;
+  for (std::int64_t w : widths) parts.push_back(rng.randn({R, w}, DType::F64).to_dtype(dt));
+  return parts;
+}
+
+TEST(Elementwise, SplitColumnsIsTheColumnSliceAndJoinItsInverse) {
+  test::Rng rng(84);
+  for (DType dt : {DType::F32, DType::F64, DType::BF16})
+    for (const std::vector<std::int64_t>& widths :
+         {std::vector<std::int64_t>{1}, {3, 0, 5}, {384, 64, 64, 64, 64, 64, 64, 18}, {7, 1, 2, 9, 4}})
+      for (std::int64_t R : {1, 3, 37}) {
+        std::int64_t W = 0;
+        for (std::int64_t w : widths) W += w;
+        const std::string tag = std::string(dtype_name(dt)) + " R=" + std::to_string(R) + " W=" + std::to_string(W);
+        Tensor packed = rng.randn({R, W}, DType::F64).to_dtype(dt);
+        std::vector<Tensor> parts = parts_of(rng, R, widths, dt);
+        std::vector<Tensor*> ptrs;
+        for (Tensor& t : parts) ptrs.push_back(&t);
+        split_columns(packed, ptrs);
+        const auto pv = packed.to_vector();
+        std::int64_t col = 0;
+        for (std::size_t k = 0; k < widths.size(); ++k) {
+          const auto got = parts[k].to_vector();
+          for (std::int64_t r = 0; r < R; ++r)
+            for (std::int64_t j = 0; j < widths[k]; ++j)
+              ASSERT_EQ(got[std::size_t(r * widths[k] + j)], pv[std::size_t(r * W + col + j)]) << tag << " part " << k;
+          col += widths[k];
+        }
+        // join(split(p)) = p, bit for bit (into a fresh tensor: every element is written).
+        Tensor back = rng.randn({R, W}, DType::F64).to_dtype(dt);
+        join_columns(std::vector<const Tensor*>(ptrs.begin(), ptrs.end()), back);
+        EXPECT_TRUE(test::same_bits(back, packed)) << tag;
+      }
+}
+
+TEST(Elementwise, JoinColumnsIsTheAdjointOfSplitColumns) {
+  // The backward of the split is the join: <split(x), g> = <x, join(g)> for every x and g
+  // (a copy: the finite-difference check of a linear map, exactly).
+  test::Rng rng(85);
+  const std::vector<std::int64_t> widths = {4, 1, 6};
+  const std::int64_t R = 5, W = 11;
+  Tensor x = rng.randn({R, W}), joined = Tensor::empty({R, W}, DType::F64);
+  std::vector<Tensor> split = parts_of(rng, R, widths, DType::F64), g = parts_of(rng, R, widths, DType::F64);
+  std::vector<Tensor*> sp;
+  std::vector<const Tensor*> gp;
+  for (std::size_t k = 0; k < widths.size(); ++k) {
+    sp.push_back(&split[k]);
+    gp.push_back(&g[k]);
+  }
+  split_columns(x, sp);
+  join_columns(gp, joined);
+  double lhs = 0;
+  for (std::size_t k = 0; k < widths.size(); ++k) lhs += test::dot(split[k], g[k].to_vector());
+  EXPECT_NEAR(lhs, test::dot(x, joined.to_vector()), 1e-12 * (1 + std::abs(lhs)));
+}
+
+TEST(Elementwise, SplitColumnsRejectsMismatches) {
+  Tensor packed = Tensor::zeros({3, 5}, DType::F32);
+  Tensor a = Tensor::zeros({3, 2}, DType::F32), b = Tensor::zeros({3, 2}, DType::F32);
+  Tensor c = Tensor::zeros({3, 3}, DType::F32), d = Tensor::zeros({2, 3}, DType::F32);
+  Tensor e = Tensor::zeros({3, 3}, DType::F64);
+  EXPECT_THROW(split_columns(packed, std::vector<Tensor*>{&a, &b}), std::invalid_argument);  // 4 != 5
+  EXPECT_THROW(split_columns(packed, std::vector<Tensor*>{&a, &d}), std::invalid_argument);  // rows
+  EXPECT_THROW(split_columns(packed, std::vector<Tensor*>{&a, &e}), std::invalid_argument);  // dtype
+  EXPECT_THROW(split_columns(packed, std::vector<Tensor*>{}), std::invalid_argument);
+  EXPECT_NO_THROW(split_columns(packed, std::vector<Tensor*>{&a, &c}));
+  EXPECT_THROW(join_columns(std::vector<const Tensor*>{&a, &b}, packed), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace nsatron

@@ -4,6 +4,7 @@
 // sums as the all-reduces would give them; the same bits on a second call. Then three uneven
 // slices composed by hand (max, sum, as the all-reduces) against cross_entropy_fused on the
 // whole logits on the GPU, and bad targets reported through cuda::check_id_errors().
+// cross_entropy_slice_loss (the running fp64 loss total) against the CPU's ordered sum.
 // zero_rows on CUDA against the CPU (exact).
 #include "core/ops/cross_entropy.h"
 #include "core/ops/elementwise.h"
@@ -208,6 +209,31 @@ TEST(CrossEntropySliceCuda, SlicesComposeToTheFusedCrossEntropy) {
       test::expect_close_rms(grad, whole.to_vector(), test::rtol_for(dt), "dlogits " + tag);
     }
   cuda::check_id_errors();
+}
+
+TEST(CrossEntropySliceCuda, LossMatchesCpu) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (std::int64_t N : {1, 37, 1024, 4097}) {
+    const std::vector<double> rows = rng.normals(std::size_t(N));
+    Tensor host_rows = Tensor::from_vector(rows, {N}, DType::F64);
+    Tensor want = Tensor::from_vector({0.25}, {1}, DType::F64);
+    cross_entropy_slice_loss(host_rows, 7.0, want);
+    cross_entropy_slice_loss(host_rows, 7.0, want);  // a running total over two chunks
+    Tensor dev_rows = host_rows.to(Device::CUDA), got = f64_on_gpu({0.25});
+    cross_entropy_slice_loss(dev_rows, 7.0, got);
+    cross_entropy_slice_loss(dev_rows, 7.0, got);
+    // fp64 sums of N terms in another (fixed) order.
+    EXPECT_NEAR(got.to_vector()[0], want.to_vector()[0], 1e-13 * double(N)) << "N = " << N;
+    Tensor again = f64_on_gpu({0.25});
+    cross_entropy_slice_loss(dev_rows, 7.0, again);
+    cross_entropy_slice_loss(dev_rows, 7.0, again);
+    EXPECT_TRUE(test::same_bits_any(again, got)) << "N = " << N;
+    cross_entropy_slice_loss(dev_rows, 0.0, again);  // D = 0: nothing added
+    EXPECT_TRUE(test::same_bits_any(again, got)) << "N = " << N;
+  }
 }
 
 TEST(CrossEntropySliceCuda, ReportsBadTargets) {

@@ -1,7 +1,9 @@
 // CUDA RMSNorm (plain and with the fused residual add) against the CPU: forward, backward
 // with and without the residual gradient, dx in place over dy, dw accumulating in fp32 onto
 // non-zero values, fp32 and bf16, at awkward widths (1, odd, not a multiple of the vector
-// width, wider than the shared-memory column sums); dw bits identical on a second run.
+// width, wider than the registers a lane caches, wider than the shared-memory column sums)
+// and row counts (not a multiple of a block's warps or of the backward's chunks); dw bits
+// identical on a second run.
 #include "core/ops/rmsnorm.h"
 #include "tests/ops_cuda/cuda_test_util.h"
 
@@ -10,8 +12,13 @@ namespace {
 
 using test::Rng;
 
+// Widths: 1, odd, not a multiple of the vector width, one or several registers' worth per
+// lane, the model's 768, the widest with shared-memory column sums (12288 / 8 warps = 1536,
+// 12288 with one warp) and wider; rows: one, fewer than a block's warps, not a multiple of
+// the warps or of the backward's 32-row chunks, many chunks.
 const Shape kShapes[] = {{1, 1},   {1, 7},    {3, 768},   {2, 3, 64},  {37, 1000},
-                         {5, 13001}, {1100, 64}, {9, 12032}, {4, 4100}};
+                         {5, 13001}, {1100, 64}, {9, 12032}, {4, 4100}, {3001, 768},
+                         {77, 1536}, {70, 1544}, {11, 12288}, {6, 12289}, {45, 2056}};
 constexpr double kEps = 1e-5;
 
 std::int64_t rows(const Shape& s) { return shape_numel(s) / s.back(); }

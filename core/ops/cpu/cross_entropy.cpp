@@ -178,6 +178,12 @@ void cross_entropy_slice_grad(T* logits, double* row_loss, const std::int32_t* t
   }
 }
 
+void cross_entropy_slice_loss(double* loss, const double* row_loss, std::int64_t N, double denominator) {
+  double s = 0.0;
+  for (std::int64_t n = 0; n < N; ++n) s += row_loss[n];  // row order
+  *loss += denominator > 0 ? s / denominator : 0.0;
+}
+
 #define NSATRON_INSTANTIATE(T)                                                                   \
   template double cross_entropy_forward<T>(T*, const T*, const std::int32_t*, std::int64_t,     \
                                            std::int64_t, std::int32_t);                         \

@@ -22,6 +22,22 @@ void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_
     if (!keep[n]) std::memset(p + std::size_t(n) * row_bytes, 0, row_bytes);
 }
 
+void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts) {
+  char* base = static_cast<char*>(packed);
+#pragma omp parallel for schedule(static) if (std::size_t(R) * pitch > (1u << 16))
+  for (std::int64_t r = 0; r < R; ++r) {
+    char* row = base + std::size_t(r) * pitch;
+    for (int k = 0; k < parts.count; ++k) {
+      if (parts.row_bytes[k] == 0) continue;
+      char* part = static_cast<char*>(parts.ptr[k]) + std::size_t(r) * parts.row_bytes[k];
+      if (to_parts)
+        std::memcpy(part, row + parts.offset[k], parts.row_bytes[k]);
+      else
+        std::memcpy(row + parts.offset[k], part, parts.row_bytes[k]);
+    }
+  }
+}
+
 template void add<float>(float*, const float*, const float*, std::int64_t);
 template void add<double>(double*, const double*, const double*, std::int64_t);
 template void add_<float>(float*, const float*, std::int64_t);

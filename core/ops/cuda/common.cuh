@@ -62,6 +62,28 @@ template <class T, int V> __device__ __forceinline__ void store(T* p, const floa
   }
 }
 
+// V elements kept as stored (a 16-byte register vector when V = kVec<T>): rows cached in
+// registers at half the registers of fp32 copies for bf16.
+template <class T, int V> struct alignas(sizeof(T) * V) Packed {
+  T e[V];
+};
+template <class T, int V> __device__ __forceinline__ Packed<T, V> load_packed(const T* p) {
+  return *reinterpret_cast<const Packed<T, V>*>(p);
+}
+template <class T, int V> __device__ __forceinline__ void unpack(const Packed<T, V>& p, float (&out)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = to_f(p.e[i]);
+}
+template <class T, int V> __device__ __forceinline__ Packed<T, V> pack(const float (&in)[V]) {
+  Packed<T, V> p;
+#pragma unroll
+  for (int i = 0; i < V; ++i) p.e[i] = from_f<T>(in[i]);
+  return p;
+}
+template <class T, int V> __device__ __forceinline__ void store_packed(T* p, const Packed<T, V>& v) {
+  *reinterpret_cast<Packed<T, V>*>(p) = v;
+}
+
 inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
 // ---- deterministic reductions ------------------------------------------------------------

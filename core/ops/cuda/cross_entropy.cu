@@ -142,8 +142,10 @@ __global__ void count_targets_kernel(double* out, const std::int32_t* __restrict
   if (threadIdx.x == 0) *out = double(c);
 }
 
-// loss (=|+=) sum_n row_loss[n] / D, the rows summed in a fixed order in fp64.
-__global__ void ce_finalize_kernel(float* loss, const double* __restrict__ row_loss,
+// loss (=|+=) sum_n row_loss[n] / D, the rows summed in a fixed order in fp64; loss fp32
+// (the cross entropy's) or fp64 (a vocab-parallel running total).
+template <class L>
+__global__ void ce_finalize_kernel(L* loss, const double* __restrict__ row_loss,
                                    std::int64_t N, double denom_host, const double* denom_dev,
                                    bool accumulate) {
   __shared__ double red[32];
@@ -153,7 +155,7 @@ __global__ void ce_finalize_kernel(float* loss, const double* __restrict__ row_l
   if (threadIdx.x == 0) {
     const double d = denominator(denom_host, denom_dev);
     const double value = d > 0 ? s / d : 0.0;
-    *loss = accumulate ? float(double(*loss) + value) : float(value);
+    *loss = accumulate ? L(double(*loss) + value) : L(value);
   }
 }
 
@@ -412,6 +414,11 @@ void cross_entropy_fused(DType dt, void* logits, float* loss, const std::int32_t
   ce_finalize_kernel<<<1, 1024>>>(loss, s.row_loss, N, denominator, N > 0 ? s.denom : nullptr,
                                   accumulate_loss);
   check_launch("cross_entropy_fused (loss)");
+}
+
+void cross_entropy_slice_loss(double* loss, const double* row_loss, std::int64_t N, double denominator) {
+  ce_finalize_kernel<<<1, 1024>>>(loss, row_loss, N, denominator, nullptr, true);
+  check_launch("cross_entropy_slice_loss");
 }
 
 }  // namespace nsatron::cuda

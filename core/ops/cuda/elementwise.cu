@@ -71,7 +71,74 @@ template <class U> void zero_rows_as(void* x, std::size_t row_bytes, std::int64_
   check_launch("zero_rows");
 }
 
+// The parts of copy_columns in units of U: part k is columns [offset[k], offset[k] + width[k])
+// of the packed rows (`pitch` units each).
+template <class U> struct UnitParts {
+  U* ptr[kMaxColumnParts];
+  int offset[kMaxColumnParts];
+  int width[kMaxColumnParts];
+  int count;
+  int pitch;
+};
+
+// Each block copies kRows rows at a time (grid-stride over row groups), each thread a column
+// unit of those rows: the loads of the kRows rows are issued before their stores.
+constexpr int kColumnRows = 4;
+template <class U, bool kToParts>
+__global__ void copy_columns_kernel(U* packed, const UnitParts<U> p, std::int64_t R) {
+  for (std::int64_t r0 = std::int64_t(blockIdx.x) * kColumnRows; r0 < R; r0 += std::int64_t(gridDim.x) * kColumnRows) {
+    for (int c = threadIdx.x; c < p.pitch; c += blockDim.x) {
+      int k = 0;
+      while (c >= p.offset[k] + p.width[k]) ++k;  // parts are contiguous, in order; zero widths skipped
+      const int j = c - p.offset[k], w = p.width[k];
+      U* part = p.ptr[k];
+      U v[kColumnRows];
+#pragma unroll
+      for (int i = 0; i < kColumnRows; ++i)
+        if (r0 + i < R) v[i] = kToParts ? packed[(r0 + i) * p.pitch + c] : part[(r0 + i) * w + j];
+#pragma unroll
+      for (int i = 0; i < kColumnRows; ++i)
+        if (r0 + i < R) (kToParts ? part[(r0 + i) * w + j] : packed[(r0 + i) * p.pitch + c]) = v[i];
+    }
+  }
+}
+
+template <class U>
+void copy_columns_as(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts) {
+  UnitParts<U> p{};
+  p.count = parts.count;
+  p.pitch = int(pitch / sizeof(U));
+  for (int k = 0; k < parts.count; ++k) {
+    p.ptr[k] = static_cast<U*>(parts.ptr[k]);
+    p.offset[k] = int(parts.offset[k] / sizeof(U));
+    p.width[k] = int(parts.row_bytes[k] / sizeof(U));
+  }
+  const int threads = row_threads(p.pitch);
+  const unsigned blocks = grid_for((R + kColumnRows - 1) / kColumnRows, 1, 1 << 20);
+  if (to_parts)
+    copy_columns_kernel<U, true><<<blocks, threads>>>(static_cast<U*>(packed), p, R);
+  else
+    copy_columns_kernel<U, false><<<blocks, threads>>>(static_cast<U*>(packed), p, R);
+  check_launch(to_parts ? "split_columns" : "join_columns");
+}
+
 }  // namespace
+
+void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts) {
+  if (R == 0 || pitch == 0) return;
+  if (pitch > std::size_t(0x7fffffff))
+    throw std::invalid_argument("split_columns / join_columns (cuda): rows too wide");
+  // The widest unit that divides every address, width and offset (and so the pitch).
+  std::uintptr_t a = reinterpret_cast<std::uintptr_t>(packed) | std::uintptr_t(pitch);
+  for (int k = 0; k < parts.count; ++k)
+    if (parts.row_bytes[k])
+      a |= reinterpret_cast<std::uintptr_t>(parts.ptr[k]) | parts.row_bytes[k] | parts.offset[k];
+  if (a % 16 == 0) return copy_columns_as<uint4>(packed, pitch, parts, R, to_parts);
+  if (a % 8 == 0) return copy_columns_as<unsigned long long>(packed, pitch, parts, R, to_parts);
+  if (a % 4 == 0) return copy_columns_as<unsigned int>(packed, pitch, parts, R, to_parts);
+  if (a % 2 == 0) return copy_columns_as<unsigned short>(packed, pitch, parts, R, to_parts);
+  copy_columns_as<unsigned char>(packed, pitch, parts, R, to_parts);
+}
 
 void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep) {
   if (N == 0 || row_bytes == 0) return;

@@ -1,8 +1,20 @@
-// CUDA RMSNorm (see rmsnorm.h): one block per row for the forward; the backward gives each
-// block a chunk of rows_per_chunk(N) rows (at least 32, at most 1024 chunks), computes dx row by row and sums dy * xhat over
-// its rows per column (each column owned by one thread, so no atomics), and a second kernel
-// adds the chunks' partial sums to dw in chunk order (fp64). Chunking and block sizes depend
-// on the shape only, so the bits do not depend on the GPU. Arithmetic in fp32, rstd in fp32.
+// CUDA RMSNorm (see rmsnorm.h): one warp per row, 16-byte vectors where the width and the
+// pointers allow, fp32 arithmetic, the row sums reduced by a fixed butterfly within the warp
+// (no block barrier on the row's path). A lane keeps up to kCached (forward) or kCachedBwd
+// (backward) vectors of its row in registers, as stored, between the two passes over the row
+// (the row sum, then the outputs); wider rows read the rest again (from L1/L2).
+//
+// Forward: blocks of kWarps warps, one row per warp. Bytes: x read, y written (2 N C e; e the
+// element size); fused: a and b read, h and y written (4 N C e); plus rstd (4 N) and w.
+// Backward: each block takes a chunk of rows_per_chunk(N) rows (at least 32, at most 1024
+// chunks), its warps the rows warp, warp + warps, ... in order. dx row by row; the column
+// sums dy * xhat per warp, in registers for the cached columns and in shared memory for the
+// others (each column owned by one lane: no atomics), the block's warps then added in warp
+// order into one row of fp32 partial sums per chunk, and a
+// second kernel adds the chunks to dw in chunk order (fp64). Bytes: dy and x read, dx
+// written, dres read when fused (3 or 4 N C e), the partial sums (8 C per chunk).
+// Chunking, warps per block and vector width depend on the shape (and the pointers'
+// alignment) only, so the bits do not depend on the GPU.
 #include "core/ops/cuda/common.cuh"
 #include "core/ops/rmsnorm.h"
 
@@ -17,112 +29,165 @@ std::int64_t rows_per_chunk(std::int64_t N) {
   const std::int64_t r = (N + 1023) / 1024;
   return r < 32 ? 32 : r;
 }
-constexpr std::int64_t kMaxSharedCols = 12032;  // fp32 column sums within 48 KB per block
+constexpr int kWarps = 8;                     // warps per block (rows in flight per block)
+constexpr int kCached = 4;                    // vectors per lane kept in registers: forward
+constexpr int kCachedBwd = 3;                 // backward (two tensors and the column sums)
+constexpr std::int64_t kMaxSharedCols = 12288;  // fp32 column sums of a block's warps in 48 KB
+
+// Column of vector i of this lane's share of a row (i-th pass of the warp over the row).
+__device__ __forceinline__ std::int64_t lane_col(int lane, int i, int V) {
+  return (std::int64_t(i) * 32 + lane) * V;
+}
 
 // a != nullptr: h = a + b is written (rounded to T) and normalised; otherwise x is.
 template <class T, int V>
 __global__ void rmsnorm_fwd_kernel(T* __restrict__ y, float* __restrict__ rstd, T* h, const T* a,
                                    const T* b, const T* x, const T* __restrict__ w,
-                                   std::int64_t C, float eps) {
-  __shared__ float red[32];
-  const std::int64_t row = blockIdx.x;
+                                   std::int64_t N, std::int64_t C, float eps) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t row = std::int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= N) return;
   const std::int64_t base = row * C;
-  const std::int64_t step = std::int64_t(blockDim.x) * V;
-  const T* src = x;
+  const T* src = a ? h : x;
   float ss = 0.f;
-  if (a) {
-    src = h;
-    for (std::int64_t c = std::int64_t(threadIdx.x) * V; c < C; c += step) {
-      float av[V], bv[V], hv[V];
-      load<T, V>(a + base + c, av);
-      load<T, V>(b + base + c, bv);
+  // Pass 1: the row (h = a + b first when fused) and its sum of squares, in a fixed order.
+  auto read = [&](std::int64_t c) {
+    Packed<T, V> p;
+    if (a) {
+      float av[V], bv[V];
+      unpack(load_packed<T, V>(a + base + c), av);
+      unpack(load_packed<T, V>(b + base + c), bv);
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        hv[i] = to_f(from_f<T>(av[i] + bv[i]));
-        ss += hv[i] * hv[i];
-      }
-      store<T, V>(h + base + c, hv);  // h may be a or b: this thread read both first
+      for (int k = 0; k < V; ++k) av[k] += bv[k];
+      p = pack<T, V>(av);
+      store_packed(h + base + c, p);  // h may be a or b: this lane read both first
+    } else {
+      p = load_packed<T, V>(x + base + c);
     }
-  } else {
-    for (std::int64_t c = std::int64_t(threadIdx.x) * V; c < C; c += step) {
-      float xv[V];
-      load<T, V>(x + base + c, xv);
+    float f[V];
+    unpack(p, f);
 #pragma unroll
-      for (int i = 0; i < V; ++i) ss += xv[i] * xv[i];
-    }
-  }
-  ss = block_sum(ss, red);
+    for (int k = 0; k < V; ++k) ss += f[k] * f[k];
+    return p;
+  };
+  Packed<T, V> v[kCached];
+#pragma unroll
+  for (int i = 0; i < kCached; ++i)
+    if (lane_col(lane, i, V) < C) v[i] = read(lane_col(lane, i, V));
+  for (std::int64_t c = lane_col(lane, kCached, V); c < C; c += 32 * V) read(c);
+  ss = warp_sum(ss);
   const float r = 1.0f / sqrtf(ss / float(C) + eps);
-  if (threadIdx.x == 0) rstd[row] = r;
-  // Each thread re-reads exactly the elements it wrote to h above.
-  for (std::int64_t c = std::int64_t(threadIdx.x) * V; c < C; c += step) {
+  if (lane == 0) rstd[row] = r;
+  // Pass 2: y = x * rstd * w (the uncached vectors read again: this lane wrote h's itself).
+  auto write = [&](std::int64_t c, const Packed<T, V>& p) {
     float xv[V], wv[V], yv[V];
-    load<T, V>(src + base + c, xv);
-    load<T, V>(w + c, wv);
+    unpack(p, xv);
+    unpack(load_packed<T, V>(w + c), wv);
 #pragma unroll
-    for (int i = 0; i < V; ++i) yv[i] = xv[i] * r * wv[i];
-    store<T, V>(y + base + c, yv);
-  }
+    for (int k = 0; k < V; ++k) yv[k] = xv[k] * r * wv[k];
+    store_packed(y + base + c, pack<T, V>(yv));
+  };
+#pragma unroll
+  for (int i = 0; i < kCached; ++i)
+    if (lane_col(lane, i, V) < C) write(lane_col(lane, i, V), v[i]);
+  for (std::int64_t c = lane_col(lane, kCached, V); c < C; c += 32 * V) write(c, load_packed<T, V>(src + base + c));
 }
 
-// Rows [chunk * R, chunk * R + R): dx for each row, and partial[chunk, c] = sum over the
-// chunk's rows of dy * x * rstd. acc: shared memory (C floats) or, for wide rows, the chunk's
-// row of `partial` itself.
+// The chunk's rows: dx for each row, and partial[chunk, c] = sum over the chunk's rows of
+// dy * x * rstd. Each lane sums its cached columns in registers and the others in acc:
+// `warps` rows of C floats, one per warp, in shared memory, or (rows too wide, then
+// warps = 1) the chunk's row of `partial` itself.
 template <class T, int V>
-__global__ void rmsnorm_bwd_kernel(T* dx, float* __restrict__ partial, const T* dy,
+__global__ void __launch_bounds__(kWarps * 32, 2) rmsnorm_bwd_kernel(T* dx, float* __restrict__ partial, const T* dy,
                                    const T* __restrict__ x, const T* __restrict__ w,
                                    const float* __restrict__ rstd, const T* dres, std::int64_t N,
                                    std::int64_t C, std::int64_t rows, bool shared_acc) {
   extern __shared__ float smem[];
-  __shared__ float red[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const std::int64_t chunk = blockIdx.x;
-  float* acc = shared_acc ? smem : partial + chunk * C;
-  const std::int64_t step = std::int64_t(blockDim.x) * V;
-  const std::int64_t first = threadIdx.x * std::int64_t(V);
-  for (std::int64_t c = first; c < C; c += step)
+  float* acc = shared_acc ? smem + std::int64_t(warp) * C : partial + chunk * C;
+  for (std::int64_t c = lane_col(lane, kCachedBwd, V); c < C; c += 32 * V)
 #pragma unroll
-    for (int i = 0; i < V; ++i) acc[c + i] = 0.f;
+    for (int k = 0; k < V; ++k) acc[c + k] = 0.f;
+  float sums[kCachedBwd][V];
+#pragma unroll
+  for (int i = 0; i < kCachedBwd; ++i)
+#pragma unroll
+    for (int k = 0; k < V; ++k) sums[i][k] = 0.f;
   const std::int64_t r0 = chunk * rows;
   const std::int64_t r1 = N < r0 + rows ? N : r0 + rows;
   const float inv_c = 1.0f / float(C);
-  for (std::int64_t n = r0; n < r1; ++n) {
+  for (std::int64_t n = r0 + warp; n < r1; n += warps) {
     const std::int64_t base = n * C;
     const float r = rstd[n];
     float dot = 0.f;
-    for (std::int64_t c = first; c < C; c += step) {
-      float dyv[V], xv[V], wv[V];
-      load<T, V>(dy + base + c, dyv);
-      load<T, V>(x + base + c, xv);
-      load<T, V>(w + c, wv);
+    // Pass 1: mean(w dy xhat) and the column sums of dy xhat.
+    auto accumulate = [&](std::int64_t c, const Packed<T, V>& dyp, const Packed<T, V>& xp, float (&s)[V]) {
+      float dyf[V], xf[V], wf[V];
+      unpack(dyp, dyf);
+      unpack(xp, xf);
+      unpack(load_packed<T, V>(w + c), wf);
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const float xhat = xv[i] * r;
-        dot += wv[i] * dyv[i] * xhat;
-        acc[c + i] += dyv[i] * xhat;
+      for (int k = 0; k < V; ++k) {
+        const float xhat = xf[k] * r;
+        dot += wf[k] * dyf[k] * xhat;
+        s[k] += dyf[k] * xhat;
       }
-    }
-    const float mean = block_sum(dot, red) * inv_c;
-    // dx may be dy or dres: each element is read by the thread that then overwrites it.
-    for (std::int64_t c = first; c < C; c += step) {
-      float dyv[V], xv[V], wv[V], out[V];
-      load<T, V>(dy + base + c, dyv);
-      load<T, V>(x + base + c, xv);
-      load<T, V>(w + c, wv);
+    };
+    Packed<T, V> dyv[kCachedBwd], xv[kCachedBwd];
 #pragma unroll
-      for (int i = 0; i < V; ++i) out[i] = r * (wv[i] * dyv[i] - xv[i] * r * mean);
+    for (int i = 0; i < kCachedBwd; ++i)
+      if (lane_col(lane, i, V) < C) {
+        dyv[i] = load_packed<T, V>(dy + base + lane_col(lane, i, V));
+        xv[i] = load_packed<T, V>(x + base + lane_col(lane, i, V));
+      }
+#pragma unroll
+    for (int i = 0; i < kCachedBwd; ++i)
+      if (lane_col(lane, i, V) < C) accumulate(lane_col(lane, i, V), dyv[i], xv[i], sums[i]);
+    for (std::int64_t c = lane_col(lane, kCachedBwd, V); c < C; c += 32 * V) {
+      float s[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) s[k] = acc[c + k];
+      accumulate(c, load_packed<T, V>(dy + base + c), load_packed<T, V>(x + base + c), s);
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[c + k] = s[k];
+    }
+    const float mean = warp_sum(dot) * inv_c;
+    // Pass 2: dx (dx may be dy or dres: each element is read by the lane that overwrites it).
+    auto write = [&](std::int64_t c, const Packed<T, V>& dyp, const Packed<T, V>& xp) {
+      float dyf[V], xf[V], wf[V], out[V];
+      unpack(dyp, dyf);
+      unpack(xp, xf);
+      unpack(load_packed<T, V>(w + c), wf);
+#pragma unroll
+      for (int k = 0; k < V; ++k) out[k] = r * (wf[k] * dyf[k] - xf[k] * r * mean);
       if (dres) {
         float rv[V];
-        load<T, V>(dres + base + c, rv);
+        unpack(load_packed<T, V>(dres + base + c), rv);
 #pragma unroll
-        for (int i = 0; i < V; ++i) out[i] += rv[i];
+        for (int k = 0; k < V; ++k) out[k] += rv[k];
       }
-      store<T, V>(dx + base + c, out);
-    }
-  }
-  if (shared_acc)
-    for (std::int64_t c = first; c < C; c += step)
+      store_packed(dx + base + c, pack<T, V>(out));
+    };
 #pragma unroll
-      for (int i = 0; i < V; ++i) partial[chunk * C + c + i] = acc[c + i];
+    for (int i = 0; i < kCachedBwd; ++i)
+      if (lane_col(lane, i, V) < C) write(lane_col(lane, i, V), dyv[i], xv[i]);
+    for (std::int64_t c = lane_col(lane, kCachedBwd, V); c < C; c += 32 * V)
+      write(c, load_packed<T, V>(dy + base + c), load_packed<T, V>(x + base + c));
+  }
+#pragma unroll
+  for (int i = 0; i < kCachedBwd; ++i)
+    if (lane_col(lane, i, V) < C)
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[lane_col(lane, i, V) + k] = sums[i][k];
+  if (!shared_acc) return;
+  __syncthreads();
+  // The warps' column sums, added in warp order.
+  for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float s = 0.f;
+    for (int k = 0; k < warps; ++k) s += smem[std::int64_t(k) * C + c];
+    partial[chunk * C + c] = s;
+  }
 }
 
 template <class T> bool vec_ok(std::int64_t C, std::initializer_list<const void*> ps) {
@@ -136,12 +201,11 @@ template <class T>
 void forward_impl(T* y, float* rstd, T* h, const T* a, const T* b, const T* x, const T* w,
                   std::int64_t N, std::int64_t C, double eps) {
   if (N == 0) return;  // C == 0 runs: rstd = 1/sqrt(0/0 + eps) = NaN, as on the CPU
-  const bool vec = vec_ok<T>(C, {y, h, a, b, x, w});
-  const int threads = row_threads(vec ? C / kVec<T> : C);
-  if (vec)
-    rmsnorm_fwd_kernel<T, kVec<T>><<<unsigned(N), threads>>>(y, rstd, h, a, b, x, w, C, float(eps));
+  const unsigned blocks = unsigned((N + kWarps - 1) / kWarps);
+  if (vec_ok<T>(C, {y, h, a, b, x, w}))
+    rmsnorm_fwd_kernel<T, kVec<T>><<<blocks, kWarps * 32>>>(y, rstd, h, a, b, x, w, N, C, float(eps));
   else
-    rmsnorm_fwd_kernel<T, 1><<<unsigned(N), threads>>>(y, rstd, h, a, b, x, w, C, float(eps));
+    rmsnorm_fwd_kernel<T, 1><<<blocks, kWarps * 32>>>(y, rstd, h, a, b, x, w, N, C, float(eps));
   check_launch("rmsnorm_forward");
 }
 
@@ -152,16 +216,18 @@ void backward_impl(T* dx, DW* dw, const T* dy, const T* x, const T* w, const flo
   const std::int64_t rows = rows_per_chunk(N);
   const std::int64_t nchunks = (N + rows - 1) / rows;
   float* partial = static_cast<float*>(workspace(std::size_t(nchunks * C) * sizeof(float)));
-  const bool vec = vec_ok<T>(C, {dx, dy, x, w, dres});
-  const int threads = row_threads(vec ? C / kVec<T> : C);
-  const bool shared_acc = C <= kMaxSharedCols;
-  const std::size_t smem = shared_acc ? std::size_t(C) * sizeof(float) : 0;
-  if (vec)
-    rmsnorm_bwd_kernel<T, kVec<T>><<<unsigned(nchunks), threads, smem>>>(
-        dx, partial, dy, x, w, rstd, dres, N, C, rows, shared_acc);
+  // As many warps (at most kWarps) as have their column sums in shared memory; rows wider
+  // than that: one warp, summing into its chunk's row of `partial`.
+  const std::int64_t fit = kMaxSharedCols / C;
+  const int warps = fit >= kWarps ? kWarps : fit >= 1 ? int(fit) : 1;
+  const bool shared_acc = fit >= 1;
+  const std::size_t smem = shared_acc ? std::size_t(warps) * std::size_t(C) * sizeof(float) : 0;
+  if (vec_ok<T>(C, {dx, dy, x, w, dres}))
+    rmsnorm_bwd_kernel<T, kVec<T>><<<unsigned(nchunks), warps * 32, smem>>>(dx, partial, dy, x, w, rstd, dres, N,
+                                                                             C, rows, shared_acc);
   else
-    rmsnorm_bwd_kernel<T, 1><<<unsigned(nchunks), threads, smem>>>(dx, partial, dy, x, w, rstd,
-                                                                   dres, N, C, rows, shared_acc);
+    rmsnorm_bwd_kernel<T, 1><<<unsigned(nchunks), warps * 32, smem>>>(dx, partial, dy, x, w, rstd, dres, N, C,
+                                                                      rows, shared_acc);
   check_launch("rmsnorm_backward");
   column_chunks_to_grad<DW><<<grid_for(C, 256, 1 << 30), 256>>>(dw, partial, nchunks, C);
   check_launch("rmsnorm_backward (dw)");

@@ -1,0 +1,187 @@
+// The step's ops outside the NSA core, one at a time, at a config's shapes on one GPU: time per
+// call (CUDA events over --reps calls after one warm-up), the bytes each call must move and
+// the bandwidth that makes (against the device's peak), or for the matrix products the
+// FLOP/s (against 989 TFLOP/s, H100/H200 dense bf16); and, times the calls in one micro-batch
+// of the model's step (recompute "none"), the family's expected share of train_gpu --profile.
+//
+//   build/bench/ops_gpu [CONFIG] [--micro N] [--reps N] [--head-chunk ROWS] [--set section.key=value]...
+//
+// --head-chunk: the LM head's row chunk (default the model's, 1024): each chunk's dW reads and
+// writes the whole fp32 gradient of the [V, C] head, so the chunk sets that product's
+// arithmetic intensity.
+//
+// Bytes per call (e the compute dtype's size, X = N C e): rmsnorm 2X, add_rmsnorm 4X,
+// rmsnorm backward 3X (4X with the residual gradient), swiglu forward 3 N F e and backward
+// 5 N F e, the projection's split or join 2 N G group_width e, the fused cross entropy 3 R V e
+// per head chunk of R rows (read for the softmax, read again and written for the gradient).
+// Random inputs; the random targets of the cross entropy make its loss meaningless and its
+// time real.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/device/device.h"
+#include "core/model/model.h"
+#include "core/ops/cross_entropy.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/linear.h"
+#include "core/ops/rmsnorm.h"
+#include "core/ops/swiglu.h"
+
+using namespace nsatron;
+
+namespace {
+
+// ms per call of f: one warm-up call, then reps calls between two events.
+double time_ms(const std::function<void()>& f, int reps) {
+  f();
+  void* a = create_event();
+  void* b = create_event();
+  record_event(a);
+  for (int i = 0; i < reps; ++i) f();
+  record_event(b);
+  const double ms = event_elapsed_ms(a, b) / reps;
+  destroy_event(a);
+  destroy_event(b);
+  return ms;
+}
+
+double peak_bytes_per_s() {
+  int dev = 0, khz = 0, bits = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, dev);
+  cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, dev);
+  return 2.0 * double(khz) * 1e3 * double(bits) / 8.0;  // double data rate
+}
+
+struct Table {
+  double peak_bw = peak_bytes_per_s();
+  double total_ms = 0;
+  void memory(const char* name, double calls, double ms, double bytes) {
+    const double bw = bytes / (ms * 1e-3);
+    std::printf("  %-34s %5.0f x %8.3f ms = %7.2f ms   %7.1f MB  %6.0f GB/s  %5.1f%% of peak\n", name, calls, ms,
+                calls * ms, bytes / 1e6, bw / 1e9, 100 * bw / peak_bw);
+    total_ms += calls * ms;
+  }
+  void flops(const char* name, double calls, double ms, double flop) {
+    const double rate = flop / (ms * 1e-3);
+    std::printf("  %-34s %5.0f x %8.3f ms = %7.2f ms   %7.1f GF  %6.0f TF/s  %5.1f%% of 989\n", name, calls, ms,
+                calls * ms, flop / 1e9, rate / 1e12, 100 * rate / 989e12);
+    total_ms += calls * ms;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string path = "configs/nsa_125m.toml";
+  std::int64_t micro = 16;
+  int reps = 20;
+  std::int64_t head_chunk = NsaTransformer::kDefaultHeadChunk;
+  std::vector<std::string> overrides;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--set" && i + 1 < argc) overrides.push_back(argv[++i]);
+    else if (a == "--micro" && i + 1 < argc) micro = std::atoll(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--head-chunk" && i + 1 < argc) head_chunk = std::atoll(argv[++i]);
+    else path = a;
+  }
+  if (!cuda_available()) {
+    std::printf("no CUDA device: %s\n", cuda_device_summary().c_str());
+    return 0;
+  }
+  const RunConfig cfg = load_config(path, overrides);
+  const ModelDims d = ModelDims::from_config(cfg);
+  const DType dt = cfg.train.dtype == "bf16" ? DType::BF16 : DType::F32;
+  const double e = double(dtype_size(dt));
+  const std::int64_t N = micro * cfg.train.seq_len, C = d.C, F = d.F, V = d.V, L = d.L, G = d.G;
+  const std::int64_t Pg = d.group_width(), R = std::min(N, head_chunk);
+  const double X = double(N * C) * e, heads = double((N + R - 1) / R);
+  std::printf("device %s (peak memory bandwidth %.0f GB/s)\nconfig %s, %lld x %lld tokens, %s\n",
+              cuda_device_summary().c_str(), peak_bytes_per_s() / 1e9, path.c_str(), (long long)micro,
+              (long long)cfg.train.seq_len, cfg.train.dtype.c_str());
+  auto dev = [&](const Shape& s, DType t) { return Tensor::zeros(s, t, Device::CUDA); };
+  auto rnd = [&](const Shape& s) {
+    Tensor h = Tensor::empty(s, DType::F32);
+    float* p = h.data<float>();
+    std::uint64_t z = 12345;
+    for (std::int64_t i = 0; i < h.numel(); ++i) {
+      z = z * 6364136223846793005ull + 1442695040888963407ull;
+      p[i] = float(double(z >> 11) / double(1ull << 53) - 0.5);
+    }
+    return h.to_dtype(dt).to(Device::CUDA);
+  };
+  Table t;
+
+  std::printf(" memory-bound ops (calls per micro-batch x ms per call = ms per micro-batch):\n");
+  {  // The projection's split into the core's parts and the join of their gradients.
+    const std::vector<std::int64_t> widths = d.attention == Attention::Dense
+                                                 ? std::vector<std::int64_t>{d.heads_per_group() * d.D, d.D, d.D}
+                                                 : std::vector<std::int64_t>{d.heads_per_group() * d.D, d.D, d.D, d.D, d.D,
+                                                                             d.D, d.D, 3 * d.heads_per_group()};  // model.cpp's
+    Tensor p = rnd({N * G, Pg});
+    std::vector<Tensor> parts;
+    for (std::int64_t w : widths) parts.push_back(dev({N * G, w}, dt));
+    std::vector<Tensor*> pp;
+    for (Tensor& q : parts) pp.push_back(&q);
+    const std::vector<const Tensor*> cp(pp.begin(), pp.end());
+    t.memory("split_columns (projection)", double(L), time_ms([&] { split_columns(p, pp); }, reps), 2.0 * double(N * G * Pg) * e);
+    t.memory("join_columns (gradients)", double(L), time_ms([&] { join_columns(cp, p); }, reps), 2.0 * double(N * G * Pg) * e);
+  }
+  {
+    Tensor a = rnd({N, C}), b = rnd({N, C}), w = rnd({C}), h = dev({N, C}, dt), y = dev({N, C}, dt);
+    Tensor rstd = dev({N}, DType::F32), dx = dev({N, C}, dt), dw = dev({C}, DType::F32);
+    t.memory("rmsnorm forward", 1, time_ms([&] { rmsnorm_forward(a, w, y, rstd, 1e-5); }, reps), 2 * X);
+    t.memory("add_rmsnorm forward", double(2 * L),
+             time_ms([&] { add_rmsnorm_forward(a, b, w, h, y, rstd, 1e-5); }, reps), 4 * X);
+    t.memory("rmsnorm backward + residual grad", double(2 * L),
+             time_ms([&] { rmsnorm_backward(y, a, w, rstd, dx, dw, &b); }, reps), 4 * X);
+    t.memory("rmsnorm backward", 1, time_ms([&] { rmsnorm_backward(y, a, w, rstd, dx, dw); }, reps), 3 * X);
+  }
+  {
+    Tensor u = rnd({N, 2 * F}), out = dev({N, F}, dt), du = dev({N, 2 * F}, dt);
+    t.memory("swiglu forward", double(L), time_ms([&] { swiglu_forward(u, out); }, reps), 3.0 * double(N * F) * e);
+    t.memory("swiglu backward", double(L), time_ms([&] { swiglu_backward(out, u, du); }, reps), 5.0 * double(N * F) * e);
+  }
+  {
+    Tensor logits = rnd({R, V}), loss = dev({1}, DType::F32);
+    std::vector<std::int32_t> host(static_cast<std::size_t>(R));
+    for (std::int64_t i = 0; i < R; ++i) host[std::size_t(i)] = std::int32_t((i * 7919) % V);
+    void* ids = cuda_alloc(host.size() * sizeof(std::int32_t));
+    memcpy_any(ids, host.data(), host.size() * sizeof(std::int32_t), CopyKind::HostToDevice);
+    const std::span<const std::int32_t> targets(static_cast<const std::int32_t*>(ids), host.size());
+    CrossEntropyOptions ce;
+    ce.denominator = double(N);
+    ce.accumulate_loss = true;
+    t.memory("cross entropy (fused, a head chunk)", heads,
+             time_ms([&] { cross_entropy_fused(logits, targets, loss, 1.0, ce); }, reps), 3.0 * double(R * V) * e);
+    cuda_free(ids);
+  }
+  const double memory_ms = t.total_ms;
+
+  std::printf(" matrix products (cuBLASLt; dW accumulates into fp32):\n");
+  auto product = [&](const char* name, double calls, std::int64_t rows, std::int64_t in, std::int64_t out) {
+    Tensor x = rnd({rows, in}), w = rnd({out, in}), y = dev({rows, out}, dt), dx = dev({rows, in}, dt);
+    Tensor dw = dev({out, in}, DType::F32);
+    const double flop = 2.0 * double(rows) * double(in) * double(out);
+    const std::string n(name);
+    t.flops((n + " forward").c_str(), calls, time_ms([&] { linear_forward(x, w, nullptr, y); }, reps), flop);
+    t.flops((n + " dX").c_str(), calls, time_ms([&] { linear_backward(y, x, w, {&dx, nullptr, nullptr}); }, reps), flop);
+    t.flops((n + " dW").c_str(), calls, time_ms([&] { linear_backward(y, x, w, {nullptr, &dw, nullptr}); }, reps), flop);
+  };
+  product("wqkv", double(L), N, C, G * Pg);
+  product("wo", double(L), N, d.H * d.D, C);
+  product("w_gate|w_up", double(L), N, C, 2 * F);
+  product("w_out", double(L), N, F, C);
+  product("lm head (a chunk)", heads, R, C, V);
+  std::printf(" per micro-batch: memory-bound ops %.2f ms, matrix products %.2f ms\n", memory_ms, t.total_ms - memory_ms);
+  return 0;
+}
