@@ -100,7 +100,7 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
       // aligned.
       const std::int64_t kv = align256(c.B * c.num_cmp_blocks() * c.G * c.D * 4);
       z.saved = 2 * kv + align256(c.B * c.T * c.G * c.sel_count * 4) + align256(3 * c.B * c.T * c.H * 4) +
-                (p.dtype == DType::BF16 ? align256(2 * c.B * c.T * c.H * c.D * 4) : 0);
+                (p.dtype == DType::BF16 && p.nsa_saved_outputs ? align256(2 * c.B * c.T * c.H * c.D * 4) : 0);
     } else if (p.dtype == DType::F64) {
       z.saved = std::int64_t(nsa::NsaSaved<double>::bytes_for(c));
     } else {
@@ -387,7 +387,9 @@ std::vector<std::int64_t> zero1_ranges(const std::vector<ParamInfo>& params, std
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const RunConfig& cfg) {
+MemoryEstimate estimate_memory(const RunConfig& cfg) { return estimate_memory(cfg, true); }
+
+MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs) {
   const ModelDims dims = ModelDims::from_config(cfg);
   const std::int64_t tp = cfg.parallel.tp, pp = cfg.parallel.pp, dp = cfg.dp();
   if (tp < 1 || pp < 1 || dp < 1) throw std::invalid_argument("estimate_memory: the config is not validated for its world size");
@@ -399,6 +401,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg) {
   plan.recompute_layers = cfg.recompute.layers < 0 ? dims.L : cfg.recompute.layers;
   plan.device = cfg.train.device == "cuda" ? Device::CUDA : Device::CPU;
   plan.dtype = cfg.train.dtype == "bf16" ? DType::BF16 : DType::F32;  // as the trainer (launch/train/setup.cpp)
+  plan.nsa_saved_outputs = nsa_saved_outputs;
   plan.tp = int(tp);
   plan.pp = int(pp);
   const std::int64_t compute_bytes = plan.dtype == DType::F32 ? 0 : std::int64_t(dtype_size(plan.dtype));

@@ -48,6 +48,10 @@ struct ActivationPlan {
   // layer_end). Needs micro_batches a multiple of pp when it holds several.
   std::vector<LayerRange> chunk_layers;
   std::int64_t head_chunk = NsaTransformer::kDefaultHeadChunk;
+  // CUDA, bf16: NsaSavedCuda keeps the selection and window branch outputs (fp32) for the
+  // one-pass row backward, as the kernels do since 2026-11-25 (docs/performance.md, change
+  // 9). false: the saved state before that, which the GPU peaks recorded earlier measured.
+  bool nsa_saved_outputs = true;
 };
 // The peak bytes one optimizer step allocates above the memory live at its start (the
 // trainer's activation_peak_bytes; with pp = 1 also NsaTransformer::last_activation_peak_bytes
@@ -71,5 +75,9 @@ struct MemoryEstimate {        // bytes on one rank: the rank (pp stage, tp rank
 // the rank that needs most. Device and dtype from cfg.train. With ZeRO-1 the optimizer share
 // is that of the DP rank that owns the most.
 MemoryEstimate estimate_memory(const RunConfig& cfg);
+// The same for the NSA saved state of the CUDA kernels before 2026-11-25 when
+// nsa_saved_outputs is false (ActivationPlan::nsa_saved_outputs; the recorded GPU peaks of
+// tests/model/test_memory_plan.cpp measured that layout).
+MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs);
 
 }  // namespace nsatron
