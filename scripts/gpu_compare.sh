@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs on a GPU machine: builds a reference commit (default HEAD) beside the working tree and
+# compares them in one call, so that a change is judged against its baseline on the same GPU:
+#   - bf16 parity, per test case, the worst error over out and every gradient, side by side,
+#     for each seed;
+#   - the D=6 case over many seeds (the shape nearest its bound): how many exceed it;
+#   - bench_nsa_gpu on the 125M and paper shapes, reference then working tree.
+# Usage: scripts/gpu_compare.sh [REF] ; env SEEDS (default "11 555 222 9"), D6_SEEDS (default
+# 40), BENCH (default "--shapes 125m,paper --T 8192,65536 --no-dense"). Logs under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+ref=${1:-HEAD}
+refdir=/tmp/nsatron_ref
+rm -rf "$refdir" && mkdir -p "$refdir" && git archive "$ref" | tar -x -C "$refdir" || { echo "cannot export $ref"; exit 1; }
+[ -d .carry ] && cp -r .carry "$refdir/"
+configure() {
+  cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DNSATRON_TOMLPP_DIR="$1/.carry/include" >"$OUT/configure_$2.log" 2>&1 &&
+    cmake --build "$1/build-gpu" -j"$(nproc)" --target test_nsa_cuda bench_nsa_gpu >"$OUT/build_$2.log" 2>&1 ||
+    { echo "$2: build failed"; grep -E "error" -A3 "$OUT/build_$2.log" | head -30; exit 1; }
+}
+configure "$refdir" ref
+configure "$PWD" new
+bin() { [ "$1" = ref ] && echo "$refdir/build-gpu/$2" || echo "build-gpu/$2"; }
+echo "ref: $(git rev-parse --short "$ref")  new: the working tree" | tee "$OUT/compare.log"
+for s in ${SEEDS:-11 555 222 9}; do
+  for v in ref new; do
+    NSA_CUDA_SEED=$s "$(bin $v tests/nsa_cuda/test_nsa_cuda)" --gtest_filter='*Bf16MatchesCpu*' 2>&1 |
+      grep -E "worst|FAILED  \]" | sed -E 's/ +B=.*worst/ /; s/, bound.*//' >"/tmp/nsatron_$v.txt"
+  done
+  echo "== seed $s: ref | new"
+  paste /tmp/nsatron_ref.txt /tmp/nsatron_new.txt | awk -F'\t' '{printf "%-52s | %s\n", $1, $2}'
+done | tee -a "$OUT/compare.log"
+d6=$(seq 1 "${D6_SEEDS:-40}")
+for v in ref new; do
+  for s in $d6; do
+    NSA_CUDA_SEED=$s "$(bin $v tests/nsa_cuda/test_nsa_cuda)" --gtest_filter='*Bf16MatchesCpu/case7' 2>&1 |
+      grep -oE "worst [0-9.e-]+ \([a-z_]+\)"
+  done >"/tmp/nsatron_d6_$v.txt"
+  echo "D=6 $v: $(awk '$2 + 0 > 1e-2 {n++} END {print n + 0}' "/tmp/nsatron_d6_$v.txt") of $(wc -l <"/tmp/nsatron_d6_$v.txt") seeds above 1e-2, worst $(sort -k2 -g "/tmp/nsatron_d6_$v.txt" | tail -1)"
+done | tee -a "$OUT/compare.log"
+for v in ref new; do
+  echo "== bench $v"
+  "$(bin $v bench/bench_nsa_gpu)" ${BENCH:---shapes 125m,paper --T 8192,65536 --no-dense} 2>&1 | grep -E "^\| (125m|paper|groups)"
+done | tee -a "$OUT/compare.log"
