@@ -659,12 +659,19 @@ void launch_inverse_index(const Geo& g, const std::int32_t* sel, std::uint32_t* 
 }
 
 namespace {
-template <int DP>
-std::size_t cmp_select_tc_bytes_dp(const Geo& g) {
+int smem_optin() {
   int dev = 0, optin = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return tc::cmp_select_bytes<DP>(g, optin);
+  return optin;
+}
+template <int DP>
+std::size_t cmp_select_tc_bytes_dp(const Geo& g) {
+  return tc::cmp_select_bytes<DP>(g, smem_optin());
+}
+template <int DP>
+void cmp_select_tc_launch_dp(const Geo& g, const tc::CmpSelArgs& a, std::size_t smem, cudaStream_t s) {
+  tc::cmp_select_launch<DP>(g, a, tc::cmp_select_positions<DP>(g, smem_optin()), smem, s);
 }
 }  // namespace
 
@@ -691,9 +698,9 @@ void launch_cmp_select_tc(const Geo& g, const bf16* q, const float2* rope, const
   }
   tc::CmpSelArgs a{q, rope, scratch.kparts, scratch.kinv, scratch.vparts, o, lse, sel};
   switch (DP) {
-    case 32: tc::cmp_select_launch<32>(g, a, smem, s); break;
-    case 64: tc::cmp_select_launch<64>(g, a, smem, s); break;
-    default: tc::cmp_select_launch<128>(g, a, smem, s); break;
+    case 32: cmp_select_tc_launch_dp<32>(g, a, smem, s); break;
+    case 64: cmp_select_tc_launch_dp<64>(g, a, smem, s); break;
+    default: cmp_select_tc_launch_dp<128>(g, a, smem, s); break;
   }
 }
 

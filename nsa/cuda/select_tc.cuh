@@ -360,19 +360,28 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
   }
 }
 
-// Shared memory of the fused kernel for this shape, or 0 where it cannot run (h > 64 or more
-// than the device's opt-in limit).
+// Positions per block of the fused kernel for this shape: 64 / h, halved until the [P][NB]
+// block scores fit the device's opt-in shared memory (at T = 64k, l' = 64: P = 32 for h = 1 at
+// D = 64; the warps past P h rows then idle, which still beats the fp32 fallback); 0 where it
+// cannot run (h > 64, or not even one position fits). The results do not depend on P: every
+// row's softmax and every position's block scores are summed over the key tiles in the same
+// order whatever the block holds.
+template <int DP>
+int cmp_select_positions(const Geo& g, int optin) {
+  if (g.h > 16 * kRowWarps) return 0;
+  for (int P = (16 * kRowWarps) / g.h; P >= 1; P /= 2)
+    if (cmp_select_smem<DP>(P, g.NB, g.n).total <= std::size_t(optin)) return P;
+  return 0;
+}
+// Its shared memory, or 0 where it cannot run.
 template <int DP>
 std::size_t cmp_select_bytes(const Geo& g, int optin) {
-  if (g.h > 16 * kRowWarps) return 0;
-  const int P = (16 * kRowWarps) / g.h;
-  const std::size_t bytes = cmp_select_smem<DP>(P, g.NB, g.n).total;
-  return bytes <= std::size_t(optin) ? bytes : 0;
+  const int P = cmp_select_positions<DP>(g, optin);
+  return P > 0 ? cmp_select_smem<DP>(P, g.NB, g.n).total : 0;
 }
 
 template <int DP>
-void cmp_select_launch(const Geo& g, const CmpSelArgs& a, std::size_t smem, cudaStream_t s) {
-  const int P = (16 * kRowWarps) / g.h;
+void cmp_select_launch(const Geo& g, const CmpSelArgs& a, int P, std::size_t smem, cudaStream_t s) {
   const unsigned nblocks = unsigned((g.T + P - 1) / P);
   if (nblocks == 0) return;
   CUDA_CHECK(cudaFuncSetAttribute(cmp_select_kernel<DP>,

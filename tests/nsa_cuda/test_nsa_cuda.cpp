@@ -294,6 +294,9 @@ const std::vector<Case>& cases() {
       // More than 64 heads per group: bf16 takes the fp32 compression forward and selection
       // (the fused tensor-core kernel holds the heads of whole positions in 64 rows).
       {"1 group, 72 heads", make_dims(1, 200, 72, 1, 16, 16, 8, 32, 4, 40)},
+      // 750 selection blocks at one head per group: 64 positions' block scores (188 KB) do not
+      // fit the fused kernel's shared memory with its tiles, so its blocks take 32 positions.
+      {"h=1, 750 blocks", make_dims(1, 6000, 2, 2, 32, 8, 8, 8, 8, 64)},
   };
   return c;
 }
