@@ -136,17 +136,35 @@ inline unsigned grid_for(std::int64_t units, int threads, std::int64_t max_block
 }
 
 namespace {  // kernels: internal to each translation unit that launches them
-// g[c] += sum over chunks k (in order) of partial[k, c], summed in fp64: the second stage of
-// the column reductions (dw of RMSNorm, the bias gradient), whose first stage writes one row
-// of fp32 partial sums per chunk of rows.
+// g[c] += sum over chunks k of partial[k, c], summed in fp64: the second stage of the column
+// reductions (dw of RMSNorm, the bias gradient), whose first stage writes one row of fp32
+// partial sums per chunk of rows. A block of kChunkWarps warps owns 32 columns (lane =
+// column: coalesced rows); warp w sums the chunks w, w + kChunkWarps, ... in order, then the
+// warps' sums are added in warp order: a fixed order for the shape (deterministic). (One
+// thread per column summing every chunk ran C / 256 blocks: 3 at C = 768, each thread 1024
+// dependent-latency loads.)
+constexpr int kChunkWarps = 32;
 template <class G>
-__global__ void column_chunks_to_grad(G* g, const float* __restrict__ partial,
-                                      std::int64_t nchunks, std::int64_t C) {
-  const std::int64_t c = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x;
-  if (c >= C) return;
+__global__ void __launch_bounds__(kChunkWarps * 32) column_chunks_to_grad(G* g, const float* __restrict__ partial,
+                                                                          std::int64_t nchunks, std::int64_t C) {
+  __shared__ double part[kChunkWarps][33];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const std::int64_t c = blockIdx.x * std::int64_t(32) + lane;
   double s = 0.0;
-  for (std::int64_t k = 0; k < nchunks; ++k) s += double(partial[k * C + c]);
-  g[c] = from_f<G>(float(double(to_f(g[c])) + s));
+  if (c < C)
+    for (std::int64_t k = warp; k < nchunks; k += kChunkWarps) s += double(partial[k * C + c]);
+  part[warp][lane] = s;
+  __syncthreads();
+  if (warp == 0 && c < C) {
+    double t = 0.0;
+    for (int w = 0; w < kChunkWarps; ++w) t += part[w][lane];
+    g[c] = from_f<G>(float(double(to_f(g[c])) + t));
+  }
+}
+template <class G>
+void launch_column_chunks_to_grad(G* g, const float* partial, std::int64_t nchunks, std::int64_t C) {
+  if (C <= 0) return;
+  column_chunks_to_grad<G><<<grid_for(C, 32, 1 << 30), kChunkWarps * 32>>>(g, partial, nchunks, C);
 }
 }  // namespace
 

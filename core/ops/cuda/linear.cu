@@ -1,7 +1,7 @@
 // CUDA bias kernels of the linear layer (see linear.h); the products go through cuBLAS
 // (matmul.cu). The bias gradient is a column sum over rows: each block sums a fixed chunk of
 // rows for 256 columns (one thread per column, rows in order), and the chunks' fp32 partial
-// sums are added to db in chunk order in fp64. The chunking depends on the shape only.
+// sums are added to db in a fixed order in fp64 (column_chunks_to_grad). The chunking depends on the shape only.
 #include "core/ops/cuda/common.cuh"
 #include "core/ops/linear.h"
 
@@ -83,8 +83,7 @@ void bias_backward(DType dt, DType db_dt, void* db, const void* dy, std::int64_t
       bias_partial_kernel<T><<<grid, kBiasThreads>>>(partial, static_cast<const T*>(dy), N, out,
                                                      rows);
       check_launch("linear_backward (bias)");
-      column_chunks_to_grad<G><<<grid_for(out, 256, 1 << 30), 256>>>(static_cast<G*>(db), partial,
-                                                                     nchunks, out);
+      launch_column_chunks_to_grad<G>(static_cast<G*>(db), partial, nchunks, out);
       check_launch("linear_backward (bias)");
     });
   });

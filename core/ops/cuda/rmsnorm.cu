@@ -11,7 +11,7 @@
 // sums dy * xhat per warp, in registers for the cached columns and in shared memory for the
 // others (each column owned by one lane: no atomics), the block's warps then added in warp
 // order into one row of fp32 partial sums per chunk, and a
-// second kernel adds the chunks to dw in chunk order (fp64). Bytes: dy and x read, dx
+// second kernel adds the chunks to dw in a fixed order (fp64; column_chunks_to_grad). Bytes: dy and x read, dx
 // written, dres read when fused (3 or 4 N C e), the partial sums (8 C per chunk).
 // Chunking, warps per block and vector width depend on the shape (and the pointers'
 // alignment) only, so the bits do not depend on the GPU.
@@ -229,7 +229,7 @@ void backward_impl(T* dx, DW* dw, const T* dy, const T* x, const T* w, const flo
     rmsnorm_bwd_kernel<T, 1><<<unsigned(nchunks), warps * 32, smem>>>(dx, partial, dy, x, w, rstd, dres, N, C,
                                                                       rows, shared_acc);
   check_launch("rmsnorm_backward");
-  column_chunks_to_grad<DW><<<grid_for(C, 256, 1 << 30), 256>>>(dw, partial, nchunks, C);
+  launch_column_chunks_to_grad<DW>(dw, partial, nchunks, C);
   check_launch("rmsnorm_backward (dw)");
 }
 
