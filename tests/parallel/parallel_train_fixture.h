@@ -72,6 +72,24 @@ class ParallelTrain : public TrainRun {
     std::printf("%s vs %s: largest difference %.3g over %d tensors\n", a.c_str(), b.c_str(), worst, compared);
   }
 
+  // parallel.overlap_grad_reduce off and on, with the same settings on np ranks: the log says
+  // which path ran, and the losses, validation losses, gradient norms and every final weight
+  // and moment are the same bits (the same bucket all-reduces, started earlier).
+  void expect_overlap_same_bits(int np, const std::string& name, const std::string& settings,
+                                int tensors = kTinyTensors) {
+    SCOPED_TRACE(name);
+    for (const bool on : {false, true}) {
+      CommandResult r = train(np, name + (on ? "_on" : "_off"),
+                              settings + " --set parallel.overlap_grad_reduce=" + (on ? "true" : "false"));
+      ASSERT_EQ(r.code, 0) << r.out << r.err;
+      EXPECT_NE(r.out.find(on ? "once its gradients are final (overlap_grad_reduce)" : "started after the backward"),
+                std::string::npos)
+          << r.out;
+    }
+    expect_same_curve(name + "_off", name + "_on", 0.0, 5);
+    expect_same_tensors(name + "_off", name + "_on", 0.0, tensors);
+  }
+
   // One layout to another: run `name` with `first` (np ranks: first_np) to train.stop_at=5 of
   // a 10-step run (`ten` holds the run's settings, train.steps=10 among them), resume it with
   // `second` to step 10, and check that it follows run `ref` (the same 10 steps in one go): the
