@@ -64,6 +64,7 @@ class DataParallelOptimizer {
   Tensor& m() { return m_; }
   Tensor& v() { return v_; }
   std::int64_t buckets() const;
+  std::int64_t bucket_bytes() const { return bucket_elems_ * std::int64_t(dtype_size(grads_.dtype())); }
 
   // Sums the gradients over DP (see above). After it, the gradients of the owned range are
   // the global ones (zero1: only those; the rest of the buffer is left as it was). Starts the

@@ -79,6 +79,9 @@ struct ParallelConfig {
   // Start each DP gradient bucket's all-reduce during the step's last backward, as soon as its
   // gradients are final (CPU ranks, without zero1, for now).
   bool overlap_grad_reduce = false;
+  // Data-parallel gradient bucket (one all-reduce call) in KiB: 25 MiB, as
+  // parallel::kDefaultBucketBytes.
+  std::int64_t grad_bucket_kib = 25600;
 };
 
 struct RecomputeConfig {

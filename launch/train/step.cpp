@@ -175,6 +175,11 @@ StepResult optimizer_step(Run& run, std::int64_t step) {
   else forward_backward_pipeline(run, r);
   run.data.sampler->advance(run.data.layout);
   reduce(run, r);
+  if (run.cfg.parallel.overlap_grad_reduce && run.dp() > 1 && step == run.start_step) {
+    run.bar.clear();  // once per run: the hook's effect, on this rank's (rank 0's) buffer
+    run.out << "step " << r.step << ": " << run.optimizer->last_overlapped_buckets() << " of "
+            << run.optimizer->buckets() << " DP gradient bucket(s) started during the backward (overlap_grad_reduce)\n";
+  }
   if (r.skipped) skip(run, r);
   else update(run, r);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

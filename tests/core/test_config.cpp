@@ -226,6 +226,13 @@ TEST(Config, OverlapGradReduce) {
   e = errors_of("[train]\ndevice = \"cuda\"\n[parallel]\noverlap_grad_reduce = true\n");
   EXPECT_NE(e.find("run.toml:4:1: parallel.overlap_grad_reduce: overlap_grad_reduce is CPU-only for now"),
             std::string::npos) << e;
+  // The bucket size: KiB, at least 1.
+  EXPECT_EQ(parse_config("", "run.toml").parallel.grad_bucket_kib, 25600);
+  e = errors_of("[parallel]\ngrad_bucket_kib = 0\n");
+  EXPECT_NE(e.find("run.toml:2:1: parallel.grad_bucket_kib: value 0 is out of range"), std::string::npos) << e;
+  e = errors_of("[parallel]\ngrad_bucket_kib = 2000000000000\n");
+  EXPECT_NE(e.find("run.toml:2:1: parallel.grad_bucket_kib: grad_bucket_kib = 2000000000000 exceeds 2^40 KiB"),
+            std::string::npos) << e;
   e = errors_of("[parallel]\nzero1 = true\noverlap_grad_reduce = true\n");
   EXPECT_NE(e.find("run.toml:3:1: parallel.overlap_grad_reduce: overlap_grad_reduce cannot be combined with zero1"),
             std::string::npos) << e;

@@ -101,8 +101,11 @@ TEST_F(MpTrain, VirtualStagesMatchOneRank) {
 // after the backward; the interleaved schedule reports each chunk's layers.
 TEST_F(MpTrain, OverlappedReductionGivesTheSameBits) {
   expect_overlap_same_bits(4, "tp2_dp2", kModel + " --set parallel.tp=2", kTensors);
-  expect_overlap_same_bits(4, "pp2_dp2", kModel + " --set parallel.pp=2", kTensors);
-  expect_overlap_same_bits(4, "pp2_dp2_v2", kModel + " --set parallel.pp=2 --set parallel.virtual_stages=2", kTensors);
+  expect_overlap_same_bits(4, "pp2_dp2", kModel + " --set parallel.pp=2", kTensors, false);
+  expect_overlap_same_bits(4, "pp2_dp2_v2", kModel + " --set parallel.pp=2 --set parallel.virtual_stages=2", kTensors,
+                           false);
+  expect_overlap_same_bits(4, "pp2_dp2_untied", kModel + " --set parallel.pp=2 --set model.tie_embeddings=false",
+                           kTensors + 1);
 }
 
 // Where nothing is summed across the stages in another order than one process sums it (an
