@@ -4,7 +4,8 @@
 // A = global_batch / (micro_batch*dp) micro-batches (its slice of the global batch,
 // data::BatchLayout), forward and backward with the loss scaled by 1/(A*dp) (the gradients of
 // all ranks' micro-batches add up to the gradient of the mean over the global batch); the
-// gradients summed over DP (parallel::DataParallelOptimizer: bucketed all-reduce, or
+// gradients summed over DP (parallel::DataParallelOptimizer: bucketed all-reduce, each bucket
+// started during the last micro-batch's backward with parallel.overlap_grad_reduce, or
 // reduce-scatter with parallel.zero1) and the loss likewise; the global gradient norm (the
 // same on every rank); a step whose loss or norm is not finite is skipped (no update, counted,
 // logged; train.max_bad_steps in a row stop the run); clipping to optim.grad_clip; AdamW (the

@@ -73,14 +73,51 @@ std::int64_t DataParallelOptimizer::buckets() const {
   return (grads_.numel() + bucket_elems_ - 1) / bucket_elems_;
 }
 
+void DataParallelOptimizer::start_bucket(std::int64_t k) {
+  const std::int64_t at = k * bucket_elems_;
+  Tensor bucket = grads_.slice0(at, std::min(grads_.numel(), at + bucket_elems_));
+  dp_->start_all_reduce(bucket, ReduceOp::Sum);
+  started_[std::size_t(k)] = true;
+}
+
+void DataParallelOptimizer::arm_overlap() {
+  NSA_CHECK(!zero1_ || dp_->size() == 1,
+            "DataParallelOptimizer: overlap of the reduction with the backward is not built for zero1");
+  if (dp_->size() == 1) return;
+  NSA_CHECK(!armed_, "DataParallelOptimizer::arm_overlap: already armed (reduce_gradients was not called)");
+  const std::int64_t n = grads_.numel(), count = buckets();
+  missing_.assign(std::size_t(count), 0);
+  for (std::int64_t k = 0; k < count; ++k)
+    missing_[std::size_t(k)] = std::min(n, (k + 1) * bucket_elems_) - k * bucket_elems_;
+  started_.assign(std::size_t(count), false);
+  armed_ = true;
+}
+
+void DataParallelOptimizer::grads_ready(std::int64_t begin, std::int64_t end) {
+  if (dp_->size() == 1) return;
+  NSA_CHECK(armed_, "DataParallelOptimizer::grads_ready before arm_overlap");
+  NSA_CHECK(0 <= begin && begin <= end && end <= grads_.numel(), "DataParallelOptimizer::grads_ready: range [",
+            begin, ", ", end, ") of a buffer of ", grads_.numel());
+  if (begin == end) return;
+  for (std::int64_t k = begin / bucket_elems_; k * bucket_elems_ < end; ++k) {
+    const std::int64_t b = std::max(begin, k * bucket_elems_), e = std::min(end, (k + 1) * bucket_elems_);
+    std::int64_t& missing = missing_[std::size_t(k)];
+    NSA_CHECK(e - b <= missing, "DataParallelOptimizer::grads_ready: [", begin, ", ", end,
+              ") reports elements of bucket ", k, " twice");
+    missing -= e - b;
+    if (missing == 0) start_bucket(k);
+  }
+}
+
 void DataParallelOptimizer::reduce_gradients() {
   if (dp_->size() == 1) return;
-  const std::int64_t n = grads_.numel();
   if (!zero1_) {
-    for (std::int64_t at = 0; at < n; at += bucket_elems_) {
-      Tensor bucket = grads_.slice0(at, std::min(n, at + bucket_elems_));
-      dp_->all_reduce(bucket, ReduceOp::Sum);
-    }
+    if (!armed_) started_.assign(std::size_t(buckets()), false);
+    last_overlapped_ = std::int64_t(std::count(started_.begin(), started_.end(), true));
+    for (std::int64_t k = 0; k < buckets(); ++k)
+      if (!started_[std::size_t(k)]) start_bucket(k);
+    dp_->wait_all();
+    armed_ = false;
     return;
   }
   for (int r = 0; r < dp_->size(); ++r) {

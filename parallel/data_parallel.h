@@ -7,9 +7,12 @@
 // gradient of the mean loss over the global batch; the reduction below is a plain sum.
 //
 // Replicated (zero1 = false):
-//   reduce:  the flat gradient buffer is all-reduced (sum) in buckets of bucket_bytes, in
-//            order, each bucket one call (bounded message size; the GPU issue overlaps them
-//            with the backward)
+//   reduce:  the flat gradient buffer is all-reduced (sum) in buckets of bucket_bytes, each
+//            bucket one non-blocking call (Communicator::start_all_reduce; bounded message
+//            size), all waited for before the norm. By default every bucket starts after the
+//            backward, in buffer order. With overlap (parallel.overlap_grad_reduce, below) a
+//            bucket starts during the step's last backward, as soon as all its gradients are
+//            final: the same calls on the same buckets, only earlier, so the same bits.
 //   norm:    global_norm of the full reduced buffer, the same bits on every rank
 //   update:  AdamW over the full buffer with full moments m, v: the same bits on every rank
 // Sharded (zero1 = true): the buffer is split into dp contiguous ranges of WHOLE tensors
@@ -61,10 +64,27 @@ class DataParallelOptimizer {
   Tensor& m() { return m_; }
   Tensor& v() { return v_; }
   std::int64_t buckets() const;
+  std::int64_t bucket_bytes() const { return bucket_elems_ * std::int64_t(dtype_size(grads_.dtype())); }
 
   // Sums the gradients over DP (see above). After it, the gradients of the owned range are
-  // the global ones (zero1: only those; the rest of the buffer is left as it was).
+  // the global ones (zero1: only those; the rest of the buffer is left as it was). Starts the
+  // buckets that overlap has not started yet, in buffer order, and waits for every bucket.
   void reduce_gradients();
+
+  // Overlap with the backward (replicated only; zero1 refuses it): after arm_overlap(), every
+  // grads_ready(begin, end) says that the gradients of [begin, end) are final for this step
+  // (each element reported at most once; they are not written again before
+  // reduce_gradients()); a bucket's all-reduce starts as soon as its last element is
+  // reported, so the buckets start in the order their gradients are finished (the backward's
+  // order). Every DP rank reports the same ranges in the same order (the same model and
+  // schedule), so they start the same collectives in the same order. reduce_gradients()
+  // disarms. With dp = 1 both do nothing. Call arm_overlap before the last micro-batch's
+  // backward (the earlier ones' gradients are not final) and feed grads_ready from the
+  // model's hook (NsaTransformer::set_grads_ready_hook).
+  void arm_overlap();
+  void grads_ready(std::int64_t begin, std::int64_t end);
+  // Buckets the last reduce_gradients() found started by grads_ready (for the tests).
+  std::int64_t last_overlapped_buckets() const { return last_overlapped_; }
   // Tensor and pipeline parallelism: the model's gradient norm spans the ranks of `groups`
   // (the TP and PP groups), and the segments marked false in `counted` (replicas another
   // rank counts: TP-replicated norm gains, a tied embedding's copy on the last stage) are
@@ -89,6 +109,12 @@ class DataParallelOptimizer {
   std::vector<std::shared_ptr<Communicator>> norm_groups_;
   std::vector<bool> counted_;  // per segment; empty: all
   Tensor padded_, mine_;  // zero1: [dp * block] staging for the collectives, [block] own slice
+  // Overlap: armed for this step; per bucket, elements not reported final yet, and started.
+  bool armed_ = false;
+  std::vector<std::int64_t> missing_;
+  std::vector<bool> started_;
+  std::int64_t last_overlapped_ = 0;
+  void start_bucket(std::int64_t k);
 };
 
 }  // namespace nsatron::parallel

@@ -67,6 +67,26 @@ void MpiCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
   }
 }
 
+void MpiCommunicator::do_start_all_reduce(Tensor& t, ReduceOp op) {
+  char* p = static_cast<char*>(t.raw());
+  const std::size_t esize = dtype_size(t.dtype());
+  for (std::int64_t at = 0; at < t.numel(); at += kMaxCount) {
+    const int n = int(std::min(kMaxCount, t.numel() - at));
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Iallreduce(MPI_IN_PLACE, p + std::size_t(at) * esize, n, mpi_type(t.dtype()), mpi_op(op), comm_,
+                         &request),
+          "MPI_Iallreduce");
+    pending_.push_back(request);
+  }
+}
+
+void MpiCommunicator::do_wait_all() {
+  if (pending_.empty()) return;
+  std::vector<MPI_Request> requests;
+  requests.swap(pending_);
+  check(MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall (of MPI_Iallreduce)");
+}
+
 void MpiCommunicator::do_all_gather(const Tensor& in, Tensor& out, bool in_place) {
   NSA_CHECK(in.numel() <= kMaxCount, name_, ".all_gather: blocks of more than INT_MAX elements");
   const int n = int(in.numel());

@@ -1,5 +1,5 @@
 // The MPI backend of Communicator: CPU tensors, fp32 and fp64 (MPI_FLOAT, MPI_DOUBLE), blocking
-// calls on an MPI communicator this object owns (a duplicate or a split of MPI_COMM_WORLD).
+// calls (and MPI_Iallreduce for start_all_reduce) on an MPI communicator this object owns (a duplicate or a split of MPI_COMM_WORLD).
 // Errors return to us (MPI_ERRORS_RETURN on the communicator) and throw std::runtime_error
 // "MPI_Allreduce on the dp group (rank 1 of 2) failed: <MPI's error text>".
 // Messages longer than INT_MAX elements are sent in pieces (all_reduce, broadcast, send,
@@ -46,6 +46,8 @@ class MpiCommunicator final : public Communicator {
   void do_recv(Tensor& t, int peer) override;
   void do_send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) override;
   void do_barrier() override;
+  void do_start_all_reduce(Tensor& t, ReduceOp op) override;  // MPI_Iallreduce (pieces as all_reduce)
+  void do_wait_all() override;                                 // MPI_Waitall
 
  private:
   void check(int code, const char* what) const;
@@ -54,6 +56,7 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   std::string name_;
   int rank_ = 0, size_ = 1;
+  std::vector<MPI_Request> pending_;  // started all-reduces, until wait_all
 };
 
 }  // namespace nsatron::parallel

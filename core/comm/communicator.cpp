@@ -15,6 +15,13 @@ void Communicator::all_reduce(Tensor& t, ReduceOp op) {
   if (t.numel() > 0) do_all_reduce(t, op);
 }
 
+void Communicator::start_all_reduce(Tensor& t, ReduceOp op) {
+  check_tensor(t, "start_all_reduce");
+  if (t.numel() > 0) do_start_all_reduce(t, op);
+}
+
+void Communicator::wait_all() { do_wait_all(); }
+
 void Communicator::all_gather(const Tensor& in, Tensor& out) {
   check_tensor(in, "all_gather");
   check_tensor(out, "all_gather");

@@ -80,6 +80,16 @@ class Communicator {
   void send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer);
   void barrier();
 
+  // Non-blocking all_reduce: starts t = op over the group of every rank's t; the result is
+  // there after wait_all(), and t is neither read nor written by the caller until then.
+  // Started all-reduces are collective calls like the others (every rank starts the same ones
+  // in the same order), and no other call on this communicator comes between a start and
+  // wait_all(). The MPI backend posts MPI_Iallreduce; the others (NCCL: enqueued on the
+  // stream anyway) run the blocking call at once, which their contract allows.
+  void start_all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
+  // Waits for every all-reduce started since the last wait_all() (none: returns at once).
+  void wait_all();
+
  protected:
   virtual void do_all_reduce(Tensor& t, ReduceOp op) = 0;
   // in_place: `in` is out's block of this rank.
@@ -92,6 +102,9 @@ class Communicator {
   // rank() (then send and recv have the same dtype and count) or neither is.
   virtual void do_send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) = 0;
   virtual void do_barrier() = 0;
+  // Defaults: the blocking all-reduce, nothing to wait for.
+  virtual void do_start_all_reduce(Tensor& t, ReduceOp op) { do_all_reduce(t, op); }
+  virtual void do_wait_all() {}
 
  private:
   void check_tensor(const Tensor& t, const char* op) const;

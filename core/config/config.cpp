@@ -210,6 +210,18 @@ const std::vector<Key>& keys() {
           "Shard the AdamW moments over the data-parallel ranks (ZeRO stage 1): gradients are "
           "reduce-scattered, each rank updates its share of whole tensors, the weights are "
           "all-gathered. Same losses as without, to rounding; no effect with dp = 1."),
+      key("parallel", "overlap_grad_reduce", &R::parallel, &ParallelConfig::overlap_grad_reduce,
+          "Start each data-parallel gradient bucket's all-reduce during the backward of the step's "
+          "last micro-batch, as soon as every gradient in it is final (buckets in backward order), "
+          "instead of all after the backward: the same buckets and sums, so the same bits. "
+          "CPU ranks (MPI) only for now, and not with zero1 (docs/parallel.md); no effect with dp = 1."),
+      key("parallel", "grad_bucket_kib", &R::parallel, &ParallelConfig::grad_bucket_kib,
+          "Size in KiB of a data-parallel gradient bucket (one all-reduce of the flat gradient "
+          "buffer, without zero1); 25600 = 25 MiB. Smaller buckets start sooner with "
+          "overlap_grad_reduce, for more calls. The same value gives the same bits with overlap on "
+          "or off; another value may change the sums' order with dp > 2 (MPI picks its algorithm "
+          "by message size).")
+          .at_least(1),
 
       key("recompute", "policy", &R::recompute, &RecomputeConfig::policy,
           "Activation recompute: \"none\" keeps what the backward needs; \"selective\" recomputes "
@@ -542,6 +554,17 @@ void check_rules(Validator& v, RunConfig& c) {
     v.error(at({"nsa.cmp_block", "nsa.sel_block"}),
             "cmp_block = " + n(s.cmp_block) + " must not exceed sel_block = " + n(s.sel_block));
 
+  if (p.grad_bucket_kib > (std::int64_t(1) << 40))  // its byte count must fit an int64
+    v.error("parallel.grad_bucket_kib", "grad_bucket_kib = " + n(p.grad_bucket_kib) + " exceeds 2^40 KiB");
+  if (p.overlap_grad_reduce && t.device == "cuda")
+    v.error(at({"parallel.overlap_grad_reduce", "train.device"}),
+            "overlap_grad_reduce is CPU-only for now (MPI ranks): the NCCL path on a separate "
+            "communication stream is not built; set it to false with train.device = \"cuda\"");
+  if (p.overlap_grad_reduce && p.zero1)
+    v.error(at({"parallel.overlap_grad_reduce", "parallel.zero1"}),
+            "overlap_grad_reduce cannot be combined with zero1: ZeRO-1 reduces the gradients with one "
+            "reduce-scatter over a staging buffer laid out by each rank's whole tensors, not in "
+            "buckets (docs/parallel.md); set one of them to false");
   if (t.dtype == "bf16" && t.device != "cuda")
     v.error(at({"train.dtype", "train.device"}), "bf16 needs train.device = \"cuda\" (the CPU path is fp32)");
   if (c.optim.min_lr > c.optim.lr)
@@ -740,6 +763,9 @@ std::string config_reference_markdown() {
       "  `nsatron config check` assumes one rank unless given `--world-size N`.\n"
       "- `optim.min_lr <= optim.lr`.\n"
       "- `train.dtype = \"bf16\"` needs `train.device = \"cuda\"`.\n"
+      "- `parallel.grad_bucket_kib <= 2^40`.\n"
+      "- `parallel.overlap_grad_reduce = true` needs `train.device = \"cpu\"` (CPU-only for now) and\n"
+      "  `parallel.zero1 = false`.\n"
       "- `recompute.layers <= model.n_layers`.\n";
   for (const auto& sec : section_order()) {
     md += "\n## [" + sec + "]\n\n| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";

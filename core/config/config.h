@@ -76,6 +76,12 @@ struct ParallelConfig {
   // pp * virtual_stages equal chunks, chunk c on pipeline rank c % pp. 1: one stage per rank.
   std::int64_t virtual_stages = 1;
   bool zero1 = false;  // shard the AdamW state over the data-parallel ranks
+  // Start each DP gradient bucket's all-reduce during the step's last backward, as soon as its
+  // gradients are final (CPU ranks, without zero1, for now).
+  bool overlap_grad_reduce = false;
+  // Data-parallel gradient bucket (one all-reduce call) in KiB: 25 MiB, as
+  // parallel::kDefaultBucketBytes.
+  std::int64_t grad_bucket_kib = 25600;
 };
 
 struct RecomputeConfig {

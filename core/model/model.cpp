@@ -2,6 +2,7 @@
 
 #include "core/model/layer_activations.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -328,6 +329,20 @@ Tensor NsaTransformer::head_grad() const {
   return params_.grad(dims_.tie_embeddings ? "model/embedding" : "model/lm_head");
 }
 
+void NsaTransformer::report_grads(const std::string& prefix) const {
+  if (!grads_ready_) return;
+  std::int64_t begin = -1, end = -1, numel = 0;
+  for (const ParamInfo& p : params_.infos()) {
+    if (p.name.compare(0, prefix.size(), prefix) != 0) continue;
+    begin = begin < 0 ? p.offset : std::min(begin, p.offset);
+    end = std::max(end, p.offset + p.numel);
+    numel += p.numel;
+  }
+  if (begin < 0) throw std::logic_error("report_grads: no parameter named " + prefix + "*");
+  if (end - begin != numel) throw std::logic_error("report_grads: the parameters " + prefix + "* are not contiguous");
+  grads_ready_(begin, end);
+}
+
 Tensor NsaTransformer::mlp_in(const Tensor& flat, std::int64_t l) const {
   const ParamInfo& g = params_.info(layer_name(l, "mlp/w_gate"));
   return flat.slice0(g.offset, g.offset + 2 * g.numel).view({2 * g.shape[0], g.shape[1]});
@@ -578,6 +593,7 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   dx_in = act({N, m.C});
   Tensor g_attn_norm = G("attn_norm");
   { TIMED("rmsnorm"); rmsnorm_backward(dxn, a.x, W("attn_norm"), a.rstd1, dx_in, g_attn_norm, &dh); }
+  report_grads(layer_name(l, ""));
 }
 
 Tensor NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t N, double grad_scale, Tensor* dxf) {
@@ -664,10 +680,12 @@ StageState NsaTransformer::stage_forward(int chunk, std::span<const std::int32_t
   s.x = Tensor();
   Tensor dxf = act({N, m.C});
   st.loss = head_loss(xf, tgt, N, grad_scale, &dxf);
+  if (!m.tie_embeddings) report_grads("model/lm_head");
   xf = Tensor();
   st.d_last = act({N, m.C});
   Tensor g_final = params_.grad("model/final_norm");
   { TIMED("rmsnorm"); rmsnorm_backward(dxf, x, weight("model/final_norm"), rstdf, st.d_last, g_final); }
+  report_grads("model/final_norm");
   return st;
 }
 
@@ -691,6 +709,8 @@ Tensor NsaTransformer::stage_backward(StageState& st, const Tensor* d_output) {
   }
   if (!chunk_first(st.chunk)) return dx;
   embedding_grad(st.ids, dx);
+  // A tied embedding split over pipeline stages gets its other part from the trainer.
+  if (!dims_.tie_embeddings || last_stage()) report_grads("model/embedding");
   return Tensor();
 }
 

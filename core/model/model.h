@@ -57,6 +57,7 @@
 // the same bits: the recomputation repeats the same operations on the same inputs.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -187,6 +188,18 @@ class NsaTransformer {
   // Logits of the last position of each sequence, [B, V] (for sampling).
   Tensor last_logits(std::span<const std::int32_t> tokens, std::int64_t B, std::int64_t T);
 
+  // Gradient hook: while set, every backward (forward_backward, and stage_forward on the model's
+  // last chunk, which runs the head's backward, and stage_backward) calls it with ranges
+  // [begin, end) of params().flat_grads() whose gradient this micro-batch has finished writing,
+  // in the order they finish: the LM head (untied), the final norm, each layer from the last
+  // down (all its parameters at once, after its backward), then the embedding. Each range once
+  // per micro-batch. Not reported: a tied embedding split over pipeline stages (its two parts
+  // are added by the caller afterwards, see above), so its gradient is not final here. The
+  // trainer sets it for the step's last micro-batch to start the data-parallel reduction early
+  // (parallel.overlap_grad_reduce); an empty function: no calls.
+  using GradsReadyHook = std::function<void(std::int64_t begin, std::int64_t end)>;
+  void set_grads_ready_hook(GradsReadyHook hook) { grads_ready_ = std::move(hook); }
+
   // Peak bytes of activations (everything allocated above the parameters, gradients and
   // optimizer state) during the last forward_backward.
   std::size_t last_activation_peak_bytes() const { return last_activation_peak_; }
@@ -260,6 +273,9 @@ class NsaTransformer {
   Tensor forward_layers(int chunk, const Ids& tokens, const Tensor* input, std::int64_t B, std::int64_t T) const;
   const Tensor head_weight() const;
   Tensor head_grad() const;
+  // The hook (if set) for the parameters whose names start with `prefix` (one contiguous
+  // range of the flat buffers: a whole layer, or one parameter).
+  void report_grads(const std::string& prefix) const;
 
   ModelDims dims_, local_;
   int tp_ = 1, tp_rank_ = 0;
@@ -274,6 +290,7 @@ class NsaTransformer {
   std::int64_t recompute_layers_ = 0;
   std::int64_t head_chunk_ = kDefaultHeadChunk;
   std::size_t last_activation_peak_ = 0;
+  GradsReadyHook grads_ready_;
 };
 
 }  // namespace nsatron

@@ -118,7 +118,10 @@ void describe_parallelism(Run& run) {
   if (pp > 1) describe_pipeline(run);
   if (run.dp() > 1 && !opt.zero1())
     out << "; DP gradients all-reduced (sum) in " << opt.buckets() << " bucket(s) of up to "
-        << human_bytes(double(parallel::kDefaultBucketBytes));
+        << human_bytes(double(opt.bucket_bytes()))
+        << (run.cfg.parallel.overlap_grad_reduce
+                ? ", each started in the last micro-batch's backward once its gradients are final (overlap_grad_reduce)"
+                : ", started after the backward");
   if (run.sharded_state)
     out << "; ZeRO-1: AdamW state sharded over DP (this rank " << opt.owned_end() - opt.owned_begin() << " of "
         << run.model->params().total() << " elements), gradients reduce-scattered, weights all-gathered";

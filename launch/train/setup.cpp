@@ -69,7 +69,8 @@ void build_model_and_optimizer(Run& run) {
     std::vector<ParamSegment> segments;
     for (const auto& p : params.infos()) segments.push_back({p.offset, p.numel, p.decay});
     run.optimizer = std::make_unique<parallel::DataParallelOptimizer>(
-        run.tensor_groups.dp, params.flat_weights(), params.flat_grads(), segments, cfg.parallel.zero1);
+        run.tensor_groups.dp, params.flat_weights(), params.flat_grads(), segments, cfg.parallel.zero1,
+        cfg.parallel.grad_bucket_kib * 1024);
     std::vector<bool> counted;
     for (const auto& p : params.infos()) counted.push_back(!p.replica);
     run.optimizer->set_norm_scope({run.groups.tp, run.groups.pp}, counted);

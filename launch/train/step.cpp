@@ -32,6 +32,28 @@ double read_losses(const Run& run, const std::vector<Tensor>& losses) {
   return sum;
 }
 
+// parallel.overlap_grad_reduce: for one call of the model on the step's last micro-batch (the
+// backward that finishes the gradients), the model reports each finished gradient range to the
+// DP optimizer, which starts that bucket's all-reduce (the optimizer is armed at the step's
+// start). The earlier micro-batches' calls report nothing: their gradients are not final.
+class LastMicroBatchHook {
+ public:
+  LastMicroBatchHook(Run& run, std::int64_t m) {
+    if (!run.cfg.parallel.overlap_grad_reduce || m != run.micro_batches() - 1) return;
+    model_ = run.model.get();
+    parallel::DataParallelOptimizer* opt = run.optimizer.get();
+    model_->set_grads_ready_hook([opt](std::int64_t begin, std::int64_t end) { opt->grads_ready(begin, end); });
+  }
+  ~LastMicroBatchHook() {
+    if (model_) model_->set_grads_ready_hook({});
+  }
+  LastMicroBatchHook(const LastMicroBatchHook&) = delete;
+  LastMicroBatchHook& operator=(const LastMicroBatchHook&) = delete;
+
+ private:
+  NsaTransformer* model_ = nullptr;
+};
+
 // The whole model on this rank (pp = 1): forward and backward of each micro-batch in turn,
 // the gradients accumulating. Sets the loss (this rank's share) and the activation peak: from
 // the step's start, so the earlier micro-batches' losses, held until read, count.
@@ -44,6 +66,7 @@ void forward_backward(Run& run, StepResult& r) {
   for (std::int64_t m = 0; m < A; ++m) {
     run.data.sampler->next(run.data.layout, m, batch);
     // (the model resets the peak at the micro-batch's start, when the earlier losses are live)
+    const LastMicroBatchHook hook(run, m);
     losses.push_back(run.model->forward_backward_queued(batch.inputs, batch.targets, batch.rows, batch.seq_len, scale));
     r.activation_peak_bytes = std::max(r.activation_peak_bytes, memory_stats(run.device).peak - base);
   }
@@ -70,6 +93,7 @@ void forward_backward_pipeline(Run& run, StepResult& r) {
   stage.forward = [&](int chunk, std::int64_t m, const Tensor* input) {
     run.data.sampler->next(run.data.layout, m, batch);
     auto& queue = in_flight[std::size_t(chunk)];
+    const LastMicroBatchHook hook(run, m);  // the last chunk runs the head's backward here
     queue.push_back(model.stage_forward(chunk, batch.inputs, batch.targets, input, batch.rows, batch.seq_len, scale));
     queue.back().micro_batch = m;
     if (model.chunk_last(chunk)) losses.push_back(queue.back().loss);
@@ -82,6 +106,7 @@ void forward_backward_pipeline(Run& run, StepResult& r) {
                              std::to_string(chunk) + " out of order");
     StageState st = std::move(queue.front());
     queue.pop_front();
+    const LastMicroBatchHook hook(run, m);
     return model.stage_backward(st, d_output);
   };
   const std::size_t base = memory_stats(run.device).current;
@@ -145,10 +170,16 @@ StepResult optimizer_step(Run& run, std::int64_t step) {
   r.last = r.step == run.cfg.train.steps;
   r.lr = learning_rate(run.cfg.optim, run.cfg.train.steps, step);
   run.model->params().zero_grads();
+  if (run.cfg.parallel.overlap_grad_reduce) run.optimizer->arm_overlap();
   if (run.pp() == 1) forward_backward(run, r);
   else forward_backward_pipeline(run, r);
   run.data.sampler->advance(run.data.layout);
   reduce(run, r);
+  if (run.cfg.parallel.overlap_grad_reduce && run.dp() > 1 && step == run.start_step) {
+    run.bar.clear();  // once per run: the hook's effect, on this rank's (rank 0's) buffer
+    run.out << "step " << r.step << ": " << run.optimizer->last_overlapped_buckets() << " of "
+            << run.optimizer->buckets() << " DP gradient bucket(s) started during the backward (overlap_grad_reduce)\n";
+  }
   if (r.skipped) skip(run, r);
   else update(run, r);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

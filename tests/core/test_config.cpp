@@ -210,6 +210,34 @@ TEST(Config, VirtualStagesCutTheLayersIntoInterleavedChunks) {
   EXPECT_EQ(parse_config(to_toml(c), "resolved.toml", {}, 2).parallel.virtual_stages, 2);
 }
 
+TEST(Config, OverlapGradReduce) {
+  // Off by default; a boolean, round-tripping through the resolved config.
+  EXPECT_FALSE(parse_config("", "run.toml").parallel.overlap_grad_reduce);
+  RunConfig c = parse_config("[parallel]\noverlap_grad_reduce = true\n[train]\nglobal_batch = 2\n", "run.toml", {}, 2);
+  EXPECT_TRUE(c.parallel.overlap_grad_reduce);
+  EXPECT_TRUE(parse_config(to_toml(c), "resolved.toml", {}, 2).parallel.overlap_grad_reduce);
+  // A wrong type names the key and the line (or the override).
+  std::string e = errors_of("[parallel]\ntp = 1\noverlap_grad_reduce = 1\n");
+  EXPECT_NE(e.find("run.toml:3:1: parallel.overlap_grad_reduce: expected a boolean, got an integer"), std::string::npos)
+      << e;
+  e = errors_of("", {"parallel.overlap_grad_reduce=yes"});
+  EXPECT_NE(e.find("--set parallel.overlap_grad_reduce=yes: parallel.overlap_grad_reduce:"), std::string::npos) << e;
+  // CPU only for now, and not with ZeRO-1: refused at load time, naming the key.
+  e = errors_of("[train]\ndevice = \"cuda\"\n[parallel]\noverlap_grad_reduce = true\n");
+  EXPECT_NE(e.find("run.toml:4:1: parallel.overlap_grad_reduce: overlap_grad_reduce is CPU-only for now"),
+            std::string::npos) << e;
+  // The bucket size: KiB, at least 1.
+  EXPECT_EQ(parse_config("", "run.toml").parallel.grad_bucket_kib, 25600);
+  e = errors_of("[parallel]\ngrad_bucket_kib = 0\n");
+  EXPECT_NE(e.find("run.toml:2:1: parallel.grad_bucket_kib: value 0 is out of range"), std::string::npos) << e;
+  e = errors_of("[parallel]\ngrad_bucket_kib = 2000000000000\n");
+  EXPECT_NE(e.find("run.toml:2:1: parallel.grad_bucket_kib: grad_bucket_kib = 2000000000000 exceeds 2^40 KiB"),
+            std::string::npos) << e;
+  e = errors_of("[parallel]\nzero1 = true\noverlap_grad_reduce = true\n");
+  EXPECT_NE(e.find("run.toml:3:1: parallel.overlap_grad_reduce: overlap_grad_reduce cannot be combined with zero1"),
+            std::string::npos) << e;
+}
+
 TEST(Config, VirtualStagesErrors) {
   const std::string base = "[model]\nn_layers = 8\n[parallel]\npp = 2\nvirtual_stages = 2\n";
   // pp * V must divide n_layers.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <regex>
 
 #include "checkpoint/checkpoint.h"
 #include "tests/train/train_fixture.h"
@@ -70,6 +71,36 @@ class ParallelTrain : public TrainRun {
     });
     EXPECT_EQ(compared, 3 * tensors);  // the parameters and their two moments
     std::printf("%s vs %s: largest difference %.3g over %d tensors\n", a.c_str(), b.c_str(), worst, compared);
+  }
+
+  // parallel.overlap_grad_reduce off and on, with the same settings on np ranks and 1 KiB
+  // buckets (hundreds, completed out of buffer order): the log says which path ran and, with
+  // overlap, how many of rank 0's buckets the backward started (all of them, or with
+  // `all_early` false some but not all: a tied embedding split over pipeline stages is
+  // reduced after the backward); the losses, validation losses, gradient norms and every final
+  // weight and moment are the same bits (the same bucket all-reduces, started earlier).
+  void expect_overlap_same_bits(int np, const std::string& name, const std::string& settings,
+                                int tensors = kTinyTensors, bool all_early = true) {
+    SCOPED_TRACE(name);
+    for (const bool on : {false, true}) {
+      CommandResult r = train(np, name + (on ? "_on" : "_off"),
+                              settings + " --set parallel.grad_bucket_kib=1 --set parallel.overlap_grad_reduce=" +
+                                  (on ? "true" : "false"));
+      ASSERT_EQ(r.code, 0) << r.out << r.err;
+      EXPECT_NE(r.out.find(on ? "once its gradients are final (overlap_grad_reduce)" : "started after the backward"),
+                std::string::npos)
+          << r.out;
+      if (!on) continue;
+      std::smatch m;
+      const std::regex re("step 1: ([0-9]+) of ([0-9]+) DP gradient bucket\\(s\\) started during the backward");
+      ASSERT_TRUE(std::regex_search(r.out, m, re)) << r.out;
+      const int early = std::stoi(m[1]), all = std::stoi(m[2]);
+      EXPECT_GT(all, 10);
+      if (all_early) EXPECT_EQ(early, all);
+      else EXPECT_TRUE(early > 0 && early < all) << early << " of " << all;
+    }
+    expect_same_curve(name + "_off", name + "_on", 0.0, 5);
+    expect_same_tensors(name + "_off", name + "_on", 0.0, tensors);
   }
 
   // One layout to another: run `name` with `first` (np ranks: first_np) to train.stop_at=5 of

@@ -110,6 +110,14 @@ TEST_F(DpTrain, Zero1MatchesOneRankAndWritesOneFilePerDpRank) {
   }
 }
 
+// parallel.overlap_grad_reduce: dp2 with gradient accumulation (A = 2: only the last
+// micro-batch's backward starts buckets), dp2 and dp4 with one micro-batch per step.
+TEST_F(DpTrain, OverlappedReductionGivesTheSameBits) {
+  expect_overlap_same_bits(2, "dp2_a2", "");
+  expect_overlap_same_bits(2, "dp2_a1", " --set train.global_batch=4");
+  expect_overlap_same_bits(4, "dp4_a1", "");
+}
+
 TEST_F(DpTrain, MpirunWithOneRankIsTheSingleProcessBitForBit) {
   ASSERT_EQ(train(0, "one").code, 0);
   CommandResult r = train(1, "np1");

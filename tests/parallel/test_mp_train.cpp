@@ -95,6 +95,19 @@ TEST_F(MpTrain, VirtualStagesMatchOneRank) {
       << plain.out;
 }
 
+// parallel.overlap_grad_reduce with tensor and pipeline parallelism: TP ranks report their
+// shards' ranges; on a pipeline each stage reports its layers during the last micro-batch's
+// backward, and the tied embedding (summed between the stages after the schedule) is reduced
+// after the backward; the interleaved schedule reports each chunk's layers.
+TEST_F(MpTrain, OverlappedReductionGivesTheSameBits) {
+  expect_overlap_same_bits(4, "tp2_dp2", kModel + " --set parallel.tp=2", kTensors);
+  expect_overlap_same_bits(4, "pp2_dp2", kModel + " --set parallel.pp=2", kTensors, false);
+  expect_overlap_same_bits(4, "pp2_dp2_v2", kModel + " --set parallel.pp=2 --set parallel.virtual_stages=2", kTensors,
+                           false);
+  expect_overlap_same_bits(4, "pp2_dp2_untied", kModel + " --set parallel.pp=2 --set model.tie_embeddings=false",
+                           kTensors + 1);
+}
+
 // Where nothing is summed across the stages in another order than one process sums it (an
 // untied head: no embedding gradients to add between stages; no clipping: the gradient norm,
 // added per stage, is only logged), pp2 gives the one-process bits, and so does pp2 with

@@ -427,3 +427,42 @@ TEST(DataParallel, ReplicatedAndZero1MatchOneProcess) {
   EXPECT_EQ(opts[1]->m().numel(), owned);
   EXPECT_EQ(all_reduce_value(*g.world, double(owned)), double(n));
 }
+
+// Overlap (parallel.overlap_grad_reduce): with tiny buckets (12 elements), the ranges reported
+// in backward order (last segment first) start each bucket as soon as it is complete, the rest
+// start in reduce_gradients; the reduced gradients are the bits of the plain reduction. A
+// range reported twice, or a report before arm_overlap, is refused.
+TEST(DataParallel, OverlappedBucketsGiveTheBitsOfThePlainReduction) {
+  ProcessGroups g = make_process_groups(Backend::Mpi, 1, 1);
+  const int dp = g.dp->size();
+  std::vector<ParamSegment> segs;
+  std::int64_t n = 0;
+  for (std::int64_t k : {64, 3, 130, 17, 1000, 9}) segs.push_back({n, k, true}), n += k;
+  const auto w0 = random_values(n, 5);
+  Tensor plain_w = Tensor::from_vector(w0, {n}, DType::F32), plain_g = Tensor::zeros({n}, DType::F32);
+  Tensor over_w = Tensor::from_vector(w0, {n}, DType::F32), over_g = Tensor::zeros({n}, DType::F32);
+  DataParallelOptimizer plain(g.dp, plain_w, plain_g, segs, false, 48);
+  DataParallelOptimizer over(g.dp, over_w, over_g, segs, false, 48);
+  for (int step = 1; step <= 2; ++step) {
+    const Tensor mine = Tensor::from_vector(random_values(n, 50 * std::uint64_t(step) + std::uint64_t(g.dp->rank())),
+                                            {n}, DType::F32);
+    plain_g.copy_from(mine);
+    over_g.copy_from(mine);
+    plain.reduce_gradients();
+    EXPECT_EQ(plain.last_overlapped_buckets(), 0);
+    over.arm_overlap();
+    // Every segment but the first, last first: the buckets from the one holding element 64 on.
+    for (std::size_t i = segs.size(); i-- > 1;) over.grads_ready(segs[i].offset, segs[i].offset + segs[i].numel);
+    over.reduce_gradients();
+    EXPECT_EQ(over.last_overlapped_buckets(), dp == 1 ? 0 : over.buckets() - (64 + 11) / 12);
+    EXPECT_EQ(std::memcmp(plain_g.raw(), over_g.raw(), plain_g.nbytes()), 0) << "step " << step;
+    EXPECT_TRUE(same_bits_everywhere(*g.world, over_g));
+  }
+  if (dp == 1) return;
+  EXPECT_THROW(over.grads_ready(0, 1), std::logic_error);  // not armed
+  over.arm_overlap();
+  over.grads_ready(0, n);
+  EXPECT_THROW(over.grads_ready(5, 6), std::logic_error);  // twice
+  over.reduce_gradients();
+  EXPECT_EQ(over.last_overlapped_buckets(), over.buckets());
+}
