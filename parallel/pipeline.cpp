@@ -102,23 +102,22 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
       }
       continue;
     }
-    if (step.op == PipelineOp::Forward) {
-      const std::size_t f = at(step.fwd_chunk, step.fwd_mb);
-      output[f] = stage.forward(step.fwd_chunk, step.fwd_mb, first(step.fwd_chunk) ? nullptr : &input[f]);
-      input[f] = Tensor();
-      if (last(step.fwd_chunk))
-        output[f] = Tensor();
-      else
-        check_message(output[f], shape, dtype, stage.device, "output", step.fwd_mb, s);
-    } else {
-      const std::size_t b = at(step.bwd_chunk, step.bwd_mb);
-      d_input[b] = stage.backward(step.bwd_chunk, step.bwd_mb, last(step.bwd_chunk) ? nullptr : &d_output[b]);
-      d_output[b] = Tensor();
-      if (first(step.bwd_chunk))
-        d_input[b] = Tensor();
-      else
-        check_message(d_input[b], shape, dtype, stage.device, "input gradient", step.bwd_mb, s);
-    }
+    // A computation: it takes `in` (the previous chunk's output, or the next chunk's gradient
+    // of this one's; none on the model's first chunk's forward and last chunk's backward),
+    // releases it, and returns the message for the neighbour (dropped where none goes).
+    const bool fwd = step.op == PipelineOp::Forward;
+    const int chunk = fwd ? step.fwd_chunk : step.bwd_chunk;
+    const std::int64_t mb = fwd ? step.fwd_mb : step.bwd_mb;
+    const std::size_t i = at(chunk, mb);
+    Tensor& in = fwd ? input[i] : d_output[i];
+    Tensor& out = fwd ? output[i] : d_input[i];
+    const Tensor* taken = (fwd ? first(chunk) : last(chunk)) ? nullptr : &in;
+    out = fwd ? stage.forward(chunk, mb, taken) : stage.backward(chunk, mb, taken);
+    in = Tensor();
+    if (fwd ? last(chunk) : first(chunk))
+      out = Tensor();
+    else
+      check_message(out, shape, dtype, stage.device, fwd ? "output" : "input gradient", mb, s);
   }
   return posted_ahead;
 }
