@@ -1,6 +1,7 @@
 #include "parallel/pipeline.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "core/util/error.h"
 
@@ -16,6 +17,22 @@ void check_message(const Tensor& t, const Shape& shape, DType dtype, Device devi
             what, " of micro-batch ", mb, " is ", t.describe(), ", expected ", dtype_name(dtype), shape_str(shape),
             device == Device::CPU ? " cpu" : " cuda");
 }
+
+// On an exception (the job then aborts) a transfer started ahead may still write into its
+// buffer or read it: the buffers are kept for the rest of the process rather than handed back
+// to the allocator while MPI holds them.
+struct KeepBuffersOnThrow {
+  std::vector<std::vector<Tensor>*> buffers;
+  bool armed = false;
+  int exceptions = std::uncaught_exceptions();
+  ~KeepBuffersOnThrow() {
+    if (!armed || std::uncaught_exceptions() == exceptions) return;
+    static std::vector<Tensor> kept;
+    for (std::vector<Tensor>* v : buffers)
+      for (Tensor& t : *v)
+        if (t.defined()) kept.push_back(std::move(t));
+  }
+};
 
 // Executes this rank's steps, as the events of pipeline_events (receives posted before the
 // computation ahead of them, sends completed at the next sending step). Per (chunk,
@@ -66,6 +83,7 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
   std::vector<Communicator::Request> sends;  // started, not yet completed
   std::vector<Tensor> sent;                  // their buffers, held until then
   std::int64_t posted_ahead = 0;
+  KeepBuffersOnThrow keep{{&input, &output, &d_output, &d_input, &sent}, ahead};
   for (const PipelineEvent& event : pipeline_events(steps, ahead)) {
     if (event.kind == PipelineEvent::Kind::WaitSends) {
       for (Communicator::Request request : sends) pp.wait(request);
