@@ -225,9 +225,13 @@ std::vector<std::vector<std::optional<ChunkWork>>> interleaved_slots(int stages,
 
 bool is_computation(PipelineOp op) { return op == PipelineOp::Forward || op == PipelineOp::Backward; }
 
-bool has_send(PipelineOp op) { return !is_computation(op) && op != PipelineOp::RecvForward && op != PipelineOp::RecvBackward; }
+bool has_send(PipelineOp op) {
+  return !is_computation(op) && op != PipelineOp::RecvForward && op != PipelineOp::RecvBackward;
+}
 
-bool has_recv(PipelineOp op) { return !is_computation(op) && op != PipelineOp::SendForward && op != PipelineOp::SendBackward; }
+bool has_recv(PipelineOp op) {
+  return !is_computation(op) && op != PipelineOp::SendForward && op != PipelineOp::SendBackward;
+}
 
 std::vector<PipelineEvent> pipeline_events(const std::vector<PipelineStep>& steps, bool ahead) {
   using Kind = PipelineEvent::Kind;
