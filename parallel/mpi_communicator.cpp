@@ -87,6 +87,49 @@ void MpiCommunicator::do_wait_all() {
   check(MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall (of MPI_Iallreduce)");
 }
 
+template <typename Fn>
+void MpiCommunicator::for_pieces(const Tensor& t, Fn fn) {
+  char* p = static_cast<char*>(t.raw());
+  const std::size_t esize = dtype_size(t.dtype());
+  for (std::int64_t at = 0; at < t.numel(); at += kMaxCount)
+    fn(p + std::size_t(at) * esize, int(std::min(kMaxCount, t.numel() - at)));
+}
+
+Communicator::Request MpiCommunicator::do_start_send(const Tensor& t, int peer) {
+  PointToPoint started{{}, {}, t.dtype(), peer};
+  for_pieces(t, [&](char* p, int n) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Isend(p, n, mpi_type(t.dtype()), peer, 0, comm_, &request), "MPI_Isend");
+    started.requests.push_back(request);
+  });
+  started_.emplace(next_request_, std::move(started));
+  return next_request_++;
+}
+
+Communicator::Request MpiCommunicator::do_start_recv(Tensor& t, int peer) {
+  PointToPoint started{{}, {}, t.dtype(), peer};
+  for_pieces(t, [&](char* p, int n) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Irecv(p, n, mpi_type(t.dtype()), peer, 0, comm_, &request), "MPI_Irecv");
+    started.requests.push_back(request);
+    started.counts.push_back(n);
+  });
+  started_.emplace(next_request_, std::move(started));
+  return next_request_++;
+}
+
+void MpiCommunicator::do_wait(Request request) {
+  const auto it = started_.find(request);
+  NSA_CHECK(it != started_.end(), name_, ".wait: request ", request, " was not started or was waited for already");
+  PointToPoint started = std::move(it->second);
+  started_.erase(it);
+  std::vector<MPI_Status> statuses(started.requests.size());
+  check(MPI_Waitall(int(started.requests.size()), started.requests.data(), statuses.data()),
+        "MPI_Waitall (of MPI_Isend / MPI_Irecv)");
+  for (std::size_t i = 0; i < started.counts.size(); ++i)
+    check_count(statuses[i], started.dtype, started.counts[i], started.peer, "start_recv");
+}
+
 void MpiCommunicator::do_all_gather(const Tensor& in, Tensor& out, bool in_place) {
   NSA_CHECK(in.numel() <= kMaxCount, name_, ".all_gather: blocks of more than INT_MAX elements");
   const int n = int(in.numel());

@@ -1,5 +1,6 @@
 // The MPI backend of Communicator: CPU tensors, fp32 and fp64 (MPI_FLOAT, MPI_DOUBLE), blocking
-// calls (and MPI_Iallreduce for start_all_reduce) on an MPI communicator this object owns (a duplicate or a split of MPI_COMM_WORLD).
+// calls (and MPI_Iallreduce for start_all_reduce, MPI_Isend / MPI_Irecv for start_send /
+// start_recv) on an MPI communicator this object owns (a duplicate or a split of MPI_COMM_WORLD).
 // Errors return to us (MPI_ERRORS_RETURN on the communicator) and throw std::runtime_error
 // "MPI_Allreduce on the dp group (rank 1 of 2) failed: <MPI's error text>".
 // Messages longer than INT_MAX elements are sent in pieces (all_reduce, broadcast, send,
@@ -9,6 +10,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,7 @@ class MpiCommunicator final : public Communicator {
     return device == Device::CPU && (dtype == DType::F32 || dtype == DType::F64);
   }
   MPI_Comm handle() const { return comm_; }
+  bool posts_ahead() const override { return true; }
 
  protected:
   void do_all_reduce(Tensor& t, ReduceOp op) override;
@@ -48,6 +51,9 @@ class MpiCommunicator final : public Communicator {
   void do_barrier() override;
   void do_start_all_reduce(Tensor& t, ReduceOp op) override;  // MPI_Iallreduce (pieces as all_reduce)
   void do_wait_all() override;                                 // MPI_Waitall
+  Request do_start_send(const Tensor& t, int peer) override;   // MPI_Isend (pieces as send)
+  Request do_start_recv(Tensor& t, int peer) override;         // MPI_Irecv (pieces as recv)
+  void do_wait(Request request) override;                      // MPI_Waitall of its pieces
 
  private:
   void check(int code, const char* what) const;
@@ -57,6 +63,18 @@ class MpiCommunicator final : public Communicator {
   std::string name_;
   int rank_ = 0, size_ = 1;
   std::vector<MPI_Request> pending_;  // started all-reduces, until wait_all
+  // A started send or recv, until waited for: its pieces' requests and (recv) their counts.
+  struct PointToPoint {
+    std::vector<MPI_Request> requests;
+    std::vector<int> counts;  // recv: the elements each piece expects (send: empty)
+    DType dtype = DType::F32;
+    int peer = 0;
+  };
+  // Calls fn(piece pointer, piece count) for each piece of at most INT_MAX elements of t.
+  template <typename Fn>
+  static void for_pieces(const Tensor& t, Fn fn);
+  std::map<Request, PointToPoint> started_;
+  Request next_request_ = 0;
 };
 
 }  // namespace nsatron::parallel

@@ -1,6 +1,7 @@
 #include "parallel/pipeline.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "core/util/error.h"
 
@@ -17,86 +18,133 @@ void check_message(const Tensor& t, const Shape& shape, DType dtype, Device devi
             device == Device::CPU ? " cpu" : " cuda");
 }
 
-// Executes this rank's steps. Per (chunk, micro-batch), the tensors between their transfer and
-// their use (released after it, so only the micro-batches in flight hold any).
-void execute(Communicator& pp, std::int64_t micro_batches, const PipelineStage& stage,
-             const std::vector<PipelineStep>& steps) {
+// On an exception (the job then aborts) a transfer started ahead may still write into its
+// buffer or read it: the buffers are kept for the rest of the process rather than handed back
+// to the allocator while MPI holds them.
+struct KeepBuffersOnThrow {
+  std::vector<std::vector<Tensor>*> buffers;
+  bool armed = false;
+  int exceptions = std::uncaught_exceptions();
+  ~KeepBuffersOnThrow() {
+    if (!armed || std::uncaught_exceptions() == exceptions) return;
+    static std::vector<Tensor> kept;
+    for (std::vector<Tensor>* v : buffers)
+      for (Tensor& t : *v)
+        if (t.defined()) kept.push_back(std::move(t));
+  }
+};
+
+// Executes this rank's steps, as the events of pipeline_events (receives posted before the
+// computation ahead of them, sends completed at the next sending step). Per (chunk,
+// micro-batch), the tensors between their transfer and their use (released after it, so only
+// the micro-batches in flight hold any). Returns the receives posted ahead of a computation
+// (0 when the backend does not post ahead: then each transfer is the blocking call it always
+// was, at its step, and only the buffers' lifetimes follow the events).
+std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const PipelineStage& stage,
+                     const std::vector<PipelineStep>& steps) {
   const int s = pp.rank(), P = pp.size(), V = stage.chunks;
   const int next = next_stage(s, P), prev = prev_stage(s, P);
   const Shape& shape = stage.activation_shape;
   const DType dtype = stage.dtype;
   const std::size_t A = std::size_t(std::max<std::int64_t>(micro_batches, 0));
+  const bool ahead = pp.posts_ahead();
   auto first = [&](int chunk) { return s == 0 && chunk == 0; };
   auto last = [&](int chunk) { return s == P - 1 && chunk == V - 1; };
   std::vector<Tensor> input(A * std::size_t(V)), output(input.size()), d_output(input.size()), d_input(input.size());
   auto at = [&](int chunk, std::int64_t mb) { return std::size_t(chunk) * A + std::size_t(mb); };
   auto fresh = [&] { return Tensor::empty(shape, dtype, stage.device); };
-  for (const PipelineStep& step : steps) {
+  struct End {
+    Tensor* t = nullptr;
+    int peer = 0;
+  };
+  // The buffer a transfer step receives into, and the one it sends (t == nullptr: none).
+  auto recv_end = [&](const PipelineStep& step) -> End {
     const std::size_t f = step.fwd_mb >= 0 ? at(step.fwd_chunk, step.fwd_mb) : 0;
     const std::size_t b = step.bwd_mb >= 0 ? at(step.bwd_chunk, step.bwd_mb) : 0;
     const std::size_t r = step.recv_mb >= 0 ? at(step.recv_chunk, step.recv_mb) : 0;
     switch (step.op) {
       case PipelineOp::RecvForward:
-        input[f] = fresh();
-        pp.recv(input[f], prev);
-        break;
-      case PipelineOp::Forward:
-        output[f] = stage.forward(step.fwd_chunk, step.fwd_mb, first(step.fwd_chunk) ? nullptr : &input[f]);
-        input[f] = Tensor();
-        if (last(step.fwd_chunk))
-          output[f] = Tensor();
-        else
-          check_message(output[f], shape, dtype, stage.device, "output", step.fwd_mb, s);
-        break;
-      case PipelineOp::SendForward:
-        pp.send(output[f], next);
-        output[f] = Tensor();
-        break;
-      case PipelineOp::SendForwardRecvBackward:
-        d_output[b] = fresh();
-        pp.send_recv(output[f], next, d_output[b], next);
-        output[f] = Tensor();
-        break;
-      case PipelineOp::SendForwardRecvForward:
-        input[r] = fresh();
-        pp.send_recv(output[f], next, input[r], prev);
-        output[f] = Tensor();
-        break;
-      case PipelineOp::Backward:
-        d_input[b] = stage.backward(step.bwd_chunk, step.bwd_mb, last(step.bwd_chunk) ? nullptr : &d_output[b]);
-        d_output[b] = Tensor();
-        if (first(step.bwd_chunk))
-          d_input[b] = Tensor();
-        else
-          check_message(d_input[b], shape, dtype, stage.device, "input gradient", step.bwd_mb, s);
-        break;
-      case PipelineOp::SendBackward:
-        pp.send(d_input[b], prev);
-        d_input[b] = Tensor();
-        break;
+      case PipelineOp::SendBackwardRecvForward: return {&input[f], prev};
+      case PipelineOp::SendForwardRecvForward: return {&input[r], prev};
       case PipelineOp::RecvBackward:
-        d_output[b] = fresh();
-        pp.recv(d_output[b], next);
-        break;
-      case PipelineOp::SendBackwardRecvForward:
-        input[f] = fresh();
-        pp.send_recv(d_input[b], prev, input[f], prev);
-        d_input[b] = Tensor();
-        break;
-      case PipelineOp::SendBackwardRecvBackward:
-        d_output[r] = fresh();
-        pp.send_recv(d_input[b], prev, d_output[r], next);
-        d_input[b] = Tensor();
-        break;
+      case PipelineOp::SendForwardRecvBackward: return {&d_output[b], next};
+      case PipelineOp::SendBackwardRecvBackward: return {&d_output[r], next};
+      default: return {};
     }
+  };
+  auto send_end = [&](const PipelineStep& step) -> End {
+    if (!has_send(step.op)) return {};
+    const bool forward = step.op == PipelineOp::SendForward || step.op == PipelineOp::SendForwardRecvBackward ||
+                         step.op == PipelineOp::SendForwardRecvForward;
+    if (forward) return {&output[at(step.fwd_chunk, step.fwd_mb)], next};
+    return {&d_input[at(step.bwd_chunk, step.bwd_mb)], prev};
+  };
+  std::vector<Communicator::Request> recv_request(steps.size(), Communicator::kDone);
+  std::vector<Communicator::Request> sends;  // started, not yet completed
+  std::vector<Tensor> sent;                  // their buffers, held until then
+  std::int64_t posted_ahead = 0;
+  KeepBuffersOnThrow keep{{&input, &output, &d_output, &d_input, &sent}, ahead};
+  for (const PipelineEvent& event : pipeline_events(steps, ahead)) {
+    if (event.kind == PipelineEvent::Kind::WaitSends) {
+      for (Communicator::Request request : sends) pp.wait(request);
+      sends.clear();
+      sent.clear();
+      continue;
+    }
+    const PipelineStep& step = steps[event.step];
+    if (event.kind == PipelineEvent::Kind::PostRecv) {
+      const End in = recv_end(step);
+      *in.t = fresh();
+      recv_request[event.step] = pp.start_recv(*in.t, in.peer);
+      ++posted_ahead;
+      continue;
+    }
+    if (!is_computation(step.op)) {
+      const End in = recv_end(step), out = send_end(step);
+      if (in.t && !event.recv_posted) *in.t = fresh();
+      if (ahead) {
+        if (in.t && !event.recv_posted) recv_request[event.step] = pp.start_recv(*in.t, in.peer);
+        if (out.t) sends.push_back(pp.start_send(*out.t, out.peer));
+        if (in.t) pp.wait(recv_request[event.step]);
+      } else if (in.t && out.t) {
+        pp.send_recv(*out.t, out.peer, *in.t, in.peer);
+      } else if (out.t) {
+        pp.send(*out.t, out.peer);
+      } else {
+        pp.recv(*in.t, in.peer);
+      }
+      if (out.t) {
+        if (!ahead) sends.push_back(Communicator::kDone);  // done: the WaitSends right after releases it
+        sent.push_back(std::move(*out.t));
+        *out.t = Tensor();
+      }
+      continue;
+    }
+    // A computation: it takes `in` (the previous chunk's output, or the next chunk's gradient
+    // of this one's; none on the model's first chunk's forward and last chunk's backward),
+    // releases it, and returns the message for the neighbour (dropped where none goes).
+    const bool fwd = step.op == PipelineOp::Forward;
+    const int chunk = fwd ? step.fwd_chunk : step.bwd_chunk;
+    const std::int64_t mb = fwd ? step.fwd_mb : step.bwd_mb;
+    const std::size_t i = at(chunk, mb);
+    Tensor& in = fwd ? input[i] : d_output[i];
+    Tensor& out = fwd ? output[i] : d_input[i];
+    const Tensor* taken = (fwd ? first(chunk) : last(chunk)) ? nullptr : &in;
+    out = fwd ? stage.forward(chunk, mb, taken) : stage.backward(chunk, mb, taken);
+    in = Tensor();
+    if (fwd ? last(chunk) : first(chunk))
+      out = Tensor();
+    else
+      check_message(out, shape, dtype, stage.device, fwd ? "output" : "input gradient", mb, s);
   }
+  return posted_ahead;
 }
 
 }  // namespace
 
-void run_1f1b(Communicator& pp, std::int64_t micro_batches, const PipelineStage& stage) {
+std::int64_t run_1f1b(Communicator& pp, std::int64_t micro_batches, const PipelineStage& stage) {
   NSA_CHECK(stage.forward && stage.backward, "run_1f1b: the stage needs forward and backward");
-  execute(pp, micro_batches, stage, schedule_pipeline(pp.rank(), pp.size(), micro_batches, stage.chunks));
+  return execute(pp, micro_batches, stage, schedule_pipeline(pp.rank(), pp.size(), micro_batches, stage.chunks));
 }
 
 void run_pipeline_forward(Communicator& pp, std::int64_t micro_batches,

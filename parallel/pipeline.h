@@ -5,7 +5,8 @@
 // the step's A micro-batches, and the chunks pass activations forward (chunk c -> c + 1: rank s
 // -> (s + 1) % P) and their gradients back, one tensor of a fixed shape, dtype and device per
 // micro-batch, chunk and direction (CPU tensors over MPI, CUDA tensors over NCCL; sent through
-// the Communicator's send, recv and send_recv, nothing else).
+// the Communicator's start_send / start_recv / wait where it posts them ahead, else its send,
+// recv and send_recv).
 //
 // The schedules themselves, their order tables, memory bounds and deadlock arguments are in
 // core/comm/pipeline_schedule.h (data: the steps of each rank, which the memory plan replays
@@ -52,8 +53,11 @@ struct PipelineStage {
 // One training step's forward and backward of `micro_batches` micro-batches on this rank
 // (pp.rank()), by 1F1B (stage.chunks == 1) or the interleaved 1F1B (stage.chunks > 1): the
 // steps of schedule_pipeline. Collective over pp: every rank calls it with the same
-// micro_batches, chunks, activation_shape and dtype.
-void run_1f1b(Communicator& pp, std::int64_t micro_batches, const PipelineStage& stage);
+// micro_batches, chunks, activation_shape and dtype. Receives are posted ahead and sends
+// completed late (pipeline_events in core/comm/pipeline_schedule.h) where the backend posts
+// them (pp.posts_ahead(): MPI); elsewhere (NCCL) each transfer is the blocking call at its step.
+// Returns the receives posted before the computation ahead of them (0 where not posted ahead).
+std::int64_t run_1f1b(Communicator& pp, std::int64_t micro_batches, const PipelineStage& stage);
 
 // Forward only (evaluation), the steps of schedule_forward: with one chunk per rank, each rank
 // for each micro-batch in order receives its input from s-1 (not on the first rank), runs its

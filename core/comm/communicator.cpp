@@ -59,18 +59,37 @@ void Communicator::broadcast(Tensor& t, int root) {
   if (t.numel() > 0) do_broadcast(t, root);
 }
 
+void Communicator::check_peer(int peer, const char* op) const {
+  NSA_CHECK(peer >= 0 && peer < size() && peer != rank(), name(), ".", op, ": peer ", peer, " at rank ", rank(),
+            " of ", size());
+}
+
 void Communicator::send(const Tensor& t, int peer) {
   check_tensor(t, "send");
-  NSA_CHECK(peer >= 0 && peer < size() && peer != rank(), name(), ".send: peer ", peer, " from rank ", rank(),
-            " of ", size());
+  check_peer(peer, "send");
   if (t.numel() > 0) do_send(t, peer);
 }
 
 void Communicator::recv(Tensor& t, int peer) {
   check_tensor(t, "recv");
-  NSA_CHECK(peer >= 0 && peer < size() && peer != rank(), name(), ".recv: peer ", peer, " at rank ", rank(),
-            " of ", size());
+  check_peer(peer, "recv");
   if (t.numel() > 0) do_recv(t, peer);
+}
+
+Communicator::Request Communicator::start_send(const Tensor& t, int peer) {
+  check_tensor(t, "start_send");
+  check_peer(peer, "start_send");
+  return t.numel() > 0 ? do_start_send(t, peer) : kDone;
+}
+
+Communicator::Request Communicator::start_recv(Tensor& t, int peer) {
+  check_tensor(t, "start_recv");
+  check_peer(peer, "start_recv");
+  return t.numel() > 0 ? do_start_recv(t, peer) : kDone;
+}
+
+void Communicator::wait(Request request) {
+  if (request != kDone) do_wait(request);
 }
 
 void Communicator::send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) {

@@ -90,6 +90,25 @@ class Communicator {
   // Waits for every all-reduce started since the last wait_all() (none: returns at once).
   void wait_all();
 
+  // Non-blocking send and recv: start_send / start_recv begin the transfer of send / recv (the
+  // same arguments and pairing as send and recv: a start_send pairs with the peer's recv,
+  // start_recv or either half of its send_recv, in order with every other message between the
+  // two ranks, counted from when each call starts) and return a request; wait(request)
+  // completes it. Until then the caller neither writes t (send) nor reads or writes it (recv),
+  // and keeps it allocated. Every request is waited for exactly once, in any order; no tags
+  // (NCCL has none): messages between two ranks match in the order their calls start. The MPI
+  // backend posts MPI_Isend / MPI_Irecv (posts_ahead() is true); the others run the blocking
+  // send or recv at start time and wait returns at once (kDone): a caller that starts a
+  // receive ahead of the send its peer starts later must check posts_ahead() first, since
+  // there the early blocking receive could wait forever (parallel/pipeline.cpp does).
+  using Request = std::int64_t;
+  static constexpr Request kDone = -1;
+  Request start_send(const Tensor& t, int peer);
+  Request start_recv(Tensor& t, int peer);
+  void wait(Request request);
+  // Whether start_send / start_recv return before the transfer is done (MPI).
+  virtual bool posts_ahead() const { return false; }
+
  protected:
   virtual void do_all_reduce(Tensor& t, ReduceOp op) = 0;
   // in_place: `in` is out's block of this rank.
@@ -105,9 +124,21 @@ class Communicator {
   // Defaults: the blocking all-reduce, nothing to wait for.
   virtual void do_start_all_reduce(Tensor& t, ReduceOp op) { do_all_reduce(t, op); }
   virtual void do_wait_all() {}
+  // Defaults: the blocking send and recv, nothing to wait for (kDone). A backend that posts
+  // them overrides all three, and posts_ahead().
+  virtual Request do_start_send(const Tensor& t, int peer) {
+    do_send(t, peer);
+    return kDone;
+  }
+  virtual Request do_start_recv(Tensor& t, int peer) {
+    do_recv(t, peer);
+    return kDone;
+  }
+  virtual void do_wait(Request) {}
 
  private:
   void check_tensor(const Tensor& t, const char* op) const;
+  void check_peer(int peer, const char* op) const;
 };
 
 // ---- small host values, for control (flags, losses, paths) ------------------------------------

@@ -223,6 +223,46 @@ std::vector<std::vector<std::optional<ChunkWork>>> interleaved_slots(int stages,
   return table;
 }
 
+bool is_computation(PipelineOp op) { return op == PipelineOp::Forward || op == PipelineOp::Backward; }
+
+bool has_send(PipelineOp op) {
+  return !is_computation(op) && op != PipelineOp::RecvForward && op != PipelineOp::RecvBackward;
+}
+
+bool has_recv(PipelineOp op) {
+  return !is_computation(op) && op != PipelineOp::SendForward && op != PipelineOp::SendBackward;
+}
+
+std::vector<PipelineEvent> pipeline_events(const std::vector<PipelineStep>& steps, bool ahead) {
+  using Kind = PipelineEvent::Kind;
+  std::vector<PipelineEvent> events;
+  if (!ahead) {
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      events.push_back({Kind::Step, i});
+      if (has_send(steps[i].op)) events.push_back({Kind::WaitSends, i + 1});
+    }
+    return events;
+  }
+  std::vector<bool> posted(steps.size(), false);
+  bool sending = false;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const PipelineOp op = steps[i].op;
+    if (is_computation(op)) {
+      for (std::size_t j = i + 1; j < steps.size() && !is_computation(steps[j].op); ++j)
+        if (has_recv(steps[j].op)) {
+          events.push_back({Kind::PostRecv, j});
+          posted[j] = true;
+        }
+    } else if (has_send(op) && sending) {
+      events.push_back({Kind::WaitSends, i});
+    }
+    if (has_send(op)) sending = true;
+    events.push_back({Kind::Step, i, posted[i]});
+  }
+  if (sending) events.push_back({Kind::WaitSends, steps.size()});
+  return events;
+}
+
 double pipeline_bubble_fraction(int stages, std::int64_t micro_batches, int chunks) {
   if (stages <= 1 || micro_batches <= 0) return 0.0;
   return double(stages - 1) / (double(chunks) * double(micro_batches));

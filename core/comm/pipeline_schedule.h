@@ -173,6 +173,38 @@ std::int64_t interleaved_warmup(int stage, int stages, std::int64_t micro_batche
 std::vector<std::vector<std::optional<ChunkWork>>> interleaved_slots(int stages, std::int64_t micro_batches, int chunks,
                                                                      bool forward_only = false);
 
+// ---- Receives posted ahead, sends completed late ---------------------------------------------
+//
+// run_1f1b executes a rank's steps as events: before each computation it posts the receives
+// of the transfer steps that follow it up to the next computation (their buffers are allocated
+// there, and a backend that posts ahead, MPI, has them in flight during the computation); at
+// a transfer step it waits for its receive (posted then if no computation came before it) and
+// starts its send; a started send is completed just before the next transfer step that sends,
+// or at the end of the list, so that it too runs during the next computation. The messages
+// between two ranks are still started in the order of the steps (receives by their step, sends
+// by theirs), so they pair as the blocking steps do; the data and the bits are the same, and
+// the memory plan (core/model/plan.cpp) replays these events: a posted receive's buffer and a
+// sent message live one computation longer than with blocking transfers.
+struct PipelineEvent {
+  enum class Kind {
+    PostRecv,   // allocate the receive buffer of steps[step] and post its receive
+    WaitSends,  // complete the sends started so far (their buffers are released)
+    Step,       // steps[step]: a computation, or a transfer (wait for its receive, start its send)
+  };
+  Kind kind;
+  std::size_t step = 0;
+  bool recv_posted = false;  // Step of a transfer with a receive: posted by an earlier PostRecv
+};
+
+bool is_computation(PipelineOp op);
+bool has_send(PipelineOp op);
+bool has_recv(PipelineOp op);
+// The events of `steps` (above), ending with a WaitSends when a send was started. ahead ==
+// false (a backend that does not post ahead: NCCL): the blocking steps as they always were,
+// each transfer at its step with its buffers allocated there and a WaitSends right after
+// each send (the lifetimes of blocking transfers).
+std::vector<PipelineEvent> pipeline_events(const std::vector<PipelineStep>& steps, bool ahead);
+
 // The pipeline bubble as a fraction of a step's ideal time (every rank busy throughout):
 // (P - 1) / (V A). 0 with one stage.
 double pipeline_bubble_fraction(int stages, std::int64_t micro_batches, int chunks);

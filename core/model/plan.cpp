@@ -323,36 +323,34 @@ std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPl
   // pp = 1: forward_backward per micro-batch (each starts from the earlier ones' losses, held
   // until the step reads them, so the last is the step's peak). pp > 1: run_1f1b (parallel/pipeline.cpp) executing the schedule's steps,
   // its messages included: an input received becomes its chunk's first layer's a.x; an output
-  // lives until sent; a received output gradient until its backward returns; an input
-  // gradient until sent.
+  // lives until its send completes; a received output gradient until its backward returns; an
+  // input gradient until its send completes.
   const std::int64_t A = p.pp == 1 ? std::min<std::int64_t>(p.micro_batches, 1) : p.micro_batches;
   const std::int64_t earlier_losses = p.pp == 1 ? std::max<std::int64_t>(p.micro_batches - 1, 0) : 0;
   for (std::int64_t i = 0; i < earlier_losses; ++i) led.alloc(z.loss);
+  // The events of run_1f1b (parallel::pipeline_events): a receive's buffer from its post
+  // (posted ahead: before the computation ahead of it; else at its step), a sent message until
+  // the sends are completed (posted ahead: the next sending step, or the end; else at once).
   using Op = parallel::PipelineOp;
-  for (const parallel::PipelineStep& st : parallel::schedule_pipeline(p.pp_stage, p.pp, A, V)) {
-    switch (st.op) {
-      case Op::RecvForward:  // input[f]
-      case Op::RecvBackward:  // d_output[b]
-        led.alloc(z.x);
-        break;
-      case Op::Forward:
-        stage[std::size_t(st.fwd_chunk)].forward();  // not the last chunk: output[f] live
-        break;
-      case Op::Backward:
-        stage[std::size_t(st.bwd_chunk)].backward();  // not the first chunk: d_input[b] live
-        if (!(st.bwd_chunk == V - 1 && p.pp_stage == p.pp - 1)) led.free(z.x);  // d_output[b] = Tensor()
-        break;
-      case Op::SendForward:   // output[f] sent
-      case Op::SendBackward:  // d_input[b] sent
-        led.free(z.x);
-        break;
-      case Op::SendForwardRecvBackward:   // d_output[b] in, output[f] sent
-      case Op::SendBackwardRecvForward:   // input[f] in, d_input[b] sent
-      case Op::SendForwardRecvForward:    // input[r] in, output[f] sent
-      case Op::SendBackwardRecvBackward:  // d_output[r] in, d_input[b] sent
-        led.alloc(z.x);
-        led.free(z.x);
-        break;
+  using Kind = parallel::PipelineEvent::Kind;
+  const std::vector<parallel::PipelineStep> steps = parallel::schedule_pipeline(p.pp_stage, p.pp, A, V);
+  std::int64_t sending = 0;  // messages sent and not yet completed
+  for (const parallel::PipelineEvent& ev : parallel::pipeline_events(steps, p.pipeline_posts_ahead)) {
+    if (ev.kind == Kind::WaitSends) {
+      for (; sending > 0; --sending) led.free(z.x);
+      continue;
+    }
+    const parallel::PipelineStep& st = steps[ev.step];
+    if (ev.kind == Kind::PostRecv) {
+      led.alloc(z.x);  // input[f] or d_output[b]
+    } else if (st.op == Op::Forward) {
+      stage[std::size_t(st.fwd_chunk)].forward();  // not the last chunk: output[f] live
+    } else if (st.op == Op::Backward) {
+      stage[std::size_t(st.bwd_chunk)].backward();  // not the first chunk: d_input[b] live
+      if (!(st.bwd_chunk == V - 1 && p.pp_stage == p.pp - 1)) led.free(z.x);  // d_output[b] = Tensor()
+    } else {
+      if (parallel::has_recv(st.op) && !ev.recv_posted) led.alloc(z.x);
+      if (parallel::has_send(st.op)) ++sending;  // output[f] or d_input[b], held until completed
     }
   }
   for (StageReplay& s : stage) s.end_of_step();
@@ -402,6 +400,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs) {
   plan.device = cfg.train.device == "cuda" ? Device::CUDA : Device::CPU;
   plan.dtype = cfg.train.dtype == "bf16" ? DType::BF16 : DType::F32;  // as the trainer (launch/train/setup.cpp)
   plan.nsa_saved_outputs = nsa_saved_outputs;
+  plan.pipeline_posts_ahead = plan.device == Device::CPU;  // MPI between CPU ranks, NCCL between GPUs
   plan.tp = int(tp);
   plan.pp = int(pp);
   const std::int64_t compute_bytes = plan.dtype == DType::F32 ? 0 : std::int64_t(dtype_size(plan.dtype));

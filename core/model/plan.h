@@ -52,6 +52,10 @@ struct ActivationPlan {
   // one-pass row backward, as the kernels do since 2026-11-25 (docs/performance.md, change
   // 9). false: the saved state before that, which the GPU peaks recorded earlier measured.
   bool nsa_saved_outputs = true;
+  // pp > 1: whether the PP communicator posts receives ahead and completes sends late
+  // (parallel::pipeline_events; the MPI backend, CPU ranks) or runs each transfer blocking at
+  // its step (NCCL, GPU ranks). estimate_memory sets it from the device.
+  bool pipeline_posts_ahead = true;
 };
 // The peak bytes one optimizer step allocates above the memory live at its start (the
 // trainer's activation_peak_bytes; with pp = 1 also NsaTransformer::last_activation_peak_bytes

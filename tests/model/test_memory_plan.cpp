@@ -78,7 +78,10 @@ TEST(MemoryPlan, ParameterCounts) {
 // are those of the real run.
 class FakeGroup final : public parallel::Communicator {
  public:
-  FakeGroup(int rank, int size) : rank_(rank), size_(size) {}
+  // ahead: as the MPI backend, posts_ahead() (the transfers still run at start time: nothing
+  // is in flight here, only the buffers' lifetimes follow run_1f1b's events).
+  FakeGroup(int rank, int size, bool ahead = false) : rank_(rank), size_(size), ahead_(ahead) {}
+  bool posts_ahead() const override { return ahead_; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
@@ -99,6 +102,7 @@ class FakeGroup final : public parallel::Communicator {
 
  private:
   int rank_, size_;
+  bool ahead_;
   std::string name_ = "fake";
 };
 
@@ -195,9 +199,11 @@ TEST(MemoryPlan, ActivationsMatchATensorParallelRank) {
 
 // Runs one optimizer step's micro-batches of pipeline stage s of pp under the trainer's 1F1B
 // (parallel::run_1f1b, the stage callbacks as launch/train/step.cpp has them; interleaved when
-// the model holds several chunks), the other stages played by a FakeGroup. Returns the peak
-// bytes above those live at the start.
-std::int64_t measure_1f1b(NsaTransformer& model, int pp, int s, std::int64_t A, std::int64_t B, std::int64_t T) {
+// the model holds several chunks), the other stages played by a FakeGroup that posts ahead
+// (`ahead`: as MPI between CPU ranks) or not (as NCCL). Returns the peak bytes above those
+// live at the start.
+std::int64_t measure_1f1b(NsaTransformer& model, int pp, int s, std::int64_t A, std::int64_t B, std::int64_t T,
+                          bool ahead = true) {
   const Batch b = random_batch(model.dims().V, B, T, 5);
   std::vector<Tensor> losses;  // the last stage's, held (as the trainer does) until the step's end
   std::vector<std::deque<StageState>> in_flight(static_cast<std::size_t>(model.chunks()));
@@ -218,7 +224,7 @@ std::int64_t measure_1f1b(NsaTransformer& model, int pp, int s, std::int64_t A, 
     queue.pop_front();
     return model.stage_backward(st, d_output);
   };
-  FakeGroup group(s, pp);
+  FakeGroup group(s, pp, ahead);
   const std::size_t base = memory_stats(Device::CPU).current;
   reset_peak_memory(Device::CPU);
   parallel::run_1f1b(group, A, stage);
@@ -228,7 +234,8 @@ std::int64_t measure_1f1b(NsaTransformer& model, int pp, int s, std::int64_t A, 
 // Stage s of pp alone, holding `chunks` (one layer range: the 1F1B schedule; several: the
 // interleaved one): the (chunk-)micro-batches in flight (1F1B: min(pp - s, A)), the messages
 // received ahead of their use, the embedding on the first chunk of stage 0, the head (and a
-// tied embedding's copy) on the last chunk of the last stage.
+// tied embedding's copy) on the last chunk of the last stage. With the transfers posted ahead
+// (the returned estimate: CPU ranks) and blocking (GPU ranks).
 std::int64_t expect_chunks_peak(const ModelDims& d, int pp, int s, const std::vector<LayerRange>& chunks,
                                 std::int64_t A, RecomputePolicy policy, std::int64_t layers) {
   const std::int64_t B = 1, T = 128;
@@ -237,7 +244,6 @@ std::int64_t expect_chunks_peak(const ModelDims& d, int pp, int s, const std::ve
   NsaTransformer model(d, DType::F32, Device::CPU, shard);
   model.params().initialize(3);
   model.set_recompute(policy, layers);
-  const std::int64_t measured = measure_1f1b(model, pp, s, A, B, T);
   ActivationPlan p;
   p.micro_batch = B;
   p.seq_len = T;
@@ -247,9 +253,15 @@ std::int64_t expect_chunks_peak(const ModelDims& d, int pp, int s, const std::ve
   p.pp = pp;
   p.pp_stage = s;
   p.chunk_layers = chunks;
-  const std::int64_t estimated = estimate_activation_bytes(d, p);
-  EXPECT_EQ(estimated, measured) << "stage " << s << " of " << pp << " with " << chunks.size() << " chunk(s), " << A
-                                 << " micro-batches" << in_activations(estimated - measured, d, B * T);
+  std::int64_t estimated = 0;
+  for (const bool ahead : {false, true}) {
+    const std::int64_t measured = measure_1f1b(model, pp, s, A, B, T, ahead);
+    p.pipeline_posts_ahead = ahead;
+    estimated = estimate_activation_bytes(d, p);
+    EXPECT_EQ(estimated, measured) << "stage " << s << " of " << pp << " with " << chunks.size() << " chunk(s), "
+                                   << A << " micro-batches, posted ahead " << ahead
+                                   << in_activations(estimated - measured, d, B * T);
+  }
   return estimated;
 }
 

@@ -122,6 +122,10 @@ TEST(SingleCommunicator, IsAGroupOfOne) {
   EXPECT_THROW(c.send_recv(t, 0, t, 0), std::logic_error);  // overlapping
   Tensor four = Tensor::zeros({4}, DType::F32);
   EXPECT_THROW(c.send_recv(t, 0, four, 0), std::logic_error);
+  // No peer for the non-blocking halves either; nothing is posted ahead.
+  EXPECT_FALSE(c.posts_ahead());
+  EXPECT_THROW(c.start_send(t, 0), std::logic_error);
+  EXPECT_THROW(c.start_recv(got, 0), std::logic_error);
 }
 
 class Mpi : public ::testing::Test {
@@ -218,6 +222,53 @@ TEST_F(Mpi, SendRecvAroundARing) {
   }
   EXPECT_EQ(in.to_vector(), (std::vector<double>{double(prev), double(prev * prev)}));
   EXPECT_THROW(comm_->send(out, r), std::logic_error);
+}
+
+// start_send / start_recv: every rank posts three receives from the previous rank, then
+// starts three sends to the next (4M floats each, 16 MiB: far past MPI's eager limit, so
+// blocking sends in this order would deadlock around the ring), then waits for them out of
+// order; the messages pair in the order they started. Then a started send pairs with a plain
+// recv. With one rank there is no peer: the calls are refused.
+TEST_F(Mpi, StartedSendsAndReceivesPairInTheOrderTheyStart) {
+  const int n = comm_->size(), r = comm_->rank();
+  EXPECT_TRUE(comm_->posts_ahead());
+  const std::int64_t count = std::int64_t(4) << 20;
+  Tensor probe = Tensor::zeros({count}, DType::F32);
+  if (n == 1) {
+    EXPECT_THROW(comm_->start_send(probe, 0), std::logic_error);
+    EXPECT_THROW(comm_->start_recv(probe, 0), std::logic_error);
+    return;
+  }
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  auto value = [](int from, int k, std::int64_t i) { return float((i * 7 + from * 13 + k * 101) % 65536); };
+  std::vector<Tensor> out, in;
+  std::vector<Communicator::Request> sends, recvs;
+  for (int k = 0; k < 3; ++k) {
+    in.push_back(Tensor::zeros({count}, DType::F32));
+    recvs.push_back(comm_->start_recv(in.back(), prev));
+  }
+  for (int k = 0; k < 3; ++k) {
+    out.push_back(Tensor::empty({count}, DType::F32));
+    for (std::int64_t i = 0; i < count; ++i) out.back().data<float>()[i] = value(r, k, i);
+    sends.push_back(comm_->start_send(out.back(), next));
+  }
+  for (int k : {2, 0, 1}) comm_->wait(recvs[std::size_t(k)]);
+  for (int k = 0; k < 3; ++k) {
+    bool same = true;
+    for (std::int64_t i = 0; i < count && same; ++i) same = in[std::size_t(k)].data<float>()[i] == value(prev, k, i);
+    EXPECT_TRUE(same) << "message " << k << " from rank " << prev;
+  }
+  for (Communicator::Request request : sends) comm_->wait(request);
+  EXPECT_THROW(comm_->wait(sends[0]), std::logic_error);  // waited for already
+  // A started send against a plain recv (every rank starts before it receives: no deadlock).
+  const Communicator::Request send = comm_->start_send(out[0], next);
+  comm_->recv(probe, prev);
+  comm_->wait(send);
+  EXPECT_EQ(probe.data<float>()[count - 1], value(prev, 0, count - 1));
+  // An empty tensor is no message: done at once.
+  Tensor empty = Tensor::zeros({0}, DType::F32);
+  EXPECT_EQ(comm_->start_recv(empty, prev), Communicator::kDone);
+  EXPECT_THROW(comm_->start_send(probe, r), std::logic_error);
 }
 
 // send_recv around the ring (send to the next rank, receive from the previous) and between

@@ -324,14 +324,18 @@ Result reference(const Toy& toy, std::int64_t A) {
   return r;
 }
 
-// This rank's chunks under run_1f1b, recording their calls.
+// This rank's chunks under run_1f1b, recording their calls (and, given a count of the
+// receives started so far, that count at each computation), and run_1f1b's count of the
+// receives it posted ahead.
 struct StageRun {
   Result result;
   std::vector<Call> calls;
   std::int64_t max_in_flight = 0;
+  std::vector<std::int64_t> recvs_before;  // per computation: the receives started before it
+  std::int64_t posted_ahead = 0;
 };
 
-StageRun run_stage(Communicator& pp, const Toy& toy, std::int64_t A) {
+StageRun run_stage(Communicator& pp, const Toy& toy, std::int64_t A, const std::int64_t* recvs_started = nullptr) {
   const int s = pp.rank(), P = pp.size(), V = toy.V;
   auto global = [&](int chunk) { return chunk * P + s; };
   StageRun run;
@@ -347,6 +351,7 @@ StageRun run_stage(Communicator& pp, const Toy& toy, std::int64_t A) {
     const bool first = c == 0, last = c == toy.chunks() - 1;
     EXPECT_EQ(input == nullptr, first) << "stage " << s << " chunk " << chunk << " mb " << mb;
     run.calls.push_back({+1, chunk, mb});
+    if (recvs_started) run.recvs_before.push_back(*recvs_started);
     auto x = first ? toy.input(mb) : input->to_vector();
     auto y = toy.forward(c, x);
     saved[{chunk, mb}] = {x, y};
@@ -362,6 +367,7 @@ StageRun run_stage(Communicator& pp, const Toy& toy, std::int64_t A) {
     const bool first = c == 0, last = c == toy.chunks() - 1;
     EXPECT_EQ(d_output == nullptr, last) << "stage " << s << " chunk " << chunk << " mb " << mb;
     run.calls.push_back({-1, chunk, mb});
+    if (recvs_started) run.recvs_before.push_back(*recvs_started);
     const auto dy = last ? toy.loss_weights(mb) : d_output->to_vector();
     auto it = saved.find({chunk, mb});
     EXPECT_NE(it, saved.end()) << "backward of chunk " << chunk << " mb " << mb << " before its forward";
@@ -371,9 +377,62 @@ StageRun run_stage(Communicator& pp, const Toy& toy, std::int64_t A) {
     saved.erase(it);
     return first ? Tensor() : Tensor::from_vector(dx, {toy.n}, DType::F64);
   };
-  run_1f1b(pp, A, stage);
+  run.posted_ahead = run_1f1b(pp, A, stage);
   EXPECT_TRUE(saved.empty());
   return run;
+}
+
+// `inner` with a count of the receives started through it (start_recv: run_1f1b's receives
+// where the backend posts ahead).
+class CountingGroup final : public Communicator {
+ public:
+  explicit CountingGroup(Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const std::string& name() const override { return inner_.name(); }
+  std::string backend() const override { return inner_.backend(); }
+  bool supports(DType dtype, Device device) const override { return inner_.supports(dtype, device); }
+  bool posts_ahead() const override { return inner_.posts_ahead(); }
+  std::int64_t recvs_started = 0;
+
+ protected:
+  void do_all_reduce(Tensor& t, ReduceOp op) override { inner_.all_reduce(t, op); }
+  void do_all_gather(const Tensor& in, Tensor& out, bool) override { inner_.all_gather(in, out); }
+  void do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) override { inner_.reduce_scatter(in, out, op); }
+  void do_broadcast(Tensor& t, int root) override { inner_.broadcast(t, root); }
+  void do_send(const Tensor& t, int peer) override { inner_.send(t, peer); }
+  void do_recv(Tensor& t, int peer) override { inner_.recv(t, peer); }
+  void do_send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) override {
+    inner_.send_recv(send, send_peer, recv, recv_peer);
+  }
+  void do_barrier() override { inner_.barrier(); }
+  Request do_start_send(const Tensor& t, int peer) override { return inner_.start_send(t, peer); }
+  Request do_start_recv(Tensor& t, int peer) override {
+    ++recvs_started;
+    return inner_.start_recv(t, peer);
+  }
+  void do_wait(Request request) override { inner_.wait(request); }
+
+ private:
+  Communicator& inner_;
+};
+
+// Per computation of `steps`: the receives of the steps before the next computation (those
+// before it: received; those after it: posted ahead of it), and their total of the latter.
+std::pair<std::vector<std::int64_t>, std::int64_t> expected_posts(const std::vector<PipelineStep>& steps) {
+  std::vector<std::int64_t> before;
+  std::int64_t received = 0, ahead = 0;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (!is_computation(steps[i].op)) {
+      received += has_recv(steps[i].op) ? 1 : 0;
+      continue;
+    }
+    std::int64_t next = 0;
+    for (std::size_t j = i + 1; j < steps.size() && !is_computation(steps[j].op); ++j) next += has_recv(steps[j].op);
+    before.push_back(received + next);
+    ahead += next;
+  }
+  return {before, ahead};
 }
 
 // Every (tp, pp) layout of this world with tp in {1, 2}.
@@ -524,10 +583,36 @@ TEST(Pipeline, InterleavedMatchesOneProcessExactly) {
   }
 }
 
+// Over MPI every receive of run_1f1b is started before the computation ahead of it (the
+// blocking steps started it after), with the same bits and calls as ever.
+TEST(Pipeline, ReceivesArePostedAheadOfTheComputationBeforeThem) {
+  for (auto [tp, pp] : layouts()) {
+    if (pp < 2) continue;
+    ProcessGroups g = make_process_groups(Backend::Mpi, tp, pp);
+    ASSERT_TRUE(g.pp->posts_ahead());
+    const int s = g.pp->rank(), P = g.pp->size();
+    for (int V : {1, 2})
+      for (std::int64_t A : {P, 2 * P}) {
+        const std::string where = "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " V=" +
+                                  std::to_string(V) + " stage " + std::to_string(s) + " A=" + std::to_string(A);
+        const Toy toy{P, std::int64_t(1) << 16, g.layout.dp_rank, V};  // 512 KiB messages
+        CountingGroup counting(*g.pp);
+        const StageRun run = run_stage(counting, toy, A, &counting.recvs_started);
+        expect_run_matches(run, reference(toy, A), s, P, V, A, where);
+        const auto [before, ahead] = expected_posts(schedule_pipeline(s, P, A, V));
+        EXPECT_EQ(run.recvs_before, before) << where;
+        EXPECT_EQ(run.posted_ahead, ahead) << where;
+        EXPECT_GT(run.posted_ahead, 0) << where;
+      }
+  }
+}
+
+// A group of one: no transfers, nothing posted ahead.
 TEST(Pipeline, OneStageIsForwardThenBackward) {
   SingleCommunicator pp("pp");
   const Toy toy{1, 5, 3};
   const StageRun run = run_stage(pp, toy, 4);
+  EXPECT_EQ(run.posted_ahead, 0);
   const Result ref = reference(toy, 4);
   EXPECT_EQ(run.result.dw[0], ref.dw[0]);
   EXPECT_EQ(run.result.losses, ref.losses);
