@@ -246,6 +246,9 @@ namespace {
 struct SavedLayout {
   std::size_t kc, vc, sel, lse, o, total;
 };
+// bf16 keeps the selection and window branches' fp32 outputs (the tensor-core backward's
+// do . o_c, see o_slc_win); fp32 does not.
+bool keeps_branch_outputs(int elem_bytes) { return elem_bytes == 2; }
 SavedLayout saved_layout(const NsaDims& dm, int elem_bytes) {
   const std::size_t kv = std::size_t(dm.B * dm.num_cmp_blocks() * dm.G * dm.D) * 4;
   SavedLayout L;
@@ -254,10 +257,8 @@ SavedLayout saved_layout(const NsaDims& dm, int elem_bytes) {
   L.sel = L.vc + align_up(kv);
   L.lse = L.sel + align_up(std::size_t(dm.B * dm.T * dm.G * dm.sel_count) * 4);
   L.o = L.lse + align_up(std::size_t(3 * dm.B * dm.T * dm.H) * 4);
-  // bf16: the selection and window branches' fp32 outputs (the tensor-core backward's
-  // do . o_c, see o_slc_win).
-  const bool keep_o = elem_bytes == 2;
-  L.total = L.o + (keep_o ? align_up(std::size_t(2 * dm.B * dm.T * dm.H * dm.D) * 4) : 0);
+  const std::size_t o_bytes = std::size_t(2 * dm.B * dm.T * dm.H * dm.D) * 4;
+  L.total = L.o + (keeps_branch_outputs(elem_bytes) ? align_up(o_bytes) : 0);
   return L;
 }
 }  // namespace
@@ -293,7 +294,7 @@ void NsaSavedCuda::reserve(const NsaDims& dm, int eb) {
   v_cmp_blocks = reinterpret_cast<float*>(base + L.vc);
   sel_blocks = reinterpret_cast<std::int32_t*>(base + L.sel);
   lse = reinterpret_cast<float*>(base + L.lse);
-  o_slc_win = eb == 2 ? reinterpret_cast<float*>(base + L.o) : nullptr;
+  o_slc_win = keeps_branch_outputs(eb) ? reinterpret_cast<float*>(base + L.o) : nullptr;
 }
 
 std::vector<std::int32_t> NsaSavedCuda::sel_blocks_host(cudaStream_t stream) const {
