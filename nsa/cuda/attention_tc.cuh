@@ -157,6 +157,10 @@ __device__ __forceinline__ bool kmask(const Geo& g, int t, int s) {
 // whose positions chose different blocks).
 constexpr int kRowWarps = 4;
 
+// Selection: threads per position that build its key mask of a tile (each over every
+// kMaskParts-th of its selected blocks), so that every thread of the block takes part.
+constexpr int kMaskParts = kRowWarps * 32 / (16 * kRowWarps);
+
 template <int DP>
 struct RowCfg {
   static constexpr int KT = 64;        // keys per shared tile
@@ -180,7 +184,7 @@ __host__ __device__ inline RowSmem row_smem(int n, int ntw) {
   L.v = L.k + tile * kKParts;
   L.kmask = L.v + tile * kKParts;
   const bool slc = BR == kSlc;
-  L.selp = L.kmask + (slc ? std::size_t(2) * kMaxPos * 8 : 0);
+  L.selp = L.kmask + (slc ? std::size_t(2) * kMaskParts * kMaxPos * 8 : 0);
   L.tbits = L.selp + (slc ? std::size_t(kMaxPos) * n * 4 : 0);
   L.total = L.tbits + (slc ? std::size_t(ntw) * 4 : 0);
   return L;
@@ -205,43 +209,79 @@ __device__ __forceinline__ unsigned long long key_bits(int lo, int hi) {
   return upto & ~((1ull << lo) - 1ull);
 }
 
+// 2^x on the special function unit, denormal results flushed to zero (they are below the fp32
+// resolution of every sum they enter: each row's sum holds a term of at least 1) and
+// 2^-inf = 0, which is how masked keys drop out.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The bits of a 64-key tile's visibility mask (bit k: key k) that a thread's accumulator
+// columns hold: keys n * 8 + 2 gc + c (n < 8, c < 2) -> bit 2 n + c.
+__device__ __forceinline__ std::uint32_t thread_key_bits(unsigned long long vis, int gc) {
+  const unsigned long long x = vis >> (2 * gc);
+  auto pack8 = [](std::uint32_t w) {  // bits 0, 1, 8, 9, 16, 17, 24, 25 -> bits 0..7
+    w &= 0x03030303u;
+    w = (w | (w >> 6)) & 0x000F000Fu;
+    return (w | (w >> 12)) & 0xFFu;
+  };
+  return pack8(std::uint32_t(x)) | (pack8(std::uint32_t(x >> 32)) << 8);
+}
+
+// Sets to -inf the scores (an m16n8 accumulator layout, 8 tiles of 8 keys: a 64-key tile) of
+// the keys a thread's two rows may not see; m[h2]: thread_key_bits of row h2's mask. Tiles
+// that every row of the warp sees whole cost one vote, tiles that each row sees whole or not
+// at all (a selected block, or not) one select per score; only a tile's edges test each bit.
+__device__ __forceinline__ void mask_scores(float (&s)[8][4], const std::uint32_t (&m)[2]) {
+  constexpr std::uint32_t kAll = 0xFFFFu;
+  if (__all_sync(0xffffffffu, (m[0] & m[1]) == kAll)) return;
+  const bool whole_rows = (m[0] == 0u || m[0] == kAll) && (m[1] == 0u || m[1] == kAll);
+  if (__all_sync(0xffffffffu, whole_rows)) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = m[e >> 1] ? s[n][e] : -INFINITY;
+    return;
+  }
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] = (m[e >> 1] >> (2 * n + (e & 1))) & 1u ? s[n][e] : -INFINITY;
+}
+
 // One key tile of the online softmax of a thread's two rows (an m16n8 accumulator layout:
 // rows lane/4 and lane/4 + 8, NT tiles of 8 keys), in the exp2 domain: on entry s holds the
-// scores and ok which of them the row may see; on exit s holds p = 2^(sl2 s - m2) (0 where not
-// ok), the running max m2 and sum ls (this thread's keys only) are updated, and acc, when
-// given, is rescaled to the new max. With x given, xs (this thread's keys only) becomes
-// xs corr + sum p x, the running sum whose ratio to ls is sum_j p_j x_j over the row's
-// softmax. sl2 = scale log2(e).
+// scores, -inf where the row may not see the key (mask_scores); on exit s holds
+// p = 2^(sl2 s - m2) (0 where masked), the running max m2 and sum ls (this thread's keys only)
+// are updated, and acc, when given, is rescaled to the new max. With x given, xs (this
+// thread's keys only) becomes xs corr + sum p x, the running sum whose ratio to ls is
+// sum_j p_j x_j over the row's softmax. sl2 = scale log2(e) > 0, so the max of sl2 s is sl2
+// times the max of s.
 template <int NT, int DT>
-__device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], const bool (&ok)[NT][4],
-                                                    float sl2, float (&m2)[2], float (&ls)[2],
-                                                    float (*acc)[4],
+__device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], float sl2, float (&m2)[2],
+                                                    float (&ls)[2], float (*acc)[4],
                                                     const float (*x)[4] = nullptr,
                                                     float* xs = nullptr) {
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     float mx = -INFINITY;
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int ee = 2 * h2 + e;
-        s[n][ee] = ok[n][ee] ? s[n][ee] * sl2 : -INFINITY;
-        mx = fmaxf(mx, s[n][ee]);
-      }
+    for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h2], s[n][2 * h2 + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mnew = fmaxf(m2[h2], mx);
-    float corr = 1.f;
-    if (mnew != -INFINITY) corr = exp2f(m2[h2] - mnew);
-    const float msub = mnew == -INFINITY ? 0.f : mnew;
+    const float mnew = fmaxf(m2[h2], mx * sl2);
+    const bool none = mnew == -INFINITY;  // nothing seen yet
+    const float corr = none ? 1.f : ex2(m2[h2] - mnew);
+    const float nsub = none ? 0.f : -mnew;
     float sum = 0.f, xsum = 0.f;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int ee = 2 * h2 + e;
-        s[n][ee] = ok[n][ee] ? exp2f(s[n][ee] - msub) : 0.f;
+        s[n][ee] = ex2(fmaf(s[n][ee], sl2, nsub));
         sum += s[n][ee];
         if (x) xsum += s[n][ee] * x[n][ee];
       }
@@ -322,7 +362,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
   bf16* Os = reinterpret_cast<bf16*>(sm + L.o) + warp * 16 * STR;  // backward: d_out rows
   bf16* Ks = reinterpret_cast<bf16*>(sm + L.k);                      // [2][parts][KT][STR]
   bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);                      // [2][parts][KT][STR]
-  auto* kmask = reinterpret_cast<unsigned long long*>(sm + L.kmask);  // slc: [2][kMaxPos]
+  auto* kmask = reinterpret_cast<unsigned long long*>(sm + L.kmask);  // slc: [2][parts][kMaxPos]
   int* selp = reinterpret_cast<int*>(sm + L.selp);                    // slc: [kMaxPos][n]
   auto* tbits = reinterpret_cast<std::uint32_t*>(sm + L.tbits);       // slc: [ntw]
   const int b = blockIdx.y / g.G, gi = blockIdx.y % g.G;
@@ -435,20 +475,20 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
           cp16(vd + (p * KT + kk) * STR + ch, vp + po, ok);
         }
       }
-      if constexpr (BR == kSlc) {
-        for (int p = tid; p < kMaxPos; p += blockDim.x) {
-          unsigned long long m = 0ull;
-          const int t = t_first + p;
-          if (p < npos && t >= s0) {
-            for (int e = 0; e < g.n; ++e) {
-              const int j = selp[p * g.n + e];
-              if (j < 0) break;
-              m |= key_bits(max(j * g.ls, s0) - s0, min(j * g.ls + g.ls, s0 + KT) - s0);
-            }
-            if (t - s0 < KT - 1) m &= key_bits(0, t - s0 + 1);
+      if constexpr (BR == kSlc) {  // kMaskParts threads per position, each over every
+        // kMaskParts-th selected block; the row's mask is the OR of the parts
+        const int p = tid % kMaxPos, part = tid / kMaxPos;
+        unsigned long long m = 0ull;
+        const int t = t_first + p;
+        if (p < npos && t >= s0) {
+          for (int e = part; e < g.n; e += kMaskParts) {
+            const int j = selp[p * g.n + e];
+            if (j < 0) break;
+            m |= key_bits(max(j * g.ls, s0) - s0, min(j * g.ls + g.ls, s0 + KT) - s0);
           }
-          kmask[(k & 1) * kMaxPos + p] = m;
+          if (t - s0 < KT - 1) m &= key_bits(0, t - s0 + 1);
         }
+        kmask[((k & 1) * kMaskParts + part) * kMaxPos + p] = m;
       }
       s0_next = s0;
     }
@@ -516,7 +556,12 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
     unsigned long long vis[2];
     if constexpr (BR == kSlc) {
 #pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) vis[h2] = rv[h2] ? kmask[(k & 1) * kMaxPos + rp[h2]] : 0ull;
+      for (int h2 = 0; h2 < 2; ++h2) {
+        vis[h2] = 0ull;
+#pragma unroll
+        for (int part = 0; part < kMaskParts; ++part)
+          vis[h2] |= rv[h2] ? kmask[((k & 1) * kMaskParts + part) * kMaxPos + rp[h2]] : 0ull;
+      }
     } else if constexpr (BR == kWin) {
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2)
@@ -567,27 +612,21 @@ __global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, i
           }
         }
       }
-      // Masks and probabilities (fp32).
-      bool ok[NT][4];
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
-          ok[n][e] = (vis[h2] >> kk) & 1ull;
-        }
+      // Masks (-inf where a row may not see a key) and probabilities (fp32).
+      const std::uint32_t mbits[2] = {thread_key_bits(vis[0], gc), thread_key_bits(vis[1], gc)};
+      mask_scores(s, mbits);
       if (!BWD || phase == 0) {  // online softmax (forward; backward statistics pass)
         if constexpr (BWD)
-          online_softmax_tile<NT, DT>(s, ok, sl2, m2, ls, nullptr, dp, us);
+          online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, dp, us);
         else
-          online_softmax_tile<NT, DT>(s, ok, sl2, m2, ls, acc);
+          online_softmax_tile<NT, DT>(s, sl2, m2, ls, acc);
       } else {
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int h2 = e >> 1;
-            const float p = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[h2]) : 0.f;
+            const float p = ex2(fmaf(s[n][e], sl2, -lrow2[h2]));
             if (pass2) {
               dp[n][e] = p * (dp[n][e] - dot[h2]);  // dS / scale
             } else {
@@ -885,7 +924,11 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
             }
           }
         }
-        // p and dS / scale per (key, row); C layout: key gr (+8), row n*8 + 2gc (+1).
+        // p and dS / scale per (key, row); C layout: key gr (+8), row n*8 + 2gc (+1). Where
+        // every row sees every key of the warp (rows in ascending position order), no mask.
+        const bool whole = td[r0 + 15] >= 0 && wlast == ws0 + 15 &&
+                           tA >= (BR == kCmp ? wlast * g.d + g.l - 1 : wlast) &&
+                           (BR != kWin || tB - g.w < ws0);
 #pragma unroll
         for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -897,8 +940,8 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
             for (int hk = 0; hk < 2; ++hk) {
               const int e = 2 * hk + c;
               const int s = ws0 + gr + 8 * hk;
-              const bool ok = t >= 0 && s <= wlast && kmask<BR>(g, t, s);
-              const float p = ok ? exp2f(st[n][e] * sl2 - L) : 0.f;
+              const bool ok = whole || (t >= 0 && s <= wlast && kmask<BR>(g, t, s));
+              const float p = ok ? ex2(fmaf(st[n][e], sl2, -L)) : 0.f;
               st[n][e] = p * Gs;
               dpt[n][e] = p * (Gs * dpt[n][e] - Dl);
             }

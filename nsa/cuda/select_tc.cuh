@@ -287,7 +287,11 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
       }
     if (!pass1) {
       if (any) {
-        online_softmax_tile<NT, DT>(s, ok, sl2, m2, ls, acc);
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] = ok[n][e] ? s[n][e] : -INFINITY;
+        online_softmax_tile<NT, DT>(s, sl2, m2, ls, acc);
         acc_add_product<NT, DT, STR, KT, 2>(acc, s, Vs + (k & 1) * 2 * KT * STR, lane);
       }
     } else {
