@@ -5,15 +5,22 @@
 #     for each seed;
 #   - the D=6 case over many seeds (the shape nearest its bound): how many exceed it;
 #   - bench_nsa_gpu on the 125M and paper shapes, reference then working tree.
-# Usage: scripts/gpu_compare.sh [REF] ; env SEEDS (default "11 555 222 9"), D6_SEEDS (default
-# 40), BENCH (default "--shapes 125m,paper --T 8192,65536 --no-dense"). Logs under $OUT.
+# Usage: scripts/gpu_compare.sh [REF]. REF: a commit, or a tar of one (the device's copy of the
+# repository may lack this session's commits: `git archive COMMIT -o .ref.tar`, carry it).
+# Env: SEEDS (default "11 555 222 9"), D6_SEEDS (default 40), BENCH (default "--shapes
+# 125m,paper --T 8192,65536 --no-dense"). Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 ref=${1:-HEAD}
 refdir=/tmp/nsatron_ref
-rm -rf "$refdir" && mkdir -p "$refdir" && git archive "$ref" | tar -x -C "$refdir" || { echo "cannot export $ref"; exit 1; }
+rm -rf "$refdir" && mkdir -p "$refdir"
+if [ -f "$ref" ]; then  # a tar of the tree (git archive REF -o FILE, carried): commits the
+  tar -x -C "$refdir" -f "$ref" || { echo "cannot extract $ref"; exit 1; }  # device's copy lacks
+else
+  git archive "$ref" | tar -x -C "$refdir" || { echo "cannot export $ref"; exit 1; }
+fi
 [ -d .carry ] && cp -r .carry "$refdir/"
 configure() {
   cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
@@ -24,7 +31,7 @@ configure() {
 configure "$refdir" ref
 configure "$PWD" new
 bin() { [ "$1" = ref ] && echo "$refdir/build-gpu/$2" || echo "build-gpu/$2"; }
-echo "ref: $(git rev-parse --short "$ref")  new: the working tree" | tee "$OUT/compare.log"
+echo "ref: $([ -f "$ref" ] && echo "$ref" || git rev-parse --short "$ref")  new: the working tree" | tee "$OUT/compare.log"
 for s in ${SEEDS:-11 555 222 9}; do
   for v in ref new; do
     NSA_CUDA_SEED=$s "$(bin $v tests/nsa_cuda/test_nsa_cuda)" --gtest_filter='*Bf16MatchesCpu*' 2>&1 |

@@ -345,8 +345,15 @@ __device__ __forceinline__ void store_row_output(const float (*acc)[4], int h2, 
   if (gc == 0) *lse_row = any ? m2 * 0.6931471805599453f + logf(l) : -INFINITY;
 }
 
+// Blocks per SM the row kernel's registers must allow (__launch_bounds__): at DP <= 64, 4 for
+// the forward (<= 128 registers; its shared memory fits 4) and 3 for the backward (<= 168);
+// measured on an H100 (docs/performance.md, 2026-11-25): without a bound the forward took 133
+// registers (3 blocks), and a bound of 1 let the backward take 200 (2 blocks, 1.16 -> 1.54 ms
+// for the selection).
+constexpr int row_min_blocks(int DP, bool BWD) { return DP <= 64 ? (BWD ? 3 : 4) : 1; }
+
 template <int DP, int BR, bool BWD>
-__global__ void __launch_bounds__(kRowWarps * 32) row_kernel(Geo g, RowArgs a, int ntw) {
+__global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_kernel(Geo g, RowArgs a, int ntw) {
   using C = RowCfg<DP>;
   constexpr int kRowsPerBlock = 16 * kRowWarps, kMaxPos = kRowsPerBlock;
   // Parts of each key and value (compression backward: the fp32 compressed keys and values as
@@ -732,6 +739,9 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
 constexpr int kKeyWarps = 4;
 constexpr int kKB = 16 * kKeyWarps;  // keys per block
 constexpr int kRS = kKeyRowSplit;    // selection: rows per split of a block's row list
+// 16-row sub-batches a warp of the key side computes together (registers: 2 at DP <= 64).
+template <int DP>
+constexpr int kKeyPairs = DP <= 64 ? 2 : 1;
 template <int DP>
 constexpr int key_rows() {  // rows per staged batch (RB)
   return DP > 64 ? 32 : 64;
@@ -751,7 +761,7 @@ constexpr std::size_t key_smem_bytes() {
 }
 
 template <int DP, int BR>
-__global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, int nsub) {
+__global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(Geo g, KeyArgs a, int nsub) {
   constexpr int STR = DP + 8, DT = DP / 8, KS = DP / 16, CH = DP / 8, kRB = key_rows<DP>();
   constexpr int P = key_parts<BR>();
   constexpr bool kHoist = DP <= 64 && P == 1;  // K, V fragments in registers
@@ -889,46 +899,59 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
     const bf16* Lc = Lb + (i & 1) * kRB * STR;
     const float* rd = rs + (i & 1) * 3 * kRB;
     const int* td = rtp + (i & 1) * kRB;
-    if (wact) {
-      for (int r0 = 0; r0 < kRB; r0 += 16) {
-        const int tA = td[r0];
-        if (tA < 0) break;  // invalid rows only at the end
-        const int tB = td[r0 + 15] >= 0 ? td[r0 + 15] : g.T;
-        if (tB < (BR == kCmp ? ws0 * g.d + g.l - 1 : ws0)) continue;  // no row sees a key
-        if (BR == kWin && tA - g.w >= wlast) continue;    // every key left the window
-        float st[2][4], dpt[2][4];
+    // MR consecutive 16-row sub-batches from row rb: their products are independent chains
+    // (more work in flight per warp); each dK, dV element still sums the sub-batches in row
+    // order.
+    auto sub_batches = [&](int rb, auto mr) {
+      constexpr int MR = decltype(mr)::value;
+      float st[MR][2][4], dpt[MR][2][4];
+#pragma unroll
+      for (int m = 0; m < MR; ++m)
 #pragma unroll
         for (int n = 0; n < 2; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+          for (int e = 0; e < 4; ++e) st[m][n][e] = dpt[m][n][e] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < KS; ++kk) {
-          std::uint32_t qb[4], ob[4];
-          frag_bt<STR>(qb, Qc + r0 * STR, 0, kk * 16, lane);
-          frag_bt<STR>(ob, Oc + r0 * STR, 0, kk * 16, lane);
+      for (int kk = 0; kk < KS; ++kk) {
+        std::uint32_t qb[MR][4], ob[MR][4];
+#pragma unroll
+        for (int m = 0; m < MR; ++m) {
+          frag_bt<STR>(qb[m], Qc + (rb + 16 * m) * STR, 0, kk * 16, lane);
+          frag_bt<STR>(ob[m], Oc + (rb + 16 * m) * STR, 0, kk * 16, lane);
+        }
+#pragma unroll
+        for (int p = P - 1; p >= 0; --p) {  // smallest part first
+          std::uint32_t ka[4], va[4];
           if constexpr (kHoist) {
-            mma(st[0], kf[kk], qb[0], qb[1]);
-            mma(st[1], kf[kk], qb[2], qb[3]);
-            mma(dpt[0], vf[kk], ob[0], ob[1]);
-            mma(dpt[1], vf[kk], ob[2], ob[3]);
-          } else {
 #pragma unroll
-            for (int p = P - 1; p >= 0; --p) {  // smallest part first
-              std::uint32_t ka[4], va[4];
-              frag_a<STR>(ka, Kw + p * kKB * STR, kk * 16, lane);
-              frag_a<STR>(va, Vw + p * kKB * STR, kk * 16, lane);
-              mma(st[0], ka, qb[0], qb[1]);
-              mma(st[1], ka, qb[2], qb[3]);
-              mma(dpt[0], va, ob[0], ob[1]);
-              mma(dpt[1], va, ob[2], ob[3]);
+            for (int e = 0; e < 4; ++e) {
+              ka[e] = kf[kk][e];
+              va[e] = vf[kk][e];
             }
+          } else {
+            frag_a<STR>(ka, Kw + p * kKB * STR, kk * 16, lane);
+            frag_a<STR>(va, Vw + p * kKB * STR, kk * 16, lane);
+          }
+#pragma unroll
+          for (int m = 0; m < MR; ++m) {
+            mma(st[m][0], ka, qb[m][0], qb[m][1]);
+            mma(st[m][1], ka, qb[m][2], qb[m][3]);
+            mma(dpt[m][0], va, ob[m][0], ob[m][1]);
+            mma(dpt[m][1], va, ob[m][2], ob[m][3]);
           }
         }
-        // p and dS / scale per (key, row); C layout: key gr (+8), row n*8 + 2gc (+1). Where
-        // every row sees every key of the warp (rows in ascending position order), no mask.
-        const bool whole = td[r0 + 15] >= 0 && wlast == ws0 + 15 &&
+      }
+      // p and dS / scale per (key, row); C layout: key gr (+8), row n*8 + 2gc (+1). Where
+      // every row of a sub-batch sees every key of the warp (rows in ascending position
+      // order), no mask.
+      std::uint32_t pa[MR][4], ea[MR][4], el[MR][4];
+#pragma unroll
+      for (int m = 0; m < MR; ++m) {
+        const int r0 = rb + 16 * m;
+        const int tA = td[r0], tZ = td[r0 + 15];
+        const bool whole = tZ >= 0 && wlast == ws0 + 15 &&
                            tA >= (BR == kCmp ? wlast * g.d + g.l - 1 : wlast) &&
-                           (BR != kWin || tB - g.w < ws0);
+                           (BR != kWin || tZ - g.w < ws0);
 #pragma unroll
         for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -941,35 +964,59 @@ __global__ void __launch_bounds__(kKeyWarps * 32) key_kernel(Geo g, KeyArgs a, i
               const int e = 2 * hk + c;
               const int s = ws0 + gr + 8 * hk;
               const bool ok = whole || (t >= 0 && s <= wlast && kmask<BR>(g, t, s));
-              const float p = ok ? ex2(fmaf(st[n][e], sl2, -L)) : 0.f;
-              st[n][e] = p * Gs;
-              dpt[n][e] = p * (Gs * dpt[n][e] - Dl);
+              const float p = ok ? ex2(fmaf(st[m][n][e], sl2, -L)) : 0.f;
+              st[m][n][e] = p * Gs;
+              dpt[m][n][e] = p * (Gs * dpt[m][n][e] - Dl);
             }
           }
-        std::uint32_t pa[4], ea[4], el[4];
-        pa[0] = pack2(st[0][0], st[0][1]);
-        pa[1] = pack2(st[0][2], st[0][3]);
-        pa[2] = pack2(st[1][0], st[1][1]);
-        pa[3] = pack2(st[1][2], st[1][3]);
-        split2(dpt[0][0], dpt[0][1], ea[0], el[0]);
-        split2(dpt[0][2], dpt[0][3], ea[1], el[1]);
-        split2(dpt[1][0], dpt[1][1], ea[2], el[2]);
-        split2(dpt[1][2], dpt[1][3], ea[3], el[3]);
+        pa[m][0] = pack2(st[m][0][0], st[m][0][1]);
+        pa[m][1] = pack2(st[m][0][2], st[m][0][3]);
+        pa[m][2] = pack2(st[m][1][0], st[m][1][1]);
+        pa[m][3] = pack2(st[m][1][2], st[m][1][3]);
+        split2(dpt[m][0][0], dpt[m][0][1], ea[m][0], el[m][0]);
+        split2(dpt[m][0][2], dpt[m][0][3], ea[m][1], el[m][1]);
+        split2(dpt[m][1][0], dpt[m][1][1], ea[m][2], el[m][2]);
+        split2(dpt[m][1][2], dpt[m][1][3], ea[m][3], el[m][3]);
+      }
 #pragma unroll
-        for (int jp = 0; jp < DT / 2; ++jp) {
+      for (int jp = 0; jp < DT / 2; ++jp)
+#pragma unroll
+        for (int m = 0; m < MR; ++m) {
           std::uint32_t xo[4], xq[4], xl[4];
-          frag_b<STR>(xo, Oc + r0 * STR, 0, jp * 16, lane);
-          frag_b<STR>(xq, Qc + r0 * STR, 0, jp * 16, lane);
-          frag_b<STR>(xl, Lc + r0 * STR, 0, jp * 16, lane);
-          mma(dV[2 * jp], pa, xo[0], xo[1]);
-          mma(dV[2 * jp + 1], pa, xo[2], xo[3]);
-          mma(dK[2 * jp], ea, xq[0], xq[1]);
-          mma(dK[2 * jp + 1], ea, xq[2], xq[3]);
-          mma(dK[2 * jp], el, xq[0], xq[1]);
-          mma(dK[2 * jp + 1], el, xq[2], xq[3]);
-          mma(dK[2 * jp], ea, xl[0], xl[1]);
-          mma(dK[2 * jp + 1], ea, xl[2], xl[3]);
+          frag_b<STR>(xo, Oc + (rb + 16 * m) * STR, 0, jp * 16, lane);
+          frag_b<STR>(xq, Qc + (rb + 16 * m) * STR, 0, jp * 16, lane);
+          frag_b<STR>(xl, Lc + (rb + 16 * m) * STR, 0, jp * 16, lane);
+          mma(dV[2 * jp], pa[m], xo[0], xo[1]);
+          mma(dV[2 * jp + 1], pa[m], xo[2], xo[3]);
+          mma(dK[2 * jp], ea[m], xq[0], xq[1]);
+          mma(dK[2 * jp + 1], ea[m], xq[2], xq[3]);
+          mma(dK[2 * jp], el[m], xq[0], xq[1]);
+          mma(dK[2 * jp + 1], el[m], xq[2], xq[3]);
+          mma(dK[2 * jp], ea[m], xl[0], xl[1]);
+          mma(dK[2 * jp + 1], ea[m], xl[2], xl[3]);
         }
+    };
+    if (wact) {
+      // A 16-row sub-batch at r0: 1 has work, 0 no row sees a key of the warp, -1 no rows
+      // (invalid rows are only at the end).
+      auto state = [&](int r0) -> int {
+        const int tA = td[r0];
+        if (tA < 0) return -1;
+        const int tB = td[r0 + 15] >= 0 ? td[r0 + 15] : g.T;
+        if (tB < (BR == kCmp ? ws0 * g.d + g.l - 1 : ws0)) return 0;
+        if (BR == kWin && tA - g.w >= wlast) return 0;  // every key left the window
+        return 1;
+      };
+      constexpr int kPair = kKeyPairs<DP>;
+      for (int r0 = 0; r0 < kRB; r0 += 16 * kPair) {
+        const int a0 = state(r0), a1 = kPair == 2 ? state(r0 + 16) : 0;
+        if (a0 == 1 && a1 == 1) {
+          sub_batches(r0, std::integral_constant<int, 2>{});
+        } else {
+          if (a0 == 1) sub_batches(r0, std::integral_constant<int, 1>{});
+          if (a1 == 1) sub_batches(r0 + 16, std::integral_constant<int, 1>{});
+        }
+        if (a0 == -1 || a1 == -1) break;
       }
     }
     __syncthreads();  // buffer i & 1 is refilled by issue(i + 2)
