@@ -710,7 +710,7 @@ void launch_tc_pad(const Geo& g, const S* src, bf16* dst, const float2* rope, in
   const std::int64_t rows = std::int64_t(g.B) * NK * g.G;
   if (rows == 0) return;
   const int DP = padded_dim(g.D);
-  tc::pad_kernel<S><<<grid1(rows * (DP / 2), 256), 256, 0, s>>>(src, dst, parts, rope, rows, NK, g.G,
+  tc::pad_kernel<S><<<grid1(rows * (DP / 8), 256), 256, 0, s>>>(src, dst, parts, rope, rows, NK, g.G,
                                                                 g.D, DP);
   check_launch("tc::pad_kernel");
 }

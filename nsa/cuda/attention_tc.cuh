@@ -93,36 +93,38 @@ __device__ __forceinline__ void frag_b(std::uint32_t* r, const bf16* base, int k
 // Padded bf16 copy: dst[row][0..DP) = (rope ? RoPE(src row, pos) : src row), zeros past D.
 // Rows are (b, s, g) with s < NK; the RoPE position of key s is s (tokens). With parts > 1,
 // also the rounding residuals, part p at dst + p * rows * DP: part p = bf16(x - the parts
-// before it), so 2 parts carry ~16 significant bits and 3 parts ~24 (fp32).
+// before it), so 2 parts carry ~16 significant bits and 3 parts ~24 (fp32). One thread per 8
+// elements of a row (one 16-byte store per part).
 template <class S>
 __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
                            int parts, const float2* __restrict__ rope,
                            std::int64_t rows, int NK, int G, int D, int DP) {
-  const int half = D / 2, hp = DP / 2;
-  const std::int64_t total = rows * hp;
+  const int half = D / 2, chunks = DP / 8;
+  const std::int64_t total = rows * chunks;
   for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += std::int64_t(gridDim.x) * blockDim.x) {
-    const std::int64_t row = idx / hp;
-    const int dd = int(idx % hp) * 2;
+    const std::int64_t row = idx / chunks;
+    const int d0 = int(idx - row * chunks) * 8;
     const S* x = src + row * D;
-    float v0 = 0.f, v1 = 0.f;
-    if (dd < D) {
-      if (rope) {
-        const int s = int((row / G) % NK);
-        const float2* cs = rope + std::int64_t(s) * half;
-        v0 = rope_elem(x, dd, half, cs);
-        v1 = rope_elem(x, dd + 1, half, cs);
-      } else {
-        v0 = ldf(x[dd]);
-        v1 = ldf(x[dd + 1]);
-      }
+    const float2* cs = rope ? rope + std::int64_t((row / G) % NK) * half : nullptr;
+    float v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int dd = d0 + e;
+      v[e] = dd < D ? (rope ? rope_elem(x, dd, half, cs) : ldf(x[dd])) : 0.f;
     }
     for (int p = 0; p < parts; ++p) {
-      const __nv_bfloat162 part = __floats2bfloat162_rn(v0, v1);
-      *reinterpret_cast<__nv_bfloat162*>(dst + p * rows * DP + row * DP + dd) = part;
-      const float2 pf = __bfloat1622float2(part);
-      v0 -= pf.x;
-      v1 -= pf.y;
+      uint4 w;
+      std::uint32_t* wp = &w.x;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const __nv_bfloat162 part = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
+        wp[e] = *reinterpret_cast<const std::uint32_t*>(&part);
+        const float2 pf = __bfloat1622float2(part);
+        v[2 * e] -= pf.x;
+        v[2 * e + 1] -= pf.y;
+      }
+      *reinterpret_cast<uint4*>(dst + p * rows * DP + row * DP + d0) = w;
     }
   }
 }
@@ -378,14 +380,15 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   const bf16* q = static_cast<const bf16*>(a.q);
 
   // Rows of the block: rho = blockIdx.x * 64 + i -> (t = rho / h, head = rho % h).
-  const std::int64_t rho0 = std::int64_t(blockIdx.x) * kRowsPerBlock;
-  const int t_first = int(rho0 / g.h);
-  const int t_last = int(min(std::int64_t(g.T - 1), (rho0 + kRowsPerBlock - 1) / g.h));
+  // (32-bit: row_launch checks T h < 2^31.)
+  const int rho0 = int(blockIdx.x) * kRowsPerBlock;
+  const int t_first = rho0 / g.h;
+  const int t_last = min(g.T - 1, (rho0 + kRowsPerBlock - 1) / g.h);
   const int npos = t_last - t_first + 1;
   auto row_of = [&](int i, int& t, int& head) -> bool {
-    const std::int64_t rho = rho0 + i;
-    t = int(rho / g.h);
-    head = int(rho % g.h);
+    const int rho = rho0 + i;
+    t = rho / g.h;
+    head = rho - t * g.h;
     return t < g.T;
   };
   // Stage the warp's rotated queries (and d_out) as bf16.
@@ -706,6 +709,9 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
   constexpr int kRows = 16 * kRowWarps;
   const std::int64_t nblocks = (std::int64_t(g.T) * g.h + kRows - 1) / kRows;
   if (nblocks == 0) return;
+  if (std::int64_t(g.T) * g.h + kRows >= (std::int64_t(1) << 31))
+    throw std::runtime_error("tc::row_kernel: T * heads per group = " + std::to_string(std::int64_t(g.T) * g.h) +
+                             " rows of one (batch, group); at most 2^31 - 65 are supported");
   const int ntw = int(((g.T + RowCfg<DP>::KT - 1) / RowCfg<DP>::KT + 31) / 32);
   const std::size_t smem = row_smem<DP, BR, BWD>(g.n, ntw).total;
   CUDA_CHECK(cudaFuncSetAttribute(row_kernel<DP, BR, BWD>,

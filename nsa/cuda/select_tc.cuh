@@ -142,34 +142,43 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
   };
   for (int idx = tid; idx < P * g.NB; idx += blockDim.x) Sb[idx] = 0.f;
 
-  // Stage the warp's 16 rotated query rows, scaled, as fp16 hi + lo.
-  for (int r = 0; r < 16; ++r) {
-    int t, hd;
-    const int i = warp * 16 + r;
-    const bool ok = row_of(i, t, hd);
-    const std::int64_t row = (std::int64_t(b) * g.T + (ok ? t : 0)) * g.H + gi * g.h + hd;
-    const float2* cs = a.rope + std::int64_t(ok ? t : 0) * g.half;
-    float v[(DP + 63) / 64][2];
-    float mx = 0.f;
+  // Stage the warp's 16 rotated query rows, scaled, as fp16 hi + lo: the global loads of 8 rows
+  // are issued before the first row's reduction (one memory latency per 8 rows, not per row).
+  constexpr int kQC = (DP + 63) / 64, kQRows = 8;
+  for (int r0 = 0; r0 < 16; r0 += kQRows) {
+    float v[kQRows][kQC][2];
 #pragma unroll
-    for (int c = 0; c < (DP + 63) / 64; ++c) {
-      const int dd = c * 64 + lane * 2;
-      v[c][0] = ok && dd < g.D ? rope_elem(a.q + row * g.D, dd, g.half, cs) : 0.f;
-      v[c][1] = ok && dd + 1 < g.D ? rope_elem(a.q + row * g.D, dd + 1, g.half, cs) : 0.f;
-      mx = fmaxf(mx, fmaxf(fabsf(v[c][0]), fabsf(v[c][1])));
+    for (int r = 0; r < kQRows; ++r) {
+      int t, hd;
+      const bool ok = row_of(warp * 16 + r0 + r, t, hd);
+      const std::int64_t row = (std::int64_t(b) * g.T + (ok ? t : 0)) * g.H + gi * g.h + hd;
+      const float2* cs = a.rope + std::int64_t(ok ? t : 0) * g.half;
+#pragma unroll
+      for (int c = 0; c < kQC; ++c) {
+        const int dd = c * 64 + lane * 2;
+        v[r][c][0] = ok && dd < g.D ? rope_elem(a.q + row * g.D, dd, g.half, cs) : 0.f;
+        v[r][c][1] = ok && dd + 1 < g.D ? rope_elem(a.q + row * g.D, dd + 1, g.half, cs) : 0.f;
+      }
     }
-    mx = warp_max(mx);
-    float sc, iv;
-    pow2_scale(mx, sc, iv);
-    if (lane == 0) qinv[i] = iv;
 #pragma unroll
-    for (int c = 0; c < (DP + 63) / 64; ++c) {
-      const int dd = c * 64 + lane * 2;
-      if (dd < DP) {
-        std::uint32_t hi, lo;
-        split2_f16(v[c][0] * sc, v[c][1] * sc, hi, lo);
-        *reinterpret_cast<std::uint32_t*>(Qs + i * STR + dd) = hi;
-        *reinterpret_cast<std::uint32_t*>(Qs + (ROWS + i) * STR + dd) = lo;
+    for (int r = 0; r < kQRows; ++r) {
+      const int i = warp * 16 + r0 + r;
+      float mx = 0.f;
+#pragma unroll
+      for (int c = 0; c < kQC; ++c) mx = fmaxf(mx, fmaxf(fabsf(v[r][c][0]), fabsf(v[r][c][1])));
+      mx = warp_max(mx);
+      float sc, iv;
+      pow2_scale(mx, sc, iv);
+      if (lane == 0) qinv[i] = iv;
+#pragma unroll
+      for (int c = 0; c < kQC; ++c) {
+        const int dd = c * 64 + lane * 2;
+        if (dd < DP) {
+          std::uint32_t hi, lo;
+          split2_f16(v[r][c][0] * sc, v[r][c][1] * sc, hi, lo);
+          *reinterpret_cast<std::uint32_t*>(Qs + i * STR + dd) = hi;
+          *reinterpret_cast<std::uint32_t*>(Qs + (ROWS + i) * STR + dd) = lo;
+        }
       }
     }
   }
