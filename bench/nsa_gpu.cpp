@@ -4,12 +4,12 @@
 // with `--reps 1` (docs/performance.md, "NSA CUDA kernels: optimisation log").
 //
 //   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups]
-//                 [--T 8192,32768,65536] [--D 128] [--no-dense]
+//                 [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
 // "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); "groups", the GQA
-// group sizes h = 1, 2, 4, 6, 8, 16 at 48 query heads (G = 48/h), B=1, at the --T lengths and
-// --D head dims; all with
+// group sizes h = 1, 2, 4, 6, 8, 16 (or --h; each must divide 48) at 48 query heads (G = 48/h),
+// B=1, at the --T lengths and --D head dims; all with
 // l=32, d=16, l'=64, n=16, w=512. Each time is the median of R runs (default: as many as fit
 // in about 10 s, at least 1, at most 10) after one untimed forward+backward. The inputs
 // are pseudo-random on the device (unit scale; W scaled by 1/sqrt(l*D)). "pairs" counts the
@@ -214,7 +214,7 @@ static std::vector<std::int64_t> parse_list(const std::string& s) {
 
 int main(int argc, char** argv) {
   std::string dtype = "bf16", which = "paper,125m";
-  std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128};
+  std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128}, hs = {1, 2, 4, 6, 8, 16};
   int reps = 0;
   bool dense = true;
   for (int i = 1; i < argc; ++i) {
@@ -231,11 +231,12 @@ int main(int argc, char** argv) {
     else if (a == "--shapes") which = val();
     else if (a == "--T") Ts = parse_list(val());
     else if (a == "--D") Ds = parse_list(val());
+    else if (a == "--h") hs = parse_list(val());
     else if (a == "--no-dense") dense = false;
     else {
       std::fprintf(stderr,
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups] "
-                   "[--T 8192,32768,65536] [--D 128] [--no-dense]\n");
+                   "[--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]\n");
       return 2;
     }
   }
@@ -273,7 +274,13 @@ int main(int argc, char** argv) {
   if (which.find("groups") != std::string::npos)
     for (auto T : Ts)
       for (auto D : Ds)
-        for (std::int64_t h : {1, 2, 4, 6, 8, 16}) shapes.push_back({"groups", dims(1, T, 48, 48 / h, D)});
+        for (auto h : hs) {
+          if (h < 1 || 48 % h != 0) {
+            std::fprintf(stderr, "--h: %lld does not divide the 48 query heads\n", static_cast<long long>(h));
+            return 2;
+          }
+          shapes.push_back({"groups", dims(1, T, 48, 48 / h, D)});
+        }
   for (const auto& s : shapes) {
     if (dtype == "fp32") run<float>(s, reps, dense);
     else run<cuda::bf16>(s, reps, dense);
