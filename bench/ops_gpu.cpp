@@ -12,7 +12,8 @@
 //
 // Bytes per call (e the compute dtype's size, X = N C e): rmsnorm 2X, add_rmsnorm 4X,
 // rmsnorm backward 3X (4X with the residual gradient), swiglu forward 3 N F e and backward
-// 5 N F e, the projection's split or join 2 N G group_width e, the fused cross entropy 3 R V e
+// 5 N F e, the projection's split or join 2 N G group_width e (its padded rows as the model
+// lays them out), the fused cross entropy 3 R V e
 // per head chunk of R rows (read for the softmax, read again and written for the gradient).
 // Random inputs; the random targets of the cross entropy make its loss meaningless and its
 // time real.
@@ -127,14 +128,18 @@ int main(int argc, char** argv) {
                                                  ? std::vector<std::int64_t>{d.heads_per_group() * d.D, d.D, d.D}
                                                  : std::vector<std::int64_t>{d.heads_per_group() * d.D, d.D, d.D, d.D, d.D,
                                                                              d.D, d.D, 3 * d.heads_per_group()};  // model.cpp's
-    Tensor p = rnd({N * G, Pg});
+    // As the model lays them out: p [N, pitch], G groups per row, part k [N, G w_k].
+    const PackedColumns layout{.groups = G, .pitch = d.projection_pitch()};
+    Tensor p = rnd({N, d.projection_pitch()});
     std::vector<Tensor> parts;
-    for (std::int64_t w : widths) parts.push_back(dev({N * G, w}, dt));
+    for (std::int64_t w : widths) parts.push_back(dev({N, G * w}, dt));
     std::vector<Tensor*> pp;
     for (Tensor& q : parts) pp.push_back(&q);
     const std::vector<const Tensor*> cp(pp.begin(), pp.end());
-    t.memory("split_columns (projection)", double(L), time_ms([&] { split_columns(p, pp); }, reps), 2.0 * double(N * G * Pg) * e);
-    t.memory("join_columns (gradients)", double(L), time_ms([&] { join_columns(cp, p); }, reps), 2.0 * double(N * G * Pg) * e);
+    t.memory("split_columns (projection)", double(L), time_ms([&] { split_columns(p, pp, layout); }, reps),
+             2.0 * double(N * G * Pg) * e);
+    t.memory("join_columns (gradients)", double(L), time_ms([&] { join_columns(cp, p, layout); }, reps),
+             2.0 * double(N * G * Pg) * e);
   }
   {
     Tensor a = rnd({N, C}), b = rnd({N, C}), w = rnd({C}), h = dev({N, C}, dt), y = dev({N, C}, dt);
@@ -168,16 +173,21 @@ int main(int argc, char** argv) {
   const double memory_ms = t.total_ms;
 
   std::printf(" matrix products (cuBLASLt; dW accumulates into fp32):\n");
-  auto product = [&](const char* name, double calls, std::int64_t rows, std::int64_t in, std::int64_t out) {
-    Tensor x = rnd({rows, in}), w = rnd({out, in}), y = dev({rows, out}, dt), dx = dev({rows, in}, dt);
-    Tensor dw = dev({out, in}, DType::F32);
+  // pitch > 0: y and dy rows of `pitch` elements (the fused projection's padded rows).
+  auto product = [&](const char* name, double calls, std::int64_t rows, std::int64_t in, std::int64_t out,
+                     std::int64_t pitch = 0) {
+    Tensor x = rnd({rows, in}), w = rnd({out, in}), y = dev({rows, pitch > 0 ? pitch : out}, dt);
+    Tensor dx = dev({rows, in}, dt), dw = dev({out, in}, DType::F32);
     const double flop = 2.0 * double(rows) * double(in) * double(out);
     const std::string n(name);
-    t.flops((n + " forward").c_str(), calls, time_ms([&] { linear_forward(x, w, nullptr, y); }, reps), flop);
-    t.flops((n + " dX").c_str(), calls, time_ms([&] { linear_backward(y, x, w, {&dx, nullptr, nullptr}); }, reps), flop);
-    t.flops((n + " dW").c_str(), calls, time_ms([&] { linear_backward(y, x, w, {nullptr, &dw, nullptr}); }, reps), flop);
+    t.flops((n + " forward").c_str(), calls, time_ms([&] { linear_forward(x, w, nullptr, y, pitch); }, reps), flop);
+    t.flops((n + " dX").c_str(), calls,
+            time_ms([&] { linear_backward(y, x, w, {.dx = &dx, .dy_pitch = pitch}); }, reps), flop);
+    t.flops((n + " dW").c_str(), calls,
+            time_ms([&] { linear_backward(y, x, w, {.dw = &dw, .dy_pitch = pitch}); }, reps), flop);
   };
-  product("wqkv", double(L), N, C, G * Pg);
+  product("wqkv", double(L), N, C, G * Pg, d.projection_pitch());  // padded rows, as the model
+  product("wqkv unpadded (compare)", 0, N, C, G * Pg);             // not in the step: 0 calls
   product("wo", double(L), N, d.H * d.D, C);
   product("w_gate|w_up", double(L), N, C, 2 * F);
   product("w_out", double(L), N, F, C);

@@ -110,19 +110,16 @@ std::vector<Tensor LayerActivations::*> part_members(Attention attention) {
 }
 
 // Splitting the projection (p -> parts) and gathering the gradients back (parts -> p): p
-// viewed as [N * G, group width] and each part as [N * G, part width] are a column split
-// (core/ops/elementwise.h), one pass over the bytes on either device.
-void split_or_gather(const ModelDims& m, std::int64_t N, Tensor& p, Tensor* const parts[], bool to_parts) {
-  const std::vector<std::int64_t> width = part_widths(m);
-  std::vector<Tensor> views;
-  for (std::size_t k = 0; k < width.size(); ++k) views.push_back(parts[k]->view({N * m.G, width[k]}));
-  std::vector<Tensor*> ptrs;
-  for (Tensor& v : views) ptrs.push_back(&v);
-  Tensor packed = p.view({N * m.G, m.group_width()});
+// [N, projection_pitch()] holds per token row the G groups' columns, group g's part k at
+// g * group width + o_k, then the pad; part k is [N, G * w_k], group g at g * w_k. A grouped,
+// padded column split (core/ops/elementwise.h), one pass over the bytes on either device.
+void split_or_gather(const ModelDims& m, Tensor& p, Tensor* const parts[], bool to_parts) {
+  const std::size_t count = part_widths(m).size();
+  const PackedColumns layout{.groups = m.G, .pitch = m.projection_pitch()};
   if (to_parts)
-    split_columns(packed, ptrs);
+    split_columns(p, std::span<Tensor* const>(parts, count), layout);
   else
-    join_columns(std::vector<const Tensor*>(ptrs.begin(), ptrs.end()), packed);
+    join_columns(std::vector<const Tensor*>(parts, parts + count), p, layout);
 }
 
 // The NSA core's inputs: the split projection kept in `a` and the layer's compression
@@ -472,8 +469,8 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
   a.x = in.x;
   const Tensor& x = a.x;
 
-  Tensor p = act({N, m.G * m.group_width()});
-  { TIMED("matmul"); linear_forward(a.xn, W("attn/wqkv"), nullptr, p); }
+  Tensor p = act({N, m.projection_pitch()});  // rows padded (model.h); the pad is never touched
+  { TIMED("matmul"); linear_forward(a.xn, W("attn/wqkv"), nullptr, p, m.projection_pitch()); }
   const std::vector<std::int64_t> widths = part_widths(m);
   const std::vector<Tensor LayerActivations::*> members = part_members(m.attention);
   std::vector<Tensor*> parts;
@@ -482,7 +479,7 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
     parts.push_back(&(a.*members[k]));
   }
   a.o = act({N, m.H * m.D});
-  { TIMED("split/gather projection"); split_or_gather(m, N, p, parts.data(), true); }
+  { TIMED("split/gather projection"); split_or_gather(m, p, parts.data(), true); }
   p = Tensor();
   core_forward(l, a, a.o, keep == Keep::All, B, T);
 
@@ -574,20 +571,25 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   Tensor d_o = act({N, m.H * m.D});
   Tensor g_wo = G("attn/wo");
   { TIMED("matmul"); linear_backward(dh, a.o, W("attn/wo"), {&d_o, &g_wo, nullptr}); }
-  Tensor dp = act({N, m.G * m.group_width()});
+  // Rows padded as p's; the pad columns are never written (the gather skips them) nor read
+  // (linear_backward with dy_pitch), so they need no zeroing.
+  Tensor dp = act({N, m.projection_pitch()});
   {
     std::vector<Tensor> dpart_tensors;
     for (std::int64_t width : part_widths(m)) dpart_tensors.push_back(act({N, m.G * width}));
     std::vector<Tensor*> dparts;
     for (Tensor& t : dpart_tensors) dparts.push_back(&t);
     core_backward(l, a, d_o, dparts.data(), B, T);
-    { TIMED("split/gather projection"); split_or_gather(m, N, dp, dparts.data(), false); }
+    { TIMED("split/gather projection"); split_or_gather(m, dp, dparts.data(), false); }
   }
   d_o = Tensor();
   a.drop_core_saved();
   Tensor dxn = act({N, m.C});
   Tensor g_wqkv = G("attn/wqkv");
-  { TIMED("matmul"); linear_backward(dp, a.xn, W("attn/wqkv"), {&dxn, &g_wqkv, nullptr}); }
+  {
+    TIMED("matmul");
+    linear_backward(dp, a.xn, W("attn/wqkv"), {.dx = &dxn, .dw = &g_wqkv, .dy_pitch = m.projection_pitch()});
+  }
   dp = Tensor();
   tp_sum(dxn);  // column-parallel wqkv
   dx_in = act({N, m.C});

@@ -4,7 +4,8 @@
 //   x0 = embedding[tokens]                                                   [N, C], N = B*T
 //   per layer:
 //     xn  = rmsnorm(x) * attn_norm
-//     p   = xn @ wqkv^T                      fused projection, group-major rows (below)
+//     p   = xn @ wqkv^T                      fused projection, group-major rows (below); each
+//                                            row padded to projection_pitch() elements
 //     q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gate = split(p)
 //     o   = nsa_core(q, ..., gate; cmp_wk, cmp_wv, cmp_pk, cmp_pv)          [N, H*D]
 //     h   = x + o @ wo^T
@@ -90,6 +91,11 @@ struct ModelDims {
   std::int64_t group_width() const {
     return attention == Attention::Dense ? (heads_per_group() + 2) * D : heads_per_group() * (D + 3) + 6 * D;
   }
+  // Elements per row of the fused projection p = xn wqkv^T and of its gradient dp: the G groups'
+  // G * group_width() columns, padded to a multiple of 64 so that every row starts 16-byte aligned
+  // (cuBLASLt's fast kernels; e.g. 1572 -> 1600 at the 125M config). The pad columns are never
+  // read or written (linear's y_pitch / dy_pitch, split_columns' PackedColumns).
+  std::int64_t projection_pitch() const { return (G * group_width() + 63) / 64 * 64; }
   // Training FLOPs per token at sequence length T (forward + backward = 3x forward), for MFU
   // and study planning: 6 * (matrix parameters, the LM head included, embedding lookup
   // excluded) plus the attention core: 12 * H * D * K(T) per layer, K(T) the mean number of

@@ -46,8 +46,9 @@ struct Sizes {
   std::int64_t x = 0;        // act [N, C]: x, a.xn, attn_out, a.h, a.hn, x_out, xf, dxf, d_last,
                              //   dhn, dh, dxn, dx_in, and the pipeline's messages
   std::int64_t row = 0;      // stat [N]: a.rstd1, a.rstd2, rstdf
-  std::int64_t proj = 0;     // act [N, G*group_width]: p; the parts (a.q ... a.gate or a.q, a.k,
-                             //   a.v) together; dp; dpart_tensors together
+  std::int64_t packed = 0;   // act [N, projection_pitch]: p, dp (rows padded to 64 elements)
+  std::int64_t proj = 0;     // act [N, G*group_width]: the parts (a.q ... a.gate or a.q, a.k,
+                             //   a.v) together; dpart_tensors together
   std::int64_t o = 0;        // act [N, H*D]: a.o, d_o, the recomputed o of complete_for_backward
   std::int64_t u = 0;        // act [N, 2F]: a.u, du
   std::int64_t f = 0;        // act [N, F]: a.act, dact
@@ -74,6 +75,7 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
   Sizes z;
   z.x = N * m.C * e;
   z.row = N * s;
+  z.packed = N * m.projection_pitch() * e;
   z.proj = N * m.G * m.group_width() * e;
   z.o = N * m.H * m.D * e;
   z.u = N * 2 * m.F * e;
@@ -226,10 +228,10 @@ class StageReplay {
     led_.alloc(z_.row);   // a.rstd1
     led_.alloc(z_.x);     // a.xn
     release_h();          // norm_stream(in): the previous layer's residual added
-    led_.alloc(z_.proj);  // p
+    led_.alloc(z_.packed);  // p
     led_.alloc(z_.proj);  // the parts a.q ... (split_or_gather's targets)
     led_.alloc(z_.o);     // a.o
-    led_.free(z_.proj);   // p = Tensor()
+    led_.free(z_.packed);  // p = Tensor()
     const bool save = k == Keep::All;
     core_forward(save);
     led_.alloc(z_.x);     // attn_out
@@ -272,13 +274,13 @@ class StageReplay {
     led_.alloc(z_.x);      // dh
     led_.free(z_.x);       // dhn = Tensor()
     led_.alloc(z_.o);      // d_o
-    led_.alloc(z_.proj);   // dp
+    led_.alloc(z_.packed);  // dp
     led_.alloc(z_.proj);   // dpart_tensors (core_backward's outputs)
     led_.free(z_.proj);    // dpart_tensors, at the end of their scope
     led_.free(z_.o);       // d_o = Tensor()
     led_.free(z_.saved);   // a.drop_core_saved()
     led_.alloc(z_.x);      // dxn
-    led_.free(z_.proj);    // dp = Tensor()
+    led_.free(z_.packed);  // dp = Tensor()
     led_.alloc(z_.x);      // dx_in (returned)
     led_.free(z_.x);       // return: dh,
     led_.free(z_.x);       //   dxn

@@ -70,49 +70,69 @@ void zero_rows(Tensor& x, std::span<const std::uint8_t> keep) {
 }
 
 namespace {
-// Checks packed [R, W] against the parts [R, w_k] (sum w_k = W) and runs the copy.
-void copy_columns(const std::string& op, const Tensor& packed, std::span<const Tensor* const> parts, bool to_parts) {
+// Checks packed [R, P] against the parts [R, groups * w_k] (P = groups * sum w_k, or the padded
+// pitch) and runs the copy: part k of group g is entry g * parts.size() + k of the raw form.
+void copy_columns(const std::string& op, const Tensor& packed, std::span<const Tensor* const> parts,
+                  const PackedColumns& layout, bool to_parts) {
   require(packed.ndim() == 2, op, "packed must be 2-D [R, W], got " + packed.describe());
   require(!parts.empty() && parts.size() <= std::size_t(kMaxColumnParts), op,
           "between 1 and " + std::to_string(kMaxColumnParts) + " parts, got " + std::to_string(parts.size()));
+  const std::int64_t G = layout.groups;
+  require(G >= 1 && G * std::int64_t(parts.size()) <= kMaxColumnParts, op,
+          std::to_string(G) + " groups of " + std::to_string(parts.size()) + " parts: at most " +
+              std::to_string(kMaxColumnParts) + " parts in all, and at least one group");
   const std::int64_t R = packed.dim(0);
   const std::size_t e = dtype_size(packed.dtype());
-  ColumnParts cp;
-  std::int64_t col = 0;
+  std::int64_t group_width = 0;
   for (const Tensor* t : parts) {
     same_dtype_device(op, {&packed, t});
-    require(t->ndim() == 2 && t->dim(0) == R, op,
-            "each part must be 2-D [" + std::to_string(R) + ", w], got " + t->describe());
-    cp.ptr[cp.count] = t->raw();
-    cp.row_bytes[cp.count] = std::size_t(t->dim(1)) * e;
-    cp.offset[cp.count] = std::size_t(col) * e;
-    ++cp.count;
-    col += t->dim(1);
+    require(t->ndim() == 2 && t->dim(0) == R && t->dim(1) % G == 0, op,
+            "each part must be 2-D [" + std::to_string(R) + ", " + std::to_string(G) + " * w], got " +
+                t->describe());
+    group_width += t->dim(1) / G;
   }
-  require(col == packed.dim(1), op,
-          "the parts' widths sum to " + std::to_string(col) + ", packed " + packed.describe() + " has " +
-              std::to_string(packed.dim(1)) + " columns");
-  if (R == 0 || col == 0) return;
-  const std::size_t pitch = std::size_t(col) * e;
+  const std::int64_t used = G * group_width, pitch = layout.pitch == 0 ? used : layout.pitch;
+  if (layout.pitch == 0)
+    require(used == packed.dim(1), op,
+            "the parts' widths sum to " + std::to_string(used) + ", packed " + packed.describe() + " has " +
+                std::to_string(packed.dim(1)) + " columns");
+  else
+    require(pitch >= used && packed.dim(1) == pitch, op,
+            "packed " + packed.describe() + " must have pitch = " + std::to_string(pitch) +
+                " columns, at least the parts' " + std::to_string(used));
+  ColumnParts cp;
+  for (std::int64_t g = 0; g < G; ++g) {
+    std::int64_t col = g * group_width;
+    for (const Tensor* t : parts) {
+      const std::size_t row_bytes = std::size_t(t->dim(1) / G) * e;
+      cp.ptr[cp.count] = static_cast<char*>(t->raw()) + std::size_t(g) * row_bytes;
+      cp.row_bytes[cp.count] = row_bytes;
+      cp.offset[cp.count] = std::size_t(col) * e;
+      cp.part_pitch[cp.count] = std::size_t(t->dim(1)) * e;
+      ++cp.count;
+      col += t->dim(1) / G;
+    }
+  }
+  if (R == 0 || used == 0) return;
   if (packed.device() == Device::CUDA) {
 #ifdef NSATRON_WITH_CUDA
-    cuda::copy_columns(packed.raw(), pitch, cp, R, to_parts);
+    cuda::copy_columns(packed.raw(), std::size_t(pitch) * e, cp, R, to_parts);
     return;
 #else
     no_cuda(op);
 #endif
   }
-  cpu::copy_columns(packed.raw(), pitch, cp, R, to_parts);
+  cpu::copy_columns(packed.raw(), std::size_t(pitch) * e, cp, R, to_parts);
 }
 }  // namespace
 
-void split_columns(const Tensor& packed, std::span<Tensor* const> parts) {
+void split_columns(const Tensor& packed, std::span<Tensor* const> parts, const PackedColumns& layout) {
   std::vector<const Tensor*> ps(parts.begin(), parts.end());
-  copy_columns("split_columns", packed, ps, true);
+  copy_columns("split_columns", packed, ps, layout, true);
 }
 
-void join_columns(std::span<const Tensor* const> parts, Tensor& packed) {
-  copy_columns("join_columns", packed, parts, false);
+void join_columns(std::span<const Tensor* const> parts, Tensor& packed, const PackedColumns& layout) {
+  copy_columns("join_columns", packed, parts, layout, false);
 }
 
 void cast(const Tensor& src, Tensor& dst) {

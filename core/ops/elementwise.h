@@ -14,14 +14,19 @@
 //             the first dimension); e.g. the vocab-parallel embedding zeroes the rows of the
 //             tokens another rank owns. keep: one byte per row, in the memory of x's device.
 // split_columns: packed [R, W] with W = sum_k w_k, parts[k] [R, w_k]:
-//             parts[k][r, j] = packed[r, o_k + j], o_k = w_0 + ... + w_{k-1}
-//             (the fused attention projection, viewed as [tokens * groups, group width], into
-//             the attention core's inputs, each [tokens * groups, part width]);
+//             parts[k][r, j] = packed[r, o_k + j], o_k = w_0 + ... + w_{k-1};
 //             backward: join_columns of the parts' gradients
 // join_columns: the inverse, packed[r, o_k + j] = parts[k][r, j]; backward: split_columns.
+//             Grouped and padded (PackedColumns): packed rows may hold the parts' columns `groups`
+//             times (group width W_g = sum_k w_k) and end in pad columns up to a pitch
+//             P >= groups * W_g, packed [R, P], parts[k] [R, groups * w_k]:
+//               parts[k][r, g * w_k + j] = packed[r, g * W_g + o_k + j]
+//             e.g. the fused attention projection [tokens, G * group width padded to a multiple
+//             of 64] into the attention core's inputs [tokens, G * part width]. The pad columns
+//             [groups * W_g, P) are neither read nor written.
 //             Both are copies (any dtype, bits unchanged), one pass over the bytes: on CUDA one
 //             kernel for all the parts, in the widest unit (up to 16 bytes) that every width,
-//             offset and address allows.
+//             offset, pitch and address allows.
 // Deterministic: elementwise.
 #pragma once
 #include <cstddef>
@@ -42,17 +47,25 @@ void cast(const Tensor& src, Tensor& dst);
 // x [N, ...], any dtype, CPU or CUDA; keep [N] (uint8) in x's device memory.
 void zero_rows(Tensor& x, std::span<const std::uint8_t> keep);
 // packed [R, W] and parts[k] [R, w_k] with sum_k w_k = W; one dtype and device; at most
-// kMaxColumnParts parts.
-constexpr int kMaxColumnParts = 16;
-void split_columns(const Tensor& packed, std::span<Tensor* const> parts);
-void join_columns(std::span<const Tensor* const> parts, Tensor& packed);
+// kMaxColumnParts parts in all (groups * parts.size() with PackedColumns::groups).
+constexpr int kMaxColumnParts = 64;
+struct PackedColumns {
+  std::int64_t groups = 1;  // the parts' columns repeat this many times per packed row
+  std::int64_t pitch = 0;   // packed's columns (pad included), 0: exactly groups * sum_k w_k
+};
+void split_columns(const Tensor& packed, std::span<Tensor* const> parts, const PackedColumns& layout = {});
+void join_columns(std::span<const Tensor* const> parts, Tensor& packed, const PackedColumns& layout = {});
 
 // The raw form of both, shared by the CPU and CUDA sides: `count` parts of row_bytes[k] bytes
-// per row, at byte offsets offset[k] (ascending, contiguous) of packed rows of pitch bytes.
+// per row, at byte offsets offset[k] (ascending, contiguous from 0) of packed rows of `pitch`
+// bytes (pitch >= the parts' total, the rest of a row untouched); row r of part k starts at
+// ptr[k] + r * part_pitch[k] (part_pitch[k] >= row_bytes[k]). A grouped split lists part k of
+// group g as an entry of its own: ptr = parts[k] + g * row_bytes, part_pitch = groups * row_bytes.
 struct ColumnParts {
   void* ptr[kMaxColumnParts];
   std::size_t row_bytes[kMaxColumnParts];
   std::size_t offset[kMaxColumnParts];
+  std::size_t part_pitch[kMaxColumnParts];
   int count = 0;
 };
 

@@ -24,6 +24,18 @@ Shape with_last(const Tensor& t, std::int64_t last) {
   s.back() = last;
   return s;
 }
+// The row length of y / dy: `out`, or a padded pitch (no bias then: the bias kernels take
+// contiguous rows).
+std::int64_t checked_pitch(const std::string& op, std::int64_t pitch, std::int64_t out, bool has_bias,
+                           const char* name) {
+  if (pitch == 0) return out;
+  require(pitch >= out, op,
+          std::string(name) + "_pitch = " + std::to_string(pitch) + " must be at least out = " +
+              std::to_string(out));
+  require(!has_bias, op,
+          std::string("a bias with a padded ") + name + " (" + name + "_pitch) is not supported");
+  return pitch;
+}
 void check_bias(const std::string& op, const Tensor& x, const Tensor& b, std::int64_t out,
                 const char* name) {
   same_dtype_device(op, {&x, &b});
@@ -32,19 +44,20 @@ void check_bias(const std::string& op, const Tensor& x, const Tensor& b, std::in
 }
 }  // namespace
 
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y) {
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y, std::int64_t y_pitch) {
   const std::string op = "linear_forward";
   const LinearDims d = check_linear(op, x, w);
   same_dtype_device(op, {&x, &y});
-  require(y.shape() == with_last(x, d.out), op,
-          "y must be " + shape_str(with_last(x, d.out)) + ", got " + y.describe());
+  const std::int64_t pitch = checked_pitch(op, y_pitch, d.out, bias != nullptr, "y");
+  require(y.shape() == with_last(x, pitch), op,
+          "y must be " + shape_str(with_last(x, pitch)) + ", got " + y.describe());
   if (bias) check_bias(op, x, *bias, d.out, "bias");
   if (d.N == 0 || d.out == 0) return;
   if (d.in == 0) {
     y.zero_();
   } else {
-    Tensor y2 = y.view({d.N, d.out});
-    matmul(x.view({d.N, d.in}), w, y2, {.trans_a = false, .trans_b = true});
+    Tensor y2 = y.view({d.N, pitch});
+    matmul(x.view({d.N, d.in}), w, y2, {.trans_a = false, .trans_b = true, .c_cols = d.out});
   }
   if (bias) {
     if (x.device() == Device::CUDA) {
@@ -67,8 +80,9 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const L
   const std::string op = "linear_backward";
   const LinearDims d = check_linear(op, x, w);
   same_dtype_device(op, {&x, &dy});
-  require(dy.shape() == with_last(x, d.out), op,
-          "dy must be " + shape_str(with_last(x, d.out)) + ", got " + dy.describe());
+  const std::int64_t pitch = checked_pitch(op, g.dy_pitch, d.out, g.dbias != nullptr, "dy");
+  require(dy.shape() == with_last(x, pitch), op,
+          "dy must be " + shape_str(with_last(x, pitch)) + ", got " + dy.describe());
   if (g.dx) {
     same_dtype_device(op, {&x, g.dx});
     require(g.dx->shape() == x.shape(), op,
@@ -95,17 +109,17 @@ void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const L
     }
   }
   if (d.N == 0) return;
-  const Tensor dy2 = dy.view({d.N, d.out});
+  const Tensor dy2 = dy.view({d.N, pitch});  // dy[:, :out] is the operand (lda = pitch)
   if (g.dx && d.in > 0) {
     Tensor dx2 = g.dx->view({d.N, d.in});
     if (d.out == 0) {
       if (!g.accumulate_dx) dx2.zero_();
     } else {
-      matmul(dy2, w, dx2, {.beta = g.accumulate_dx ? 1.0 : 0.0});
+      matmul(dy2, w, dx2, {.beta = g.accumulate_dx ? 1.0 : 0.0, .a_cols = d.out});
     }
   }
   if (g.dw && d.in > 0 && d.out > 0)
-    matmul(dy2, x.view({d.N, d.in}), *g.dw, {.trans_a = true, .beta = 1.0});
+    matmul(dy2, x.view({d.N, d.in}), *g.dw, {.trans_a = true, .beta = 1.0, .a_cols = d.out});
   if (g.dbias) {
     if (x.device() == Device::CUDA) {
 #ifdef NSATRON_WITH_CUDA

@@ -12,6 +12,13 @@
 //   dW += dy^T x                   ACCUMULATED (parameter gradient)
 //   db += sum over rows of dy      ACCUMULATED, summed over rows in order per column block
 // Saves nothing: the backward needs x (the caller keeps it) and W.
+//
+// Padded rows: y (forward) and dy (backward) may be [.., P] with a pitch P > out when asked for
+// (y_pitch / LinearGrads::dy_pitch = P; 0: P = out). Only their first `out` columns take part:
+// the forward writes y[.., :out] (a GEMM with ldc = P), the backward reads dy[.., :out]
+// (dx = dy W with K = out, lda = P; dW += dy^T x over the first out columns); the pad columns
+// [out, P) are never read or written. Use: a pitch that is a multiple of 64 elements keeps
+// every row 16-byte aligned (cuBLASLt's fast kernels) for an `out` that is not. No bias then.
 #pragma once
 #include <cstdint>
 
@@ -19,14 +26,16 @@
 
 namespace nsatron {
 
-// bias: nullptr for none.
-void linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y);
+// bias: nullptr for none. y_pitch: y's padded row length (see above), 0: y is [.., out].
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
+                    std::int64_t y_pitch = 0);
 
 struct LinearGrads {
   Tensor* dx = nullptr;     // nullptr: not needed (e.g. x is a leaf)
   Tensor* dw = nullptr;     // nullptr: W frozen
   Tensor* dbias = nullptr;  // nullptr: no bias
   bool accumulate_dx = false;  // dx += dy W (x feeds several layers) instead of dx =
+  std::int64_t dy_pitch = 0;   // dy's padded row length (see above), 0: dy is [.., out]
 };
 void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const LinearGrads& grads);
 

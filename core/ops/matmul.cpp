@@ -15,12 +15,21 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& op
   const bool bf16_into_fp32 = a.device() == Device::CUDA && a.dtype() == DType::BF16 && c.dtype() == DType::F32;
   if (a.dtype() != b.dtype() || (a.dtype() != c.dtype() && !bf16_into_fp32)) fail("dtypes differ");
   if (a.device() != b.device() || a.device() != c.device()) fail("devices differ");
-  const std::int64_t M = opt.trans_a ? a.dim(1) : a.dim(0);
-  const std::int64_t K = opt.trans_a ? a.dim(0) : a.dim(1);
-  const std::int64_t Kb = opt.trans_b ? b.dim(1) : b.dim(0);
-  const std::int64_t N = opt.trans_b ? b.dim(0) : b.dim(1);
+  // The columns of each operand the product uses: the first `used` of its stored rows.
+  auto columns = [&](const Tensor& t, std::int64_t used, const char* name) {
+    if (used < 0 || used > t.dim(1))
+      fail(std::string(name) + "_cols = " + std::to_string(used) + " is not within the " +
+           std::to_string(t.dim(1)) + " stored columns");
+    return used == 0 ? t.dim(1) : used;
+  };
+  const std::int64_t a_cols = columns(a, opt.a_cols, "a"), b_cols = columns(b, opt.b_cols, "b");
+  const std::int64_t c_cols = columns(c, opt.c_cols, "c");
+  const std::int64_t M = opt.trans_a ? a_cols : a.dim(0);
+  const std::int64_t K = opt.trans_a ? a.dim(0) : a_cols;
+  const std::int64_t Kb = opt.trans_b ? b_cols : b.dim(0);
+  const std::int64_t N = opt.trans_b ? b.dim(0) : b_cols;
   if (K != Kb) fail("inner dimensions differ");
-  if (c.dim(0) != M || c.dim(1) != N) fail("output shape must be [M, N]");
+  if (c.dim(0) != M || c_cols != N) fail("output shape must be [M, N]");
   const std::int64_t lda = a.dim(1), ldb = b.dim(1), ldc = c.dim(1);
 
   if (a.device() == Device::CUDA) {

@@ -110,6 +110,16 @@ template <class F> void with_threads(int threads, F&& f) {
   omp_set_num_threads(prev);
 }
 
+// A CPU [N, pitch] tensor of t's dtype holding the CPU [N, V] tensor t (V <= pitch) in its first
+// V columns and `fill` in the pad columns [V, pitch).
+inline Tensor padded_columns(const Tensor& t, std::int64_t pitch, double fill) {
+  const std::int64_t N = t.dim(0), V = t.dim(1);
+  const std::vector<double> v = t.to_vector();
+  std::vector<double> out(std::size_t(N * pitch), fill);
+  insert_box(out.data(), {N, pitch}, {0, 0}, {N, V}, v.data());
+  return Tensor::from_vector(out, {N, pitch}, t.dtype());
+}
+
 // Columns [b, e) of a CPU [N, V] tensor, as a new [N, e - b] tensor of the same dtype.
 inline Tensor columns(const Tensor& z, std::int64_t b, std::int64_t e) {
   const std::int64_t N = z.dim(0), V = z.dim(1);

@@ -1,4 +1,5 @@
-// Elementwise helpers: values, aliasing, argument checks; zero_rows.
+// Elementwise helpers: values, aliasing, argument checks; zero_rows; split/join of columns (grouped,
+// padded rows included).
 #include "core/ops/elementwise.h"
 #include "tests/ops/op_test_util.h"
 
@@ -136,6 +137,73 @@ TEST(Elementwise, SplitColumnsIsTheColumnSliceAndJoinItsInverse) {
         join_columns(std::vector<const Tensor*>(ptrs.begin(), ptrs.end()), back);
         EXPECT_TRUE(test::same_bits(back, packed)) << tag;
       }
+}
+
+// Grouped, padded rows (PackedColumns): packed [R, pitch] holds G groups of the parts' columns
+// then pad; part k [R, G * w_k]. The split against a plain loop; the join never writes the pad
+// (a sentinel survives it); join(split(p)) = p on the groups' columns, bit for bit.
+TEST(Elementwise, GroupedPaddedSplitAndJoinFollowThePlainLoop) {
+  test::Rng rng(86);
+  const double sentinel = -3.5;
+  for (DType dt : {DType::F32, DType::F64, DType::BF16})
+    for (const std::vector<std::int64_t>& widths :
+         {std::vector<std::int64_t>{1}, {3, 0, 5}, {384, 64, 64, 64, 64, 64, 64, 18}, {7, 1, 2, 9, 4}})
+      for (std::int64_t G : {1, 2, 4})
+        for (std::int64_t R : {1, 3, 37}) {
+          std::int64_t W = 0;
+          for (std::int64_t w : widths) W += w;
+          for (std::int64_t pitch : {G * W, G * W + 5, (G * W + 63) / 64 * 64}) {
+            const std::string tag = std::string(dtype_name(dt)) + " G=" + std::to_string(G) + " R=" +
+                                    std::to_string(R) + " W=" + std::to_string(W) +
+                                    " pitch=" + std::to_string(pitch);
+            const PackedColumns layout{.groups = G, .pitch = pitch};
+            Tensor packed = rng.randn({R, pitch}, DType::F64).to_dtype(dt);
+            std::vector<Tensor> parts;
+            for (std::int64_t w : widths) parts.push_back(rng.randn({R, G * w}, DType::F64).to_dtype(dt));
+            std::vector<Tensor*> ptrs;
+            for (Tensor& t : parts) ptrs.push_back(&t);
+            split_columns(packed, ptrs, layout);
+            const auto pv = packed.to_vector();
+            for (std::int64_t g = 0, col = 0; g < G; ++g)
+              for (std::size_t k = 0; k < widths.size(); col += widths[k], ++k) {
+                const auto got = parts[k].to_vector();
+                for (std::int64_t r = 0; r < R; ++r)
+                  for (std::int64_t j = 0; j < widths[k]; ++j)
+                    ASSERT_EQ(got[std::size_t((r * G + g) * widths[k] + j)],
+                              pv[std::size_t(r * pitch + col + j)])
+                        << tag << " group " << g << " part " << k;
+              }
+            Tensor back = test::padded_columns(rng.randn({R, G * W}, DType::F64).to_dtype(dt), pitch, sentinel);
+            join_columns(std::vector<const Tensor*>(ptrs.begin(), ptrs.end()), back, layout);
+            EXPECT_TRUE(test::same_bits(test::columns(back, 0, G * W), test::columns(packed, 0, G * W))) << tag;
+            EXPECT_EQ(test::columns(back, G * W, pitch).to_vector(),
+                      std::vector<double>(std::size_t(R * (pitch - G * W)), sentinel)) << tag << " pad";
+          }
+        }
+}
+
+TEST(Elementwise, GroupedSplitColumnsRejectsMismatches) {
+  Tensor packed = Tensor::zeros({3, 16}, DType::F32);
+  Tensor a = Tensor::zeros({3, 4}, DType::F32), b = Tensor::zeros({3, 2}, DType::F32);
+  Tensor odd = Tensor::zeros({3, 3}, DType::F32);
+  EXPECT_NO_THROW(split_columns(packed, std::vector<Tensor*>{&a, &b}, {.groups = 2, .pitch = 16}));
+  EXPECT_THROW(split_columns(packed, std::vector<Tensor*>{&a, &b}, {.groups = 2}),
+               std::invalid_argument);  // 12 != 16
+  EXPECT_THROW(split_columns(packed, std::vector<Tensor*>{&a, &b}, {.groups = 2, .pitch = 15}),
+               std::invalid_argument);  // packed is not [3, 15]
+  EXPECT_THROW(split_columns(packed, std::vector<Tensor*>{&a, &b}, {.groups = 4, .pitch = 16}),
+               std::invalid_argument);  // b is not [3, 4 * w]
+  EXPECT_THROW(split_columns(packed, std::vector<Tensor*>{&a, &odd}, {.groups = 2, .pitch = 16}),
+               std::invalid_argument);  // 3 columns are not 2 groups
+  EXPECT_THROW(split_columns(packed, std::vector<Tensor*>{&a, &b}, {.groups = 0, .pitch = 16}),
+               std::invalid_argument);
+  // Too many parts in all: 8 parts of 9 groups are 72 > kMaxColumnParts.
+  std::vector<Tensor> many(8, Tensor::zeros({3, 9}, DType::F32));
+  std::vector<Tensor*> mp;
+  for (Tensor& t : many) mp.push_back(&t);
+  Tensor wide = Tensor::zeros({3, 72}, DType::F32);
+  EXPECT_THROW(split_columns(wide, mp, {.groups = 9}), std::invalid_argument);
+  EXPECT_NO_THROW(split_columns(wide, std::span<Tensor* const>(mp.data(), 1), {.groups = 9, .pitch = 72}));
 }
 
 TEST(Elementwise, JoinColumnsIsTheAdjointOfSplitColumns) {

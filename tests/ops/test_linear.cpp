@@ -1,5 +1,6 @@
 // Linear: finite differences on x, W and b (with and without bias), accumulate/assign
-// conventions, accumulate_dx, bias-gradient determinism.
+// conventions, accumulate_dx, bias-gradient determinism; y / dy with padded rows (the same bits
+// as unpadded ones, the pad columns untouched and unread).
 #include "core/ops/linear.h"
 #include "tests/ops/op_test_util.h"
 
@@ -70,6 +71,62 @@ TEST(Linear, RejectsBadShapes) {
   EXPECT_THROW(linear_forward(x, w2, &b, y), std::invalid_argument);
   Tensor y2 = Tensor::empty({2, 4}, DType::F32);
   EXPECT_THROW(linear_forward(x, w2, nullptr, y2), std::invalid_argument);
+}
+
+// y_pitch / dy_pitch: the product into / from the first `out` columns of rows of `pitch`
+// elements is the same GEMM on the same data as the unpadded one, so the same bits on the CPU.
+// The pad of y holds a sentinel that must survive; the pad of dy holds NaN, which would spread
+// into dx and dW if it were read.
+TEST(Linear, PaddedRowsGiveTheUnpaddedBitsAndLeaveThePad) {
+  Rng rng(54);
+  struct Case {
+    std::int64_t N, in, out, pitch;
+  };
+  const double sentinel = -7.25, nan = std::nan("");
+  for (DType dt : {DType::F32, DType::F64})
+    for (const Case& c : {Case{1, 1, 1, 1}, Case{1, 1, 1, 64}, Case{5, 7, 3, 4}, Case{37, 13, 100, 128},
+                          Case{64, 32, 1572 / 4, 1600 / 4}, Case{3, 5, 17, 18}}) {
+      const std::string tag = std::string(dtype_name(dt)) + " N=" + std::to_string(c.N) + " in=" +
+                              std::to_string(c.in) + " out=" + std::to_string(c.out) + " pitch=" +
+                              std::to_string(c.pitch);
+      Tensor x = rng.randn({c.N, c.in}, dt), w = rng.randn({c.out, c.in}, dt);
+      Tensor y = Tensor::empty({c.N, c.out}, dt);
+      linear_forward(x, w, nullptr, y);
+      Tensor yp = test::padded_columns(rng.randn({c.N, c.out}, dt), c.pitch, sentinel);
+      linear_forward(x, w, nullptr, yp, c.pitch);
+      EXPECT_TRUE(test::same_bits(test::columns(yp, 0, c.out), y)) << tag << " y";
+      EXPECT_EQ(test::columns(yp, c.out, c.pitch).to_vector(),
+                std::vector<double>(std::size_t(c.N * (c.pitch - c.out)), sentinel)) << tag << " y pad";
+
+      Tensor dy = rng.randn({c.N, c.out}, dt), dyp = test::padded_columns(dy, c.pitch, nan);
+      for (bool accumulate_dx : {false, true}) {
+        Tensor dx0 = rng.randn({c.N, c.in}, dt), dx = dx0.clone(), dxp = dx0.clone();
+        Tensor dw0 = rng.randn({c.out, c.in}, dt), dw = dw0.clone(), dwp = dw0.clone();
+        linear_backward(dy, x, w, {.dx = &dx, .dw = &dw, .accumulate_dx = accumulate_dx});
+        linear_backward(dyp, x, w,
+                        {.dx = &dxp, .dw = &dwp, .accumulate_dx = accumulate_dx, .dy_pitch = c.pitch});
+        EXPECT_TRUE(test::same_bits(dxp, dx)) << tag << " dx" << (accumulate_dx ? " accumulated" : "");
+        EXPECT_TRUE(test::same_bits(dwp, dw)) << tag << " dW";
+      }
+      // A 3-D y: the pitch is its last dimension.
+      Tensor x3 = x.view({1, c.N, c.in}), y3 = Tensor::empty({1, c.N, c.pitch}, dt);
+      linear_forward(x3, w, nullptr, y3, c.pitch);
+      EXPECT_TRUE(test::same_bits(test::columns(y3.view({c.N, c.pitch}), 0, c.out), y)) << tag << " 3-D y";
+    }
+}
+
+TEST(Linear, PaddedRowsRejectBadPitchesAndBias) {
+  Tensor x = Tensor::zeros({2, 4}, DType::F32), w = Tensor::zeros({3, 4}, DType::F32);
+  Tensor b = Tensor::zeros({3}, DType::F32), y = Tensor::empty({2, 8}, DType::F32);
+  EXPECT_NO_THROW(linear_forward(x, w, nullptr, y, 8));
+  EXPECT_THROW(linear_forward(x, w, nullptr, y, 7), std::invalid_argument);  // y is not [2, 7]
+  Tensor y2 = Tensor::empty({2, 2}, DType::F32);
+  EXPECT_THROW(linear_forward(x, w, nullptr, y2, 2), std::invalid_argument);  // pitch < out
+  EXPECT_THROW(linear_forward(x, w, &b, y, 8), std::invalid_argument);        // bias
+  Tensor dw = Tensor::zeros({3, 4}, DType::F32), db = Tensor::zeros({3}, DType::F32);
+  EXPECT_NO_THROW(linear_backward(y, x, w, {.dw = &dw, .dy_pitch = 8}));
+  EXPECT_THROW(linear_backward(y, x, w, {.dw = &dw}), std::invalid_argument);  // dy is not [2, 3]
+  EXPECT_THROW(linear_backward(y, x, w, {.dw = &dw, .dbias = &db, .dy_pitch = 8}), std::invalid_argument);
 }
 
 TEST(Linear, BiasGradientSameBitsForAnyThreadCount) {

@@ -2,7 +2,9 @@
 // 1, odd, not a multiple of the vector width, unaligned views, aliasing (out = a, out = b);
 // the bias gradient accumulating in fp32 from bf16 rows, and its bits on a second run.
 // split_columns / join_columns: the same bits as the CPU for every unit width the kernel picks
-// (odd widths, zero widths, unaligned views, the 125M model's projection).
+// (odd widths, zero widths, unaligned views, the 125M model's projection), also with grouped,
+// padded packed rows (the pad never written). Linear with padded y / dy rows (y_pitch,
+// dy_pitch): the CPU's values, the pad of y untouched, the pad of dy (NaN) unread.
 #include "core/ops/elementwise.h"
 #include "core/ops/linear.h"
 #include "tests/ops_cuda/cuda_test_util.h"
@@ -84,6 +86,87 @@ TEST(ElementwiseCuda, SplitAndJoinColumnsMatchCpuBitForBit) {
       Tensor back = Tensor::zeros({c.R, W}, dt, Device::CUDA);
       join_columns(std::vector<const Tensor*>(dp.begin(), dp.end()), back);
       EXPECT_TRUE(test::same_bits_any(back, packed_h)) << tag << " join";
+    }
+}
+
+TEST(ElementwiseCuda, GroupedPaddedSplitAndJoinMatchCpuBitForBit) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const double sentinel = -3.5;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const std::vector<std::int64_t>& widths :
+         {std::vector<std::int64_t>{1}, {3, 0, 5}, {8, 8, 16}, {7, 1, 2, 9, 4},
+          {384, 64, 64, 64, 64, 64, 64, 18}})
+      for (std::int64_t G : {1, 2, 4})
+        for (std::int64_t R : {1, 37, 1000}) {
+          std::int64_t W = 0;
+          for (std::int64_t w : widths) W += w;
+          for (std::int64_t pitch : {G * W, G * W + 1, (G * W + 63) / 64 * 64}) {
+            const std::string tag = test::dt_name(dt) + " G=" + std::to_string(G) + " R=" + std::to_string(R) +
+                                    " W=" + std::to_string(W) + " pitch=" + std::to_string(pitch);
+            const PackedColumns layout{.groups = G, .pitch = pitch};
+            Tensor packed_h = rng.randn({R, pitch}, DType::F32).to_dtype(dt);
+            Tensor packed_d = packed_h.to(Device::CUDA);
+            std::vector<Tensor> ph, pd;
+            for (std::int64_t w : widths) {
+              ph.push_back(Tensor::empty({R, G * w}, dt));
+              pd.push_back(Tensor::empty({R, G * w}, dt, Device::CUDA));
+            }
+            std::vector<Tensor*> hp, dp;
+            for (std::size_t k = 0; k < widths.size(); ++k) {
+              hp.push_back(&ph[k]);
+              dp.push_back(&pd[k]);
+            }
+            split_columns(packed_h, hp, layout);  // the CPU side, checked against a loop in tests/ops
+            split_columns(packed_d, dp, layout);
+            for (std::size_t k = 0; k < widths.size(); ++k)
+              EXPECT_TRUE(test::same_bits_any(pd[k], ph[k])) << tag << " part " << k;
+            Tensor back = test::padded_columns(Tensor::zeros({R, G * W}, dt), pitch, sentinel).to(Device::CUDA);
+            join_columns(std::vector<const Tensor*>(dp.begin(), dp.end()), back, layout);
+            const Tensor back_h = back.to(Device::CPU);
+            EXPECT_TRUE(test::same_bits(test::columns(back_h, 0, G * W), test::columns(packed_h, 0, G * W)))
+                << tag << " join";
+            EXPECT_EQ(test::columns(back_h, G * W, pitch).to_vector(),
+                      std::vector<double>(std::size_t(R * (pitch - G * W)), sentinel)) << tag << " pad";
+          }
+        }
+}
+
+TEST(LinearCuda, PaddedRowsMatchCpuAndLeaveThePad) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  struct Case { std::int64_t N, in, out, pitch; };
+  const double sentinel = -7.25, nan = std::nan("");
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const Case& c : {Case{1, 1, 1, 64}, Case{5, 7, 3, 4}, Case{37, 13, 100, 128}, Case{3, 5, 17, 18},
+                          Case{512, 768, 1572, 1600}}) {  // the 125M model's projection
+      const std::string tag = test::dt_name(dt) + " N=" + std::to_string(c.N) + " in=" + std::to_string(c.in) +
+                              " out=" + std::to_string(c.out) + " pitch=" + std::to_string(c.pitch);
+      Tensor x = rng.randn({c.N, c.in}, DType::F32), w = rng.randn({c.out, c.in}, DType::F32);
+      const Tensor xr = test::rounded_f32(x, dt), wr = test::rounded_f32(w, dt);
+      Tensor xd = test::on_gpu(x, dt), wd = test::on_gpu(w, dt);
+      Tensor y = Tensor::empty({c.N, c.out}, DType::F32);
+      linear_forward(xr, wr, nullptr, y);
+      Tensor yd = test::padded_columns(Tensor::zeros({c.N, c.out}, dt), c.pitch, sentinel).to(Device::CUDA);
+      linear_forward(xd, wd, nullptr, yd, c.pitch);
+      const Tensor yh = yd.to(Device::CPU);
+      test::expect_close_rms(test::columns(yh, 0, c.out), y, test::rtol_for(dt), "y " + tag);
+      EXPECT_EQ(test::columns(yh, c.out, c.pitch).to_vector(),
+                std::vector<double>(std::size_t(c.N * (c.pitch - c.out)), sentinel)) << tag << " y pad";
+
+      Tensor dy = rng.randn({c.N, c.out}, DType::F32);
+      Tensor dyd = test::padded_columns(dy.to_dtype(dt), c.pitch, nan).to(Device::CUDA);
+      Tensor dx = Tensor::empty({c.N, c.in}, DType::F32), dw0 = rng.randn({c.out, c.in}, DType::F32);
+      Tensor dw = dw0.clone();
+      linear_backward(test::rounded_f32(dy, dt), xr, wr, {.dx = &dx, .dw = &dw});
+      Tensor dxd = Tensor::empty({c.N, c.in}, dt, Device::CUDA), dwd = dw0.to(Device::CUDA);  // fp32 dW
+      linear_backward(dyd, xd, wd, {.dx = &dxd, .dw = &dwd, .dy_pitch = c.pitch});
+      test::expect_close_rms(dxd, dx, test::rtol_for(dt), "dx " + tag);
+      test::expect_close_rms(dwd, dw, test::rtol_for(dt), "dW " + tag);
     }
 }
 

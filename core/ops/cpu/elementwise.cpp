@@ -29,7 +29,7 @@ void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std
     char* row = base + std::size_t(r) * pitch;
     for (int k = 0; k < parts.count; ++k) {
       if (parts.row_bytes[k] == 0) continue;
-      char* part = static_cast<char*>(parts.ptr[k]) + std::size_t(r) * parts.row_bytes[k];
+      char* part = static_cast<char*>(parts.ptr[k]) + std::size_t(r) * parts.part_pitch[k];
       if (to_parts)
         std::memcpy(part, row + parts.offset[k], parts.row_bytes[k]);
       else

@@ -2,6 +2,9 @@
 // tail (and unaligned buffers) element by element. fp32 arithmetic, one rounding per output.
 // zero_rows stores zero bits in the widest unit (up to 16 bytes) that the rows and the
 // address allow, whatever the dtype.
+#include <algorithm>
+#include <string>
+
 #include "core/ops/cuda/common.cuh"
 #include "core/ops/elementwise.h"
 
@@ -72,33 +75,37 @@ template <class U> void zero_rows_as(void* x, std::size_t row_bytes, std::int64_
 }
 
 // The parts of copy_columns in units of U: part k is columns [offset[k], offset[k] + width[k])
-// of the packed rows (`pitch` units each).
+// of the packed rows (`pitch` units each, the first `used` of them covered by the parts, in
+// order), row r of part k at ptr[k] + r * part_pitch[k]. 64 parts: 1.3 KB of parameters.
 template <class U> struct UnitParts {
   U* ptr[kMaxColumnParts];
   int offset[kMaxColumnParts];
   int width[kMaxColumnParts];
+  int part_pitch[kMaxColumnParts];
   int count;
   int pitch;
+  int used;
 };
 
 // Each block copies kRows rows at a time (grid-stride over row groups), each thread a column
-// unit of those rows: the loads of the kRows rows are issued before their stores.
+// unit of those rows: the loads of the kRows rows are issued before their stores. A thread's
+// columns ascend, so its search for the part of a column goes on from the previous one.
 constexpr int kColumnRows = 4;
 template <class U, bool kToParts>
 __global__ void copy_columns_kernel(U* packed, const UnitParts<U> p, std::int64_t R) {
   for (std::int64_t r0 = std::int64_t(blockIdx.x) * kColumnRows; r0 < R; r0 += std::int64_t(gridDim.x) * kColumnRows) {
-    for (int c = threadIdx.x; c < p.pitch; c += blockDim.x) {
-      int k = 0;
+    int k = 0;
+    for (int c = threadIdx.x; c < p.used; c += blockDim.x) {
       while (c >= p.offset[k] + p.width[k]) ++k;  // parts are contiguous, in order; zero widths skipped
-      const int j = c - p.offset[k], w = p.width[k];
+      const int j = c - p.offset[k], pp = p.part_pitch[k];
       U* part = p.ptr[k];
       U v[kColumnRows];
 #pragma unroll
       for (int i = 0; i < kColumnRows; ++i)
-        if (r0 + i < R) v[i] = kToParts ? packed[(r0 + i) * p.pitch + c] : part[(r0 + i) * w + j];
+        if (r0 + i < R) v[i] = kToParts ? packed[(r0 + i) * p.pitch + c] : part[(r0 + i) * pp + j];
 #pragma unroll
       for (int i = 0; i < kColumnRows; ++i)
-        if (r0 + i < R) (kToParts ? part[(r0 + i) * w + j] : packed[(r0 + i) * p.pitch + c]) = v[i];
+        if (r0 + i < R) (kToParts ? part[(r0 + i) * pp + j] : packed[(r0 + i) * p.pitch + c]) = v[i];
     }
   }
 }
@@ -112,8 +119,10 @@ void copy_columns_as(void* packed, std::size_t pitch, const ColumnParts& parts, 
     p.ptr[k] = static_cast<U*>(parts.ptr[k]);
     p.offset[k] = int(parts.offset[k] / sizeof(U));
     p.width[k] = int(parts.row_bytes[k] / sizeof(U));
+    p.part_pitch[k] = int(parts.part_pitch[k] / sizeof(U));
+    p.used = p.offset[k] + p.width[k];
   }
-  const int threads = row_threads(p.pitch);
+  const int threads = row_threads(p.used);
   const unsigned blocks = grid_for((R + kColumnRows - 1) / kColumnRows, 1, 1 << 20);
   if (to_parts)
     copy_columns_kernel<U, true><<<blocks, threads>>>(static_cast<U*>(packed), p, R);
@@ -125,14 +134,21 @@ void copy_columns_as(void* packed, std::size_t pitch, const ColumnParts& parts, 
 }  // namespace
 
 void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts) {
-  if (R == 0 || pitch == 0) return;
-  if (pitch > std::size_t(0x7fffffff))
-    throw std::invalid_argument("split_columns / join_columns (cuda): rows too wide");
-  // The widest unit that divides every address, width and offset (and so the pitch).
+  if (R == 0 || pitch == 0 || parts.count == 0) return;
+  if (parts.count > kMaxColumnParts)
+    throw std::invalid_argument("split_columns / join_columns (cuda): more than " +
+                                std::to_string(kMaxColumnParts) + " parts");
+  // The widest unit that divides every address, width, offset and pitch.
   std::uintptr_t a = reinterpret_cast<std::uintptr_t>(packed) | std::uintptr_t(pitch);
-  for (int k = 0; k < parts.count; ++k)
+  std::size_t widest = pitch;
+  for (int k = 0; k < parts.count; ++k) {
+    widest = std::max(widest, parts.part_pitch[k]);
     if (parts.row_bytes[k])
-      a |= reinterpret_cast<std::uintptr_t>(parts.ptr[k]) | parts.row_bytes[k] | parts.offset[k];
+      a |= reinterpret_cast<std::uintptr_t>(parts.ptr[k]) | parts.row_bytes[k] | parts.offset[k] |
+           parts.part_pitch[k];
+  }
+  if (widest > std::size_t(0x7fffffff))
+    throw std::invalid_argument("split_columns / join_columns (cuda): rows too wide");
   if (a % 16 == 0) return copy_columns_as<uint4>(packed, pitch, parts, R, to_parts);
   if (a % 8 == 0) return copy_columns_as<unsigned long long>(packed, pitch, parts, R, to_parts);
   if (a % 4 == 0) return copy_columns_as<unsigned int>(packed, pitch, parts, R, to_parts);
