@@ -732,10 +732,10 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
 // per backward by launch_inverse_index: ascending). Per 16-row sub-batch a warp computes
 //   S^T = K Q^T, dP^T = V dO^T (fp32 accumulate), p = exp(scale s - lse) (fp32),
 //   dV += (g p)^T dO (g p rounded to bf16),
-//   dK += dS^T Q with dS = p (g dP - delta) and Q both split into bf16 hi + lo parts:
-//         dS_hi Q_hi + dS_lo Q_hi + dS_hi Q_lo (the rounding of dS and of the rotated q
-//         would otherwise each add ~2^-9 relative per term; with both, grad_k reached 1.04e-2
-//         of the bf16 bound 1e-2 at D=6),
+//   dK += dS^T Q with dS = p (g dP - delta) split into bf16 hi + lo parts, dS_hi Q + dS_lo Q
+//         (the rounding of dS would otherwise add ~2^-9 relative per term), and at DP = 32
+//         Q too (key_q_parts): + dS_hi Q_lo (with both roundings grad_k reached 1.04e-2 of the
+//         bf16 bound 1e-2 at D=6),
 // skipping sub-batches whose positions cannot see its keys. A selection list of more than
 // kRS rows is split over blocks (grid y) of kRS rows each, whose fp32 partial sums are added
 // in split order by the unit's last block (see the epilogue): balance, block 0 is chosen by
@@ -762,7 +762,7 @@ constexpr int key_parts() {
 template <int DP, int BR>
 constexpr std::size_t key_smem_bytes() {
   constexpr int STR = DP + 8, kRB = key_rows<DP>();
-  return std::size_t(6 * kRB * STR + 2 * key_parts<BR>() * kKB * STR) * 2 +
+  return std::size_t(2 * (1 + key_q_parts(DP)) * kRB * STR + 2 * key_parts<BR>() * kKB * STR) * 2 +
          std::size_t(2 * 4 * kRB) * 4;
 }
 
@@ -775,8 +775,9 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   extern __shared__ float4 smem4[];
   bf16* Qb = reinterpret_cast<bf16*>(smem4);  // [2][RB][STR]
   bf16* Ob = Qb + 2 * kRB * STR;              // [2][RB][STR]
-  bf16* Lb = Ob + 2 * kRB * STR;              // [2][RB][STR] q residuals
-  bf16* Ks = Lb + 2 * kRB * STR;              // [P][KB][STR]
+  constexpr int kQP = key_q_parts(DP);       // rotated q as hi (+ lo) parts
+  bf16* Lb = Ob + 2 * kRB * STR;              // [2][RB][STR] q residuals (kQP == 2)
+  bf16* Ks = Lb + (kQP - 1) * 2 * kRB * STR;  // [P][KB][STR]
   bf16* Vs = Ks + P * kKB * STR;              // [P][KB][STR]
   float* rs = reinterpret_cast<float*>(Vs + P * kKB * STR);  // [2][3][RB] lse*log2e, g, delta
   int* rtp = reinterpret_cast<int*>(rs + 6 * kRB);        // [2][RB] position, -1: none
@@ -849,7 +850,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
         }
         cp16(qd + r * STR + ch, qp + go, ok);
         cp16(od + r * STR + ch, op + go, ok);
-        cp16(ld + r * STR + ch, lp + go, ok);
+        if constexpr (kQP == 2) cp16(ld + r * STR + ch, lp + go, ok);
       }
       float* rd = rs + (i & 1) * 3 * kRB;
       int* td = rtp + (i & 1) * kRB;
@@ -988,18 +989,21 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       for (int jp = 0; jp < DT / 2; ++jp)
 #pragma unroll
         for (int m = 0; m < MR; ++m) {
-          std::uint32_t xo[4], xq[4], xl[4];
+          std::uint32_t xo[4], xq[4];
           frag_b<STR>(xo, Oc + (rb + 16 * m) * STR, 0, jp * 16, lane);
           frag_b<STR>(xq, Qc + (rb + 16 * m) * STR, 0, jp * 16, lane);
-          frag_b<STR>(xl, Lc + (rb + 16 * m) * STR, 0, jp * 16, lane);
           mma(dV[2 * jp], pa[m], xo[0], xo[1]);
           mma(dV[2 * jp + 1], pa[m], xo[2], xo[3]);
           mma(dK[2 * jp], ea[m], xq[0], xq[1]);
           mma(dK[2 * jp + 1], ea[m], xq[2], xq[3]);
           mma(dK[2 * jp], el[m], xq[0], xq[1]);
           mma(dK[2 * jp + 1], el[m], xq[2], xq[3]);
-          mma(dK[2 * jp], ea[m], xl[0], xl[1]);
-          mma(dK[2 * jp + 1], ea[m], xl[2], xl[3]);
+          if constexpr (kQP == 2) {
+            std::uint32_t xl[4];
+            frag_b<STR>(xl, Lc + (rb + 16 * m) * STR, 0, jp * 16, lane);
+            mma(dK[2 * jp], ea[m], xl[0], xl[1]);
+            mma(dK[2 * jp + 1], ea[m], xl[2], xl[3]);
+          }
         }
     };
     if (wact) {

@@ -284,8 +284,8 @@ struct KeyArgs {  // key-side backward kernels
   float* split_dk;
   float* split_dv;
   // bf16 only, optional (selection and window): padded bf16 copies [B, T, G, DP] of the keys
-  // (rotated) and values, and [B, T, H, DP] of q (rotated; tcql: its rounding residuals) and
-  // d_out; the selection branch
+  // (rotated) and values, and [B, T, H, DP] of q (rotated; tcql: its rounding residuals, only
+  // where key_q_parts(DP) == 2) and d_out; the selection branch
   // also needs the inverse index (inv_off [B*G*NB + 1], inv_pos: launch_inverse_index).
   // When tck is set, the tensor-core kernel runs.
   const void* tck;
@@ -359,5 +359,8 @@ void launch_keys(const Geo& g, int branch, const KeyArgs& a, cudaStream_t s);
 
 // nsa_cuda.cu helpers used by the others
 int padded_dim(int D);  // 32, 64 or 128; throws above 128
+// Parts of the rotated q in the tensor-core key side's dK += dS^T Q: bf16 hi + lo (2) at
+// DP = 32, where with one part grad_k reached 1.04e-2 of the 1e-2 bound (D = 6); one above.
+constexpr int key_q_parts(int DP) { return DP <= 32 ? 2 : 1; }
 
 }  // namespace nsatron::nsa::cuda::detail

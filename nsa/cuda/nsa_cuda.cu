@@ -214,9 +214,10 @@ void tc_prepare(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v,
   }
 }
 
-// bf16 key-side backward: padded bf16 copies of q (rotated, hi and lo parts) and of d_out,
-// rows [B, T, H, DP], into KeyArgs::tcq, tcql, tcdo; d_out is used as it is when D is already
-// padded and it is 16-byte aligned.
+// bf16 key-side backward: padded bf16 copies of q (rotated; with its rounding residuals where
+// key_q_parts(DP) == 2) and of d_out, rows [B, T, H, DP], into KeyArgs::tcq, tcql, tcdo; d_out
+// is used as it is when D is already padded and it is 16-byte aligned. (The q slot keeps room
+// for two parts at every DP: the memory plan counts it so.)
 inline void tc_prepare_keys(const Geo& g, Workspace& ws, KeyArgs& ka, const bf16* q, const bf16* d_out,
                             const float2* rope, std::int64_t BTH, cudaStream_t stream) {
   const int DP = padded_dim(g.D);
@@ -224,9 +225,10 @@ inline void tc_prepare_keys(const Geo& g, Workspace& ws, KeyArgs& ka, const bf16
   gq.G = g.H;
   const std::size_t bytes = std::size_t(std::max<std::int64_t>(1, BTH * DP)) * 2;
   auto* qd = static_cast<bf16*>(ws.get(Workspace::kTcQ, 2 * bytes, stream));
-  launch_tc_pad<bf16>(gq, q, qd, rope, g.T, stream, 2);
+  const int q_parts = key_q_parts(DP);
+  launch_tc_pad<bf16>(gq, q, qd, rope, g.T, stream, q_parts);
   ka.tcq = qd;
-  ka.tcql = qd + bytes / 2;
+  ka.tcql = q_parts == 2 ? qd + bytes / 2 : nullptr;
   if (DP == g.D && reinterpret_cast<std::uintptr_t>(d_out) % 16 == 0) {
     ka.tcdo = d_out;
   } else {
