@@ -659,12 +659,6 @@ void launch_inverse_index(const Geo& g, const std::int32_t* sel, std::uint32_t* 
 }
 
 namespace {
-int smem_optin() {
-  int dev = 0, optin = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return optin;
-}
 template <int DP>
 std::size_t cmp_select_tc_bytes_dp(const Geo& g) {
   return tc::cmp_select_bytes<DP>(g, smem_optin());

@@ -29,6 +29,13 @@ int padded_dim(int D) {
                   " is not supported (at most 128)");
 }
 
+int smem_optin() {
+  int dev = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return optin;
+}
+
 namespace {
 
 std::size_t align_up(std::size_t x) { return (x + 255) & ~std::size_t(255); }

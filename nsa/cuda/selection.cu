@@ -128,9 +128,7 @@ void select_impl(const Geo& g, const T* q, const float2* rope, const float* kc, 
   constexpr int STR = DP + 4;
   const std::size_t smem = std::size_t(g.h * STR + KT * STR + g.h * (KT + 1) + g.h +
                                        std::max(g.N, 1) + g.NB + 32 + 32 + g.n) * 4;
-  int dev = 0, optin = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int optin = smem_optin();
   if (smem > std::size_t(optin))
     throw std::runtime_error("nsa cuda: the selection kernel needs " + std::to_string(smem) +
                              " bytes of shared memory (heads per group and T/d too large); "
