@@ -22,12 +22,11 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& op
            std::to_string(t.dim(1)) + " stored columns");
     return used == 0 ? t.dim(1) : used;
   };
-  const std::int64_t a_cols = columns(a, opt.a_cols, "a"), b_cols = columns(b, opt.b_cols, "b");
-  const std::int64_t c_cols = columns(c, opt.c_cols, "c");
+  const std::int64_t a_cols = columns(a, opt.a_cols, "a"), c_cols = columns(c, opt.c_cols, "c");
   const std::int64_t M = opt.trans_a ? a_cols : a.dim(0);
   const std::int64_t K = opt.trans_a ? a.dim(0) : a_cols;
-  const std::int64_t Kb = opt.trans_b ? b_cols : b.dim(0);
-  const std::int64_t N = opt.trans_b ? b.dim(0) : b_cols;
+  const std::int64_t Kb = opt.trans_b ? b.dim(1) : b.dim(0);
+  const std::int64_t N = opt.trans_b ? b.dim(0) : b.dim(1);
   if (K != Kb) fail("inner dimensions differ");
   if (c.dim(0) != M || c_cols != N) fail("output shape must be [M, N]");
   const std::int64_t lda = a.dim(1), ldb = b.dim(1), ldc = c.dim(1);

@@ -10,7 +10,7 @@
 //
 // Backward of C = A @ B (no transposes): dA = dC @ B^T, dB = A^T @ dC.
 //
-// Leading columns: a_cols / b_cols / c_cols (0: all) make an operand the first columns of its
+// Leading columns: a_cols / c_cols (0: all) make A or C the first columns of its
 // stored rows, X[:, :cols] of a row-major X [rows, pitch]; the rows keep their pitch (the
 // leading dimension), the columns past `cols` are neither read nor written. E.g. a product
 // into a row-padded C: the pad keeps the rows 16-byte aligned for cuBLASLt's fast kernels.
@@ -28,7 +28,7 @@ struct MatmulOptions {
   bool trans_b = false;
   double alpha = 1.0;
   double beta = 0.0;
-  std::int64_t a_cols = 0, b_cols = 0, c_cols = 0;  // leading columns used (0: all), see above
+  std::int64_t a_cols = 0, c_cols = 0;  // leading columns used (0: all), see above
 };
 
 // A, B, C: 2-D tensors of one dtype on one device; on CUDA, C may also be fp32 when A and B
