@@ -8,7 +8,8 @@
 # Usage: scripts/gpu_compare.sh [REF]. REF: a commit, or a tar of one (the device's copy of the
 # repository may lack this session's commits: `git archive COMMIT -o .ref.tar`, carry it).
 # Env: SEEDS (default "11 555 222 9"), D6_SEEDS (default 40), BENCH (default "--shapes
-# 125m,paper --T 8192,65536 --no-dense"). Logs under $OUT.
+# 125m,paper --T 8192,65536 --no-dense"), FULL (set: first all of test_nsa_cuda on the working
+# tree), ARCH (default 90). Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -22,14 +23,19 @@ else
   git archive "$ref" | tar -x -C "$refdir" || { echo "cannot export $ref"; exit 1; }
 fi
 [ -d .carry ] && cp -r .carry "$refdir/"
-configure() {
-  cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+configure() {  # the two trees build at the same time (half the cores each)
+  local targets="test_nsa_cuda bench_nsa_gpu"
+  cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90} \
     -DNSATRON_TOMLPP_DIR="$1/.carry/include" >"$OUT/configure_$2.log" 2>&1 &&
-    cmake --build "$1/build-gpu" -j"$(nproc)" --target test_nsa_cuda bench_nsa_gpu >"$OUT/build_$2.log" 2>&1 ||
-    { echo "$2: build failed"; grep -E "error" -A3 "$OUT/build_$2.log" | head -30; exit 1; }
+    cmake --build "$1/build-gpu" -j"$(( $(nproc) / 2 + 1 ))" --target $targets >"$OUT/build_$2.log" 2>&1 ||
+    { echo "$2: build failed"; grep -E "error" -A3 "$OUT/build_$2.log" | head -30; return 1; }
 }
-configure "$refdir" ref
-configure "$PWD" new
+configure "$refdir" ref & pid_ref=$!
+configure "$PWD" new || exit 1
+wait $pid_ref || exit 1
+if [ -n "${FULL:-}" ]; then  # every test of the working tree's test_nsa_cuda on a fresh seed
+  build-gpu/tests/nsa_cuda/test_nsa_cuda 2>&1 | tee "$OUT/test_nsa_cuda.log" | grep -E "^\[  (FAILED|PASSED) |seed|Failure" | head -30
+fi
 bin() { [ "$1" = ref ] && echo "$refdir/build-gpu/$2" || echo "build-gpu/$2"; }
 echo "ref: $([ -f "$ref" ] && echo "$ref" || git rev-parse --short "$ref")  new: the working tree" | tee "$OUT/compare.log"
 for s in ${SEEDS:-11 555 222 9}; do

@@ -179,7 +179,7 @@ __host__ __device__ inline RowSmem row_smem(int n, int ntw) {
   RowSmem L;
   const std::size_t rows = std::size_t(16 * kRowWarps) * C::STR * 2;
   const std::size_t tile = std::size_t(2) * C::KT * C::STR * 2;
-  constexpr int kKParts = BR == kCmp && BWD ? kCmpKVParts : 1;
+  constexpr int kKParts = BR == kCmp && BWD ? cmp_kv_parts(DP) : 1;
   L.q = 0;
   L.o = L.q + rows;
   L.k = L.o + (BWD ? rows : 0);
@@ -358,9 +358,10 @@ template <int DP, int BR, bool BWD>
 __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_kernel(Geo g, RowArgs a, int ntw) {
   using C = RowCfg<DP>;
   constexpr int kRowsPerBlock = 16 * kRowWarps, kMaxPos = kRowsPerBlock;
-  // Parts of each key and value (compression backward: the fp32 compressed keys and values as
-  // bf16 hi + lo, every product with them is the sum of the parts' products).
-  constexpr int kKParts = BR == kCmp && BWD ? kCmpKVParts : 1;
+  // Parts of each key and value (compression backward at padded D = 32: the fp32 compressed
+  // keys and values as bf16 hi + lo, every product with them is the sum of the parts'
+  // products; cmp_kv_parts).
+  constexpr int kKParts = BR == kCmp && BWD ? cmp_kv_parts(DP) : 1;
   constexpr int KT = C::KT, STR = C::STR, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ float4 smem4[];
@@ -474,7 +475,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       bf16* vd = Vs + (k & 1) * kKParts * KT * STR;
       const std::int64_t base = (std::int64_t(b) * NK) * g.G + gi;
       const std::int64_t part_stride = std::int64_t(g.B) * NK * g.G * DP;
-      for (int idx = tid; idx < KT * CH; idx += blockDim.x) {
+      for (int idx = tid; idx < KT * CH; idx += kRowWarps * 32) {
         const int kk = idx / CH, ch = (idx % CH) * 8;
         const bool ok = kk < cnt;
         const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch : 0;
@@ -753,23 +754,24 @@ constexpr int key_rows() {  // rows per staged batch (RB)
   return DP > 64 ? 32 : 64;
 }
 
-// Parts of each key and value (the compression's fp32 keys and values as bf16 hi + lo).
-template <int BR>
+// Parts of each key and value (the compression's fp32 keys and values: bf16 hi + lo at padded
+// D = 32, one bf16 part above; cmp_kv_parts).
+template <int DP, int BR>
 constexpr int key_parts() {
-  return BR == kCmp ? kCmpKVParts : 1;
+  return BR == kCmp ? cmp_kv_parts(DP) : 1;
 }
 
 template <int DP, int BR>
 constexpr std::size_t key_smem_bytes() {
   constexpr int STR = DP + 8, kRB = key_rows<DP>();
-  return std::size_t(2 * (1 + key_q_parts(DP)) * kRB * STR + 2 * key_parts<BR>() * kKB * STR) * 2 +
+  return std::size_t(2 * (1 + key_q_parts(DP)) * kRB * STR + 2 * key_parts<DP, BR>() * kKB * STR) * 2 +
          std::size_t(2 * 4 * kRB) * 4;
 }
 
 template <int DP, int BR>
 __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(Geo g, KeyArgs a, int nsub) {
   constexpr int STR = DP + 8, DT = DP / 8, KS = DP / 16, CH = DP / 8, kRB = key_rows<DP>();
-  constexpr int P = key_parts<BR>();
+  constexpr int P = key_parts<DP, BR>();
   constexpr bool kHoist = DP <= 64 && P == 1;  // K, V fragments in registers
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ float4 smem4[];
@@ -821,7 +823,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   const bf16* lp = static_cast<const bf16*>(a.tcql);
 
   // Keys and values of the block.
-  for (int idx = tid; idx < kKB * CH; idx += blockDim.x) {
+  for (int idx = tid; idx < kKB * CH; idx += kKeyWarps * 32) {
     const int kk = idx / CH, ch = (idx % CH) * 8;
     const bool ok = s0 + kk < s1;
     const std::int64_t NK = BR == kCmp ? g.N : g.T;
@@ -838,7 +840,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       bf16* qd = Qb + (i & 1) * kRB * STR;
       bf16* od = Ob + (i & 1) * kRB * STR;
       bf16* ld = Lb + (i & 1) * kRB * STR;
-      for (int idx = tid; idx < kRB * CH; idx += blockDim.x) {
+      for (int idx = tid; idx < kRB * CH; idx += kKeyWarps * 32) {
         const int r = idx / CH, ch = (idx % CH) * 8;
         const int rho = rbeg + i * kRB + r;
         const bool ok = rho < nrows;
@@ -854,7 +856,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       }
       float* rd = rs + (i & 1) * 3 * kRB;
       int* td = rtp + (i & 1) * kRB;
-      for (int r = tid; r < kRB; r += blockDim.x) {
+      for (int r = tid; r < kRB; r += kKeyWarps * 32) {
         const int rho = rbeg + i * kRB + r;
         int t = -1;
         float L = 0.f, Gs = 0.f, Dl = 0.f;

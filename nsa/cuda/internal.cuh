@@ -246,7 +246,7 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
                        // (the key side's probabilities must match the row side's)
   // bf16 only, optional: padded bf16 copies [B, NK, G, padded_dim(D)] of the branch keys
   // (RoPE applied) and values (launch_tc_pad); when set, the tensor-core kernel runs. The
-  // compression branch's backward takes its fp32 keys and values as kCmpKVParts parts each,
+  // compression branch's backward takes its fp32 keys and values as cmp_kv_parts(DP) parts each,
   // B*N*G*padded_dim(D) elements apart.
   const void* tck;
   const void* tcv;
@@ -256,10 +256,12 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
 // parts > 1, also the bf16 rounding residuals, part p at dst + p * B*NK*G*padded_dim(D): 2 parts
 // carry ~16 significant bits, 3 parts ~24 (fp32).
 // The compression branch's tensor-core backward (row and key sides) reads its fp32 compressed
-// keys and values as this many bf16 parts (x = hi + lo to ~16 bits; the other branches' keys
-// and values are bf16 inputs already), so their rounding adds no error of its own to the
-// products (with one part, grad_cmp_pk reached 9.6e-3 of the 1e-2 bound at D = 6).
-constexpr int kCmpKVParts = 2;
+// keys and values as cmp_kv_parts(padded D) bf16 parts: at padded D = 32, hi + lo (~16 bits;
+// the other branches' keys and values are bf16 inputs already), so their rounding adds no
+// error of its own to the products (with one part, grad_cmp_pk reached 9.6e-3 of the 1e-2
+// bound at D = 6); above, one part, the bf16 rounding (docs/performance.md, 2026-11-26:
+// the compression backward's products halve; the parity errors it moved are listed there).
+constexpr int cmp_kv_parts(int DP) { return DP <= 32 ? 2 : 1; }
 template <class S>
 void launch_tc_pad(const Geo& g, const S* src, __nv_bfloat16* dst, const float2* rope, int NK,
                    cudaStream_t s, int parts = 1);

@@ -473,7 +473,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       a.lse_tc = br == kCmp ? lse_tc : nullptr;
       if (br == kCmp) {
         tc_prepare<T>(g, ws, a, saved.k_cmp_blocks, saved.v_cmp_blocks, nullptr, g.N, stream,
-                      Workspace::kTcKc, Workspace::kTcVc, kCmpKVParts);
+                      Workspace::kTcKc, Workspace::kTcVc, cmp_kv_parts(padded_dim(g.D)));
         cmp_tck = a.tck;
         cmp_tcv = a.tcv;
       } else if (br == kSlc)

@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
       __half* kd = Ks + (k & 1) * 2 * KT * STR;
       bf16* vd = Vs + (k & 1) * 2 * KT * STR;
       const bool values = k < ntiles;
-      for (int idx = tid; idx < KT * CH; idx += blockDim.x) {
+      for (int idx = tid; idx < KT * CH; idx += kRowWarps * 32) {
         const int kk = idx / CH, ch = (idx % CH) * 8;
         const bool ok = kk < cnt;
         const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch : 0;
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
           if (values) cp16(vd + (p * KT + kk) * STR + ch, a.vparts + po, ok);
         }
       }
-      for (int kk = tid; kk < KT; kk += blockDim.x)
+      for (int kk = tid; kk < KT; kk += kRowWarps * 32)
         kinv[(k & 1) * KT + kk] = kk < cnt ? a.kinv[base + std::int64_t(s0 + kk) * g.G] : 0.f;
     }
     cp_commit();
