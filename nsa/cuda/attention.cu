@@ -688,7 +688,7 @@ void launch_cmp_select_tc(const Geo& g, const bf16* q, const float2* rope, const
     tc::pad_f16_parts_kernel<<<grid1(rows * 32, 256), 256, 0, s>>>(kc, scratch.kparts,
                                                                    scratch.kinv, rows, g.D, DP);
     check_launch("tc::pad_f16_parts_kernel");
-    launch_tc_pad<float>(g, vc, scratch.vparts, nullptr, g.N, s, 2);
+    launch_tc_pad<float>(g, vc, scratch.vparts, nullptr, g.N, s, cmp_kv_parts(DP));
   }
   tc::CmpSelArgs a{q, rope, scratch.kparts, scratch.kinv, scratch.vparts, o, lse, sel};
   switch (DP) {

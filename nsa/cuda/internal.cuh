@@ -204,8 +204,8 @@ void launch_select(const Geo& g, const T* q, const float2* rope, const float* kc
 // selection in one tensor-core kernel whose scores are fp32-accurate (fp16 hi + lo parts of
 // the scaled query and keys): o_cmp, its lse and sel_blocks, replacing the fp32 row kernel and
 // launch_select. cmp_select_tc_smem is its shared memory for g, or 0 where it cannot run
-// (more than 64 heads per group, or not even one position's NB block scores fit; a block
-// takes fewer positions than 64 / h where their block scores would not fit): then the fp32
+// (more than 128 heads per group, or not even one position's NB block scores fit; a block
+// takes fewer positions than 128 / h where their block scores would not fit): then the fp32
 // kernels run. Scratch: kparts 2 * B*N*G*padded_dim(D) halves, kinv B*N*G floats,
 // vparts 2 * B*N*G*padded_dim(D) bf16.
 struct CmpSelectScratch {

@@ -12,21 +12,27 @@
 // bits; q.k = hi.hi + hi.lo + lo.hi (three m16n8k16 f16 products, fp32 accumulate; the
 // dropped lo.lo is ~2^-22 of the terms), then multiplied back by the two scales.
 //
-// A block owns P = 64 / h whole positions (all h heads of each: the selection sums over them)
-// of one (batch, group), one row per (position, head), 16 per warp, rows past P h idle. The
-// compressed keys visible to its last position stream through shared memory in 64-key tiles
-// (cp.async, double buffered) twice:
+// A block of kCmpSelWarps = 8 warps owns P = 128 / h whole positions (all h heads of each: the
+// selection sums over them) of one (batch, group), one row per (position, head), 16 per warp,
+// rows past P h idle. The compressed keys visible to its last position stream through shared
+// memory in 64-key tiles (cp.async, double buffered) twice, each tile serving all 8 warps:
 //   pass 0  the compression branch's forward: online softmax of the scores (exp2 domain), O +=
-//           P V with P rounded to bf16 and V as bf16 hi + lo parts; o_cmp and lse written as
-//           the other row kernels do;
-//   pass 1  p = exp(scale s - lse) per row and key (fp32), summed over the position's heads and
-//           spread onto the selection blocks it overlaps, S[pos][j] += (overlap(i, j) / d) P_i,
-//           in a shared array [P][NB] (each (pos, j) owned by one thread per tile: fixed order).
+//           P V with P rounded to bf16 and V as cmp_kv_parts(DP) bf16 parts (hi + lo at
+//           padded D = 32, the bf16 rounding above, as the compression backward); o_cmp and
+//           lse written as the other row kernels do;
+//   pass 1  p = exp(scale s - lse) per row and key (fp32), summed over the position's heads
+//           (P_i, one thread per (pos, i)) and spread onto the selection blocks it overlaps,
+//           S[pos][j] += (overlap(i, j) / d) P_i, in a shared array [P][NB] (each (pos, j)
+//           owned by one thread per tile: fixed order).
+// Eight warps (not four, as the row kernels): at D = 128 the shared memory allows one block
+// per SM, and 8 warps give each scheduler two (docs/performance.md, 2026-11-26).
 // Then one warp per position applies the selection rule of selection.cu (forced 0, b_t - 1,
 // b_t; the rest by score descending, index ascending, NaN as -inf) and writes the row.
 // The launcher falls back to the fp32 kernels (compression row forward + select_kernel) where
-// this one does not fit: h > 64, or P NB scores beyond the shared memory left.
+// this one does not fit: h > 128, or P NB scores beyond the shared memory left.
 namespace tc {
+
+constexpr int kCmpSelWarps = 8;  // warps per block of cmp_select_kernel
 
 __device__ __forceinline__ void mma_f16(float* c, const std::uint32_t* a, std::uint32_t b0,
                                         std::uint32_t b1) {
@@ -98,26 +104,29 @@ struct CmpSelSmem {  // byte offsets of the dynamic shared memory of cmp_select_
 };
 template <int DP>
 __host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n) {
-  constexpr int KT = 64, STR = DP + 8, ROWS = 16 * kRowWarps;
+  constexpr int KT = 64, STR = DP + 8, ROWS = 16 * kCmpSelWarps, VP = cmp_kv_parts(DP);
   CmpSelSmem L;
   L.q = 0;                                             // [2][ROWS][STR] fp16
   L.qinv = L.q + std::size_t(2) * ROWS * STR * 2;      // [ROWS] fp32
   L.k = L.qinv + ROWS * 4;                             // [2 stages][2 parts][KT][STR] fp16
   L.kinv = L.k + std::size_t(2) * 2 * KT * STR * 2;    // [2 stages][KT] fp32
-  L.v = L.kinv + 2 * KT * 4;                           // [2 stages][2 parts][KT][STR] bf16
-  const std::size_t vbytes = std::size_t(2) * 2 * KT * STR * 2;
-  const std::size_t psbytes = std::size_t(ROWS) * (KT + 1) * 4;
-  L.ps = L.v;  // pass 1 reuses the value tiles' space for p [ROWS][KT + 1] fp32
+  L.v = L.kinv + 2 * KT * 4;                           // [2 stages][VP parts][KT][STR] bf16
+  const std::size_t vbytes = std::size_t(2) * VP * KT * STR * 2;
+  // pass 1 reuses the value tiles' space for p [ROWS][KT + 1] and the head sums [P][KT], fp32
+  const std::size_t psbytes = (std::size_t(ROWS) * (KT + 1) + std::size_t(P) * KT) * 4;
+  L.ps = L.v;
   L.s = L.v + (vbytes > psbytes ? vbytes : psbytes);   // [P][NB] fp32 block scores
-  L.chosen = L.s + std::size_t(P) * (NB > 0 ? NB : 1) * 4;  // [kRowWarps][n] int
-  L.total = L.chosen + std::size_t(kRowWarps) * n * 4;
+  L.chosen = L.s + std::size_t(P) * (NB > 0 ? NB : 1) * 4;  // [kCmpSelWarps][n] int
+  L.total = L.chosen + std::size_t(kCmpSelWarps) * n * 4;
   return L;
 }
 
+// At D <= 64 two blocks fit an SM (shared memory), which needs <= 128 registers.
 template <int DP>
-__global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSelArgs a, int P) {
+__global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
+    cmp_select_kernel(Geo g, CmpSelArgs a, int P) {
   constexpr int KT = 64, STR = DP + 8, NT = KT / 8, DT = DP / 8, CH = DP / 8;
-  constexpr int ROWS = 16 * kRowWarps;
+  constexpr int ROWS = 16 * kCmpSelWarps, VP = cmp_kv_parts(DP);
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ float4 smem4[];
   char* sm = reinterpret_cast<char*>(smem4);
@@ -127,8 +136,9 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
   float* qinv = reinterpret_cast<float*>(sm + L.qinv);   // [ROWS]
   __half* Ks = reinterpret_cast<__half*>(sm + L.k);      // [2][2][KT][STR]
   float* kinv = reinterpret_cast<float*>(sm + L.kinv);   // [2][KT]
-  bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);          // [2][2][KT][STR]
+  bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);          // [2][VP][KT][STR]
   float* Ps = reinterpret_cast<float*>(sm + L.ps);       // [ROWS][KT + 1] (pass 1)
+  float* Pi = Ps + ROWS * (KT + 1);                       // [P][KT] head sums (pass 1)
   float* Sb = reinterpret_cast<float*>(sm + L.s);        // [P][NB]
   int* chosen = reinterpret_cast<int*>(sm + L.chosen) + warp * g.n;
   const int b = blockIdx.y / g.G, gi = blockIdx.y % g.G;
@@ -208,9 +218,9 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
       const int s0 = (k % ntiles) * KT;
       const int cnt = min(KT, key_end - s0);
       __half* kd = Ks + (k & 1) * 2 * KT * STR;
-      bf16* vd = Vs + (k & 1) * 2 * KT * STR;
+      bf16* vd = Vs + (k & 1) * VP * KT * STR;
       const bool values = k < ntiles;
-      for (int idx = tid; idx < KT * CH; idx += kRowWarps * 32) {
+      for (int idx = tid; idx < KT * CH; idx += kCmpSelWarps * 32) {
         const int kk = idx / CH, ch = (idx % CH) * 8;
         const bool ok = kk < cnt;
         const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch : 0;
@@ -218,10 +228,10 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
         for (int p = 0; p < 2; ++p) {
           const std::int64_t po = ok ? p * rows_kv * DP + off : 0;
           cp16(kd + (p * KT + kk) * STR + ch, a.kparts + po, ok);
-          if (values) cp16(vd + (p * KT + kk) * STR + ch, a.vparts + po, ok);
+          if (values && p < VP) cp16(vd + (p * KT + kk) * STR + ch, a.vparts + po, ok);
         }
       }
-      for (int kk = tid; kk < KT; kk += kRowWarps * 32)
+      for (int kk = tid; kk < KT; kk += kCmpSelWarps * 32)
         kinv[(k & 1) * KT + kk] = kk < cnt ? a.kinv[base + std::int64_t(s0 + kk) * g.G] : 0.f;
     }
     cp_commit();
@@ -301,7 +311,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[n][e] = ok[n][e] ? s[n][e] : -INFINITY;
         online_softmax_tile<NT, DT>(s, sl2, m2, ls, acc);
-        acc_add_product<NT, DT, STR, KT, 2>(acc, s, Vs + (k & 1) * 2 * KT * STR, lane);
+        acc_add_product<NT, DT, STR, KT, VP>(acc, s, Vs + (k & 1) * VP * KT * STR, lane);
       }
     } else {
       // p per row and key into Ps (zeros where not visible), then the block scores.
@@ -315,10 +325,18 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
         }
       __syncthreads();
       const int cnt = min(KT, key_end - s0);
+      // P_i per (position, key): the sum over the position's heads, ascending.
+      for (int idx = tid; idx < npos * KT; idx += kCmpSelWarps * 32) {
+        const int pl = idx / KT, kk = idx % KT;
+        float pi = 0.f;
+        for (int hd = 0; hd < g.h; ++hd) pi += Ps[(pl * g.h + hd) * (KT + 1) + kk];
+        Pi[idx] = pi;
+      }
+      __syncthreads();
       const int j_lo = (s0 * g.d) / g.ls;
       const int j_hi = min(g.NB - 1, ((s0 + cnt - 1) * g.d + g.l - 1) / g.ls);
       const int nj = j_hi - j_lo + 1;
-      for (int idx = tid; idx < npos * nj; idx += blockDim.x) {
+      for (int idx = tid; idx < npos * nj; idx += kCmpSelWarps * 32) {
         const int pl = idx / nj, j = j_lo + idx % nj;
         const int t = t_first + pl;
         int i_lo, i_hi;
@@ -326,11 +344,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
         i_lo = max(i_lo, s0);
         i_hi = min(i_hi, min(s0 + cnt, visible_blocks(g, t)) - 1);
         float sum = 0.f;
-        for (int i = i_lo; i <= i_hi; ++i) {
-          float pi = 0.f;
-          for (int hd = 0; hd < g.h; ++hd) pi += Ps[(pl * g.h + hd) * (KT + 1) + (i - s0)];
-          sum += overlap_weight(g, i, j) * pi;
-        }
+        for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight(g, i, j) * Pi[pl * KT + (i - s0)];
         Sb[pl * g.NB + j] += sum;
       }
     }
@@ -346,7 +360,7 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
   }
 
   // The selection rule, one warp per position.
-  for (int pl = warp; pl < npos; pl += kRowWarps) {
+  for (int pl = warp; pl < npos; pl += kCmpSelWarps) {
     const int t = t_first + pl;
     std::int32_t* out = a.sel + ((std::int64_t(b) * g.T + t) * g.G + gi) * g.n;
     const int bt = t / g.ls;
@@ -373,16 +387,16 @@ __global__ void __launch_bounds__(kRowWarps * 32) cmp_select_kernel(Geo g, CmpSe
   }
 }
 
-// Positions per block of the fused kernel for this shape: 64 / h, halved until the [P][NB]
-// block scores fit the device's opt-in shared memory (at T = 64k, l' = 64: P = 32 for h = 1 at
+// Positions per block of the fused kernel for this shape: 128 / h, halved until the [P][NB]
+// block scores fit the device's opt-in shared memory (at T = 64k, l' = 64, h = 1: P = 32 at
 // D = 64; the warps past P h rows then idle, which still beats the fp32 fallback); 0 where it
-// cannot run (h > 64, or not even one position fits). The results do not depend on P: every
+// cannot run (h > 128, or not even one position fits). The results do not depend on P: every
 // row's softmax and every position's block scores are summed over the key tiles in the same
 // order whatever the block holds.
 template <int DP>
 int cmp_select_positions(const Geo& g, int optin) {
-  if (g.h > 16 * kRowWarps) return 0;
-  for (int P = (16 * kRowWarps) / g.h; P >= 1; P /= 2)
+  if (g.h > 16 * kCmpSelWarps) return 0;
+  for (int P = (16 * kCmpSelWarps) / g.h; P >= 1; P /= 2)
     if (cmp_select_smem<DP>(P, g.NB, g.n).total <= std::size_t(optin)) return P;
   return 0;
 }
@@ -400,7 +414,7 @@ void cmp_select_launch(const Geo& g, const CmpSelArgs& a, int P, std::size_t sme
   CUDA_CHECK(cudaFuncSetAttribute(cmp_select_kernel<DP>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(nblocks, unsigned(g.B * g.G));
-  cmp_select_kernel<DP><<<grid, kRowWarps * 32, smem, s>>>(g, a, P);
+  cmp_select_kernel<DP><<<grid, kCmpSelWarps * 32, smem, s>>>(g, a, P);
   check_launch("tc::cmp_select_kernel");
 }
 

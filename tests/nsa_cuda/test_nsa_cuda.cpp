@@ -291,10 +291,13 @@ const std::vector<Case>& cases() {
       {"125M-like, B=3", make_dims(3, 130, 12, 2, 64, 32, 16, 64, 16, 512)},
       {"paper D=64 T=2048", make_dims(1, 2048, 16, 1, 64, 32, 16, 64, 16, 512)},
       {"paper D=128 T=3000", make_dims(1, 3000, 8, 2, 128, 32, 16, 64, 16, 512)},
-      // More than 64 heads per group: bf16 takes the fp32 compression forward and selection
-      // (the fused tensor-core kernel holds the heads of whole positions in 64 rows).
+      // 72 heads per group: the fused tensor-core kernel holds one position in 72 of its 128
+      // rows (a position's heads across 5 warps).
       {"1 group, 72 heads", make_dims(1, 200, 72, 1, 16, 16, 8, 32, 4, 40)},
-      // 750 selection blocks at one head per group: 64 positions' block scores (188 KB) do not
+      // More than 128 heads per group: bf16 takes the fp32 compression forward and selection
+      // (the fused kernel holds the heads of whole positions in its 128 rows).
+      {"1 group, 136 heads", make_dims(1, 120, 136, 1, 16, 16, 8, 32, 4, 40)},
+      // 750 selection blocks at one head per group: 128 positions' block scores (375 KB) do not
       // fit the fused kernel's shared memory with its tiles, so its blocks take 32 positions.
       {"h=1, 750 blocks", make_dims(1, 6000, 2, 2, 32, 8, 8, 8, 8, 64)},
   };
