@@ -9,7 +9,7 @@
 # repository may lack this session's commits: `git archive COMMIT -o .ref.tar`, carry it).
 # Env: SEEDS (default "11 555 222 9"), D6_SEEDS (default 40), BENCH (default "--shapes
 # 125m,paper --T 8192,65536 --no-dense"), FULL (set: first all of test_nsa_cuda on the working
-# tree), ARCH (default 90). Logs under $OUT.
+# tree), ARCH (default 90a). Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -25,7 +25,7 @@ fi
 [ -d .carry ] && cp -r .carry "$refdir/"
 configure() {  # the two trees build at the same time (half the cores each)
   local targets="test_nsa_cuda bench_nsa_gpu"
-  cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90} \
+  cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90a} \
     -DNSATRON_TOMLPP_DIR="$1/.carry/include" >"$OUT/configure_$2.log" 2>&1 &&
     cmake --build "$1/build-gpu" -j"$(( $(nproc) / 2 + 1 ))" --target $targets >"$OUT/build_$2.log" 2>&1 ||
     { echo "$2: build failed"; grep -E "error" -A3 "$OUT/build_$2.log" | head -30; return 1; }

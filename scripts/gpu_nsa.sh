@@ -16,7 +16,7 @@ has() { [[ " $steps " == *" $1 "* ]]; }
 targets="test_nsa_cuda bench_nsa_gpu"
 has train && targets="$targets train_gpu nsatron"
 has gputests && targets="all"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90a} \
   -DNSATRON_TOMLPP_DIR="$PWD/.carry/include" -DNSATRON_PYTHON="$(command -v python3)" >"$OUT/configure.log" 2>&1 \
   || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build-gpu -j"$(nproc)" --target $targets >"$OUT/build.log" 2>&1 \

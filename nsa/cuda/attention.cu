@@ -33,6 +33,7 @@
 #include <cuda_fp16.h>
 
 #include "nsa/cuda/internal.cuh"
+#include "nsa/cuda/wgmma.cuh"
 
 namespace nsatron::nsa::cuda::detail {
 

@@ -4,8 +4,14 @@
 // of one (batch, group), 16 per warp, and the block's warps share every key tile (see
 // row_kernel below for the key sets of the selection and window branches). Keys come from a
 // padded bf16 copy [B, T, G, DP] (RoPE already applied, zeros past D: see pad_kernel),
-// staged 64 keys at a time in shared memory with cp.async, double buffered. Products are
-// mma.sync m16n8k16 (bf16 in, fp32 accumulate):
+// staged 64 keys at a time in shared memory with cp.async, double buffered, in the tile layout
+// of wgmma.cuh (128-byte swizzle at padded D = 64, 128). Products (bf16 in, fp32 accumulate)
+// are warpgroup products, wgmma, where the build is for sm_90a (CMAKE_CUDA_ARCHITECTURES 90a,
+// the default): the block's 4 warps are one warpgroup, each warp's 16 rows are the rows of
+// the 64-row products that it holds, B read from the shared tiles by the tensor cores (once
+// per warpgroup, not once per warp as ldmatrix fragments), A (Q, dO, P, dS) from registers in
+// mma.sync's fragment layout; elsewhere mma.sync m16n8k16 with ldmatrix fragments of the
+// same tiles. The products are the same sums either way:
 //   forward   S = Q K^T, online softmax in fp32 (exp2 domain), O += P V (P rounded to bf16),
 //             O / l and lse = m + log(l) written as the fp32 kernel does;
 //   backward  one pass over the keys for dq: S = Q K^T, dP = dO V^T, p = exp(scale s - lse),
@@ -18,8 +24,9 @@
 //             (One pass with A = sum p dP k and B = sum p k, dq ~ A - lsum B as the fp32
 //             kernel does, cancels badly once P and dP are rounded to bf16: with one key,
 //             dq = 0 exactly but A - lsum B keeps the rounding error of dP.)
-// Every output element is written by one thread after a fixed sequence of mma's: the
-// results are deterministic.
+// Every output element is written by one thread after a fixed sequence of products: the
+// results are deterministic. With wgmma a block skips a key tile only when none of its rows
+// sees it (the products are block-wide); mma.sync skips per warp.
 // Included inside namespace nsatron::nsa::cuda::detail::{anonymous} of attention.cu.
 #pragma once
 
@@ -88,6 +95,27 @@ template <int STR>
 __device__ __forceinline__ void frag_b(std::uint32_t* r, const bf16* base, int k0, int n0,
                                        int lane) {
   ldsm4t(r, base + (k0 + (lane & 15)) * STR + n0 + (lane >> 4) * 8);
+}
+// The same fragments from a shared tile of DP dims per row (wgmma.cuh layout: the row and key
+// kernels' shared key, value and row tiles), for the mma.sync path.
+template <int DP, int R>
+__device__ __forceinline__ const bf16* tile_at(const bf16* tile, int r, int ch) {
+  return reinterpret_cast<const bf16*>(reinterpret_cast<const char*>(tile) + wg::tile_offset<DP, R>(r, ch));
+}
+// A fragments of rows m0..m0+15 (dims k0..k0+15) of a tile.
+template <int DP, int R>
+__device__ __forceinline__ void tile_frag_a(std::uint32_t* r, const bf16* tile, int m0, int k0, int lane) {
+  ldsm4(r, tile_at<DP, R>(tile, m0 + (lane & 15), k0 / 8 + (lane >> 4)));
+}
+template <int DP, int R>
+__device__ __forceinline__ void tile_frag_bt(std::uint32_t* r, const bf16* tile, int n0, int k0,
+                                             int lane) {
+  ldsm4(r, tile_at<DP, R>(tile, n0 + (lane >> 4) * 8 + (lane & 7), k0 / 8 + ((lane >> 3) & 1)));
+}
+template <int DP, int R>
+__device__ __forceinline__ void tile_frag_b(std::uint32_t* r, const bf16* tile, int k0, int n0,
+                                            int lane) {
+  ldsm4t(r, tile_at<DP, R>(tile, k0 + (lane & 15), n0 / 8 + (lane >> 4)));
 }
 
 // Padded bf16 copy: dst[row][0..DP) = (rope ? RoPE(src row, pos) : src row), zeros past D.
@@ -178,7 +206,7 @@ __host__ __device__ inline RowSmem row_smem(int n, int ntw) {
   constexpr int kMaxPos = 16 * kRowWarps;
   RowSmem L;
   const std::size_t rows = std::size_t(16 * kRowWarps) * C::STR * 2;
-  const std::size_t tile = std::size_t(2) * C::KT * C::STR * 2;
+  const std::size_t tile = std::size_t(2) * C::KT * DP * 2;  // tiles laid out as wgmma.cuh says
   constexpr int kKParts = BR == kCmp && BWD ? cmp_kv_parts(DP) : 1;
   L.q = 0;
   L.o = L.q + rows;
@@ -300,24 +328,56 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], float sl2
   }
 }
 
+// The A fragments (16 rows x 16 keys, keys 16 k2..) of X [16][KT] fp32 in the accumulator
+// layout, rounded to bf16.
+template <int NT>
+__device__ __forceinline__ void pack_a(std::uint32_t (&xa)[4], const float (*x)[4], int k2) {
+  xa[0] = pack2(x[2 * k2][0], x[2 * k2][1]);
+  xa[1] = pack2(x[2 * k2][2], x[2 * k2][3]);
+  xa[2] = pack2(x[2 * k2 + 1][0], x[2 * k2 + 1][1]);
+  xa[3] = pack2(x[2 * k2 + 1][2], x[2 * k2 + 1][3]);
+}
+
 // acc += X Y for a warp's 16 rows: X [16][KT] fp32 in the accumulator layout (rounded to bf16
-// here), Y [KT][DP] bf16 in shared memory as PARTS parts KT * STR apart (smallest first).
-template <int NT, int DT, int STR, int KT, int PARTS>
-__device__ __forceinline__ void acc_add_product(float (*acc)[4], const float (*x)[4], const bf16* y,
+// here), Y [KT][DP] bf16 in shared memory as PARTS parts (smallest first): TILE false, rows of
+// STR elements, parts KT * STR apart; TILE true, wgmma.cuh tiles (STR = DP), parts KT * DP
+// apart, and on sm_90a the product is one warpgroup product (every warp of the block calls it
+// together; wgmma.cuh).
+template <int NT, int DT, int STR, int KT, int PARTS, bool TILE = false>
+__device__ __forceinline__ void acc_add_product(float (&acc)[DT][4], const float (*x)[4], const bf16* y,
                                                 int lane) {
+#if NSATRON_WGMMA
+  if constexpr (TILE) {
+    std::uint32_t xa[NT / 2][4];
+#pragma unroll
+    for (int k2 = 0; k2 < NT / 2; ++k2) pack_a<NT>(xa[k2], x, k2);
+    wg::pin(acc);
+    wg::pin(xa);
+    wg::fence();
+#pragma unroll
+    for (int k2 = 0; k2 < NT / 2; ++k2)
+#pragma unroll
+      for (int p = PARTS - 1; p >= 0; --p)
+        wg::mma<DT * 8, 1>(acc, xa[k2], wg::mnmajor_desc<STR, KT>(y + p * KT * STR, k2));
+    wg::commit();
+    wg::wait(acc);
+    return;
+  }
+#endif
+  constexpr int PSTR = KT * STR;  // elements between parts (STR = DP for tiles)
 #pragma unroll
   for (int k2 = 0; k2 < NT / 2; ++k2) {
     std::uint32_t xa[4];
-    xa[0] = pack2(x[2 * k2][0], x[2 * k2][1]);
-    xa[1] = pack2(x[2 * k2][2], x[2 * k2][3]);
-    xa[2] = pack2(x[2 * k2 + 1][0], x[2 * k2 + 1][1]);
-    xa[3] = pack2(x[2 * k2 + 1][2], x[2 * k2 + 1][3]);
+    pack_a<NT>(xa, x, k2);
 #pragma unroll
     for (int jp = 0; jp < DT / 2; ++jp)
 #pragma unroll
       for (int p = PARTS - 1; p >= 0; --p) {
         std::uint32_t xb[4];
-        frag_b<STR>(xb, y + p * KT * STR, k2 * 16, jp * 16, lane);
+        if constexpr (TILE)
+          tile_frag_b<STR, KT>(xb, y + p * PSTR, k2 * 16, jp * 16, lane);
+        else
+          frag_b<STR>(xb, y + p * PSTR, k2 * 16, jp * 16, lane);
         mma(acc[2 * jp], xa, xb[0], xb[1]);
         mma(acc[2 * jp + 1], xa, xb[2], xb[3]);
       }
@@ -364,14 +424,14 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   constexpr int kKParts = BR == kCmp && BWD ? cmp_kv_parts(DP) : 1;
   constexpr int KT = C::KT, STR = C::STR, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   constexpr float kLog2e = 1.4426950408889634f;
-  extern __shared__ float4 smem4[];
+  extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   char* sm = reinterpret_cast<char*>(smem4);
   const RowSmem L = row_smem<DP, BR, BWD>(g.n, ntw);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   bf16* Qs = reinterpret_cast<bf16*>(sm + L.q) + warp * 16 * STR;
   bf16* Os = reinterpret_cast<bf16*>(sm + L.o) + warp * 16 * STR;  // backward: d_out rows
-  bf16* Ks = reinterpret_cast<bf16*>(sm + L.k);                      // [2][parts][KT][STR]
-  bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);                      // [2][parts][KT][STR]
+  bf16* Ks = reinterpret_cast<bf16*>(sm + L.k);  // [2][parts] wgmma.cuh tiles of KT x DP
+  bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);  // [2][parts] wgmma.cuh tiles of KT x DP
   auto* kmask = reinterpret_cast<unsigned long long*>(sm + L.kmask);  // slc: [2][parts][kMaxPos]
   int* selp = reinterpret_cast<int*>(sm + L.selp);                    // slc: [kMaxPos][n]
   auto* tbits = reinterpret_cast<std::uint32_t*>(sm + L.tbits);       // slc: [ntw]
@@ -471,19 +531,20 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       step_tile(k, issue_tile);
       const int s0 = BR == kSlc ? issue_tile * KT : issue_tile;
       const int cnt = min(KT, key_end - s0);
-      bf16* kd = Ks + (k & 1) * kKParts * KT * STR;
-      bf16* vd = Vs + (k & 1) * kKParts * KT * STR;
+      bf16* kd = Ks + (k & 1) * kKParts * KT * DP;
+      bf16* vd = Vs + (k & 1) * kKParts * KT * DP;
       const std::int64_t base = (std::int64_t(b) * NK) * g.G + gi;
       const std::int64_t part_stride = std::int64_t(g.B) * NK * g.G * DP;
       for (int idx = tid; idx < KT * CH; idx += kRowWarps * 32) {
-        const int kk = idx / CH, ch = (idx % CH) * 8;
+        const int kk = idx / CH, ch = idx % CH;
         const bool ok = kk < cnt;
-        const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch : 0;
+        const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch * 8 : 0;
+        const int to = wg::tile_offset<DP, KT>(kk, ch);
 #pragma unroll
         for (int p = 0; p < kKParts; ++p) {
           const std::int64_t po = ok ? p * part_stride + off : 0;
-          cp16(kd + (p * KT + kk) * STR + ch, kp + po, ok);
-          cp16(vd + (p * KT + kk) * STR + ch, vp + po, ok);
+          cp16(reinterpret_cast<char*>(kd + p * KT * DP) + to, kp + po, ok);
+          cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, vp + po, ok);
         }
       }
       if constexpr (BR == kSlc) {  // kMaskParts threads per position, each over every
@@ -531,6 +592,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   }
 
   issue(0);
+  __syncthreads();  // the masks of step 0 (the loop reads a step's masks before its barrier)
   int s0_cur = s0_next;
   for (int k = 0; k < nsteps; ++k) {
     // Backward phases: 0 softmax statistics and lsum (compression only, the first pass), 1
@@ -561,9 +623,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     const int s0 = s0_cur;
     issue(k + 1);
     s0_cur = s0_next;
-    cp_wait1();
-    __syncthreads();
-    // Which keys of the tile each of this thread's rows may see.
+    // Which keys of the tile each of this thread's rows may see (the selection's masks of
+    // stage k & 1 were written by issue(k), before the previous step's closing barrier).
     unsigned long long vis[2];
     if constexpr (BR == kSlc) {
 #pragma unroll
@@ -582,9 +643,19 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       for (int h2 = 0; h2 < 2; ++h2)
         vis[h2] = rv[h2] ? key_bits(0, min(KT, visible_blocks(g, rt[h2]) - s0)) : 0ull;
     }
-    if (__any_sync(0xffffffffu, (vis[0] | vis[1]) != 0ull)) {  // else: nothing to see here
-      const bf16* Kt = Ks + (k & 1) * kKParts * KT * STR;
-      const bf16* Vt = Vs + (k & 1) * kKParts * KT * STR;
+    const bool warp_sees = __any_sync(0xffffffffu, (vis[0] | vis[1]) != 0ull);
+    cp_wait1();
+#if NSATRON_WGMMA
+    // The products are warpgroup-wide: the block skips a tile only when no row sees it.
+    wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
+    const bool sees = __syncthreads_or(warp_sees);
+#else
+    __syncthreads();
+    const bool sees = warp_sees;  // a warp skips a tile none of its rows may see
+#endif
+    if (sees) {  // else: nothing to see here
+      const bf16* Kt = Ks + (k & 1) * kKParts * KT * DP;
+      const bf16* Vt = Vs + (k & 1) * kKParts * KT * DP;
       float s[NT][4], dp[BWD ? NT : 1][4];
 #pragma unroll
       for (int n = 0; n < NT; ++n)
@@ -593,6 +664,58 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           s[n][e] = 0.f;
           if constexpr (BWD) dp[n][e] = 0.f;
         }
+      const bool with_dp = BWD && (phase > 0 || BR == kCmp);
+#if NSATRON_WGMMA
+      // The forward at padded D = 64 computes S as two N = 32 products: as one N = 64 product
+      // (the same instruction shape as its O += P V) its outputs were wrong on every seed
+      // (selection and window, out errors 0.1-0.2), while S alone or P V alone on wgmma, the
+      // other D, the backward and the unit tests of both shapes were right; the cause was not
+      // found (docs/performance.md, 2026-11-26). The split form passes every parity case.
+      constexpr bool kSplitS = DP == 64 && !BWD;
+      // S = Q K^T (and dP = dO V^T): one warpgroup product per 16 dims and part.
+      {
+        std::uint32_t qa[BWD ? DP / 16 : 1][4], oa[BWD ? DP / 16 : 1][4];
+        if constexpr (BWD) {
+#pragma unroll
+          for (int kk = 0; kk < DP / 16; ++kk) {
+            frag_a<STR>(qa[kk], Qs, kk * 16, lane);
+            frag_a<STR>(oa[kk], Os, kk * 16, lane);
+          }
+          wg::pin(qa);
+          wg::pin(oa);
+          wg::pin(dp);
+        } else {
+          wg::pin(qf);
+        }
+        wg::pin(s);
+        wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; ++kk)
+#pragma unroll
+          for (int p = kKParts - 1; p >= 0; --p) {  // smallest part first
+            if constexpr (kSplitS) {  // keys 0..31 and 32..63 as two N = 32 products
+              const char* kt = reinterpret_cast<const char*>(Kt + p * KT * DP);
+              wg::mma_rs_n32_at<0, 0>(s, BWD ? qa[kk] : qf[kk], wg::kmajor_desc<DP, KT>(kt, kk));
+              wg::mma_rs_n32_at<0, 4>(s, BWD ? qa[kk] : qf[kk],
+                                      wg::kmajor_desc<DP, KT>(kt + wg::row_group_offset<DP>(32), kk));
+            } else {
+              wg::mma<KT, 0>(s, BWD ? qa[kk] : qf[kk], wg::kmajor_desc<DP, KT>(Kt + p * KT * DP, kk));
+            }
+          }
+        if constexpr (BWD) {
+          if (with_dp) {
+#pragma unroll
+            for (int kk = 0; kk < DP / 16; ++kk)
+#pragma unroll
+              for (int p = kKParts - 1; p >= 0; --p)
+                wg::mma<KT, 0>(dp, oa[kk], wg::kmajor_desc<DP, KT>(Vt + p * KT * DP, kk));
+          }
+        }
+        wg::commit();
+        wg::wait(s);
+        if constexpr (BWD) wg::pin(dp);
+      }
+#else
 #pragma unroll
       for (int kk = 0; kk < DP / 16; ++kk) {
         std::uint32_t qa[4], oa[4];
@@ -606,23 +729,22 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
 #pragma unroll
           for (int p = kKParts - 1; p >= 0; --p) {  // smallest part first
             std::uint32_t kb[4];
-            frag_bt<STR>(kb, Kt + p * KT * STR, np * 16, kk * 16, lane);
+            tile_frag_bt<DP, KT>(kb, Kt + p * KT * DP, np * 16, kk * 16, lane);
             mma(s[2 * np], qq, kb[0], kb[1]);
             mma(s[2 * np + 1], qq, kb[2], kb[3]);
           }
-          if constexpr (BWD) {
-            if (phase > 0 || BR == kCmp) {
+          if (with_dp) {
 #pragma unroll
-              for (int p = kKParts - 1; p >= 0; --p) {
-                std::uint32_t vb[4];
-                frag_bt<STR>(vb, Vt + p * KT * STR, np * 16, kk * 16, lane);
-                mma(dp[2 * np], oa, vb[0], vb[1]);
-                mma(dp[2 * np + 1], oa, vb[2], vb[3]);
-              }
+            for (int p = kKParts - 1; p >= 0; --p) {
+              std::uint32_t vb[4];
+              tile_frag_bt<DP, KT>(vb, Vt + p * KT * DP, np * 16, kk * 16, lane);
+              mma(dp[2 * np], oa, vb[0], vb[1]);
+              mma(dp[2 * np + 1], oa, vb[2], vb[3]);
             }
           }
         }
       }
+#endif
       // Masks (-inf where a row may not see a key) and probabilities (fp32).
       const std::uint32_t mbits[2] = {thread_key_bits(vis[0], gc), thread_key_bits(vis[1], gc)};
       mask_scores(s, mbits);
@@ -646,9 +768,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           }
       }
       if constexpr (BWD) {
-        if (pass2) acc_add_product<NT, DT, STR, KT, kKParts>(acc, dp, Kt, lane);  // acc += dS K
+        if (pass2) acc_add_product<NT, DT, DP, KT, kKParts, true>(acc, dp, Kt, lane);  // acc += dS K
       } else {
-        acc_add_product<NT, DT, STR, KT, kKParts>(acc, s, Vt, lane);  // acc += P V
+        acc_add_product<NT, DT, DP, KT, kKParts, true>(acc, s, Vt, lane);  // acc += P V
       }
     }
     __syncthreads();  // stage k & 1 is refilled by issue(k + 2)
@@ -730,7 +852,11 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
 // head order, are staged in shared memory RB = 64 at a time (cp.async, double buffered, from
 // padded bf16 copies: rotated q and d_out, [B, T, H, DP]); window: positions
 // [s0, min(T, s1 - 1 + w)); selection: the positions that chose j (inverse index, built once
-// per backward by launch_inverse_index: ascending). Per 16-row sub-batch a warp computes
+// per backward by launch_inverse_index: ascending). All tiles (keys, values, rows) are in the
+// layout of wgmma.cuh. On sm_90a the block's 4 warps are one warpgroup and compute 32 rows at
+// a time as warpgroup products (K and V as A operands read from their shared tiles, Q and dO
+// as B; the block skips a 32-row group only when no row of it sees any of its keys); with
+// mma.sync, per 16-row sub-batch a warp computes the same:
 //   S^T = K Q^T, dP^T = V dO^T (fp32 accumulate), p = exp(scale s - lse) (fp32),
 //   dV += (g p)^T dO (g p rounded to bf16),
 //   dK += dS^T Q with dS = p (g dP - delta) split into bf16 hi + lo parts, dS_hi Q + dS_lo Q
@@ -761,27 +887,36 @@ constexpr int key_parts() {
   return BR == kCmp ? cmp_kv_parts(DP) : 1;
 }
 
+// Rows of a staged batch computed together (one warpgroup product's N on sm_90a; registers).
+constexpr int kKeyGroupRows = 32;
+
 template <int DP, int BR>
-constexpr std::size_t key_smem_bytes() {
-  constexpr int STR = DP + 8, kRB = key_rows<DP>();
-  return std::size_t(2 * (1 + key_q_parts(DP)) * kRB * STR + 2 * key_parts<DP, BR>() * kKB * STR) * 2 +
-         std::size_t(2 * 4 * kRB) * 4;
+constexpr std::size_t key_smem_bytes() {  // all bf16 tiles are tiles laid out as wgmma.cuh says
+  constexpr int kRB = key_rows<DP>();
+  constexpr std::size_t tiles =
+      std::size_t(2 * (1 + key_q_parts(DP)) * kRB * DP + 2 * key_parts<DP, BR>() * kKB * DP) * 2 +
+      std::size_t(2 * 4 * kRB) * 4;
+  constexpr std::size_t epilogue = std::size_t(2 * kKB * (DP + 4)) * 4;  // fp32 dK, dV
+  return tiles > epilogue ? tiles : epilogue;
 }
 
 template <int DP, int BR>
 __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(Geo g, KeyArgs a, int nsub) {
-  constexpr int STR = DP + 8, DT = DP / 8, KS = DP / 16, CH = DP / 8, kRB = key_rows<DP>();
+  constexpr int DT = DP / 8, KS = DP / 16, CH = DP / 8, kRB = key_rows<DP>();
   constexpr int P = key_parts<DP, BR>();
-  constexpr bool kHoist = DP <= 64 && P == 1;  // K, V fragments in registers
+  // mma.sync: K, V fragments in registers for the whole block where they fit (sm_90a: the
+  // warpgroup products read them from the shared tiles as A operands).
+  constexpr bool kHoist = DP <= 64 && P == 1 && !NSATRON_WGMMA;
   constexpr float kLog2e = 1.4426950408889634f;
-  extern __shared__ float4 smem4[];
-  bf16* Qb = reinterpret_cast<bf16*>(smem4);  // [2][RB][STR]
-  bf16* Ob = Qb + 2 * kRB * STR;              // [2][RB][STR]
+  extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
+  // Tiles of DP bf16 per row laid out as wgmma.cuh says.
+  bf16* Qb = reinterpret_cast<bf16*>(smem4);  // [2] tiles of RB rows
+  bf16* Ob = Qb + 2 * kRB * DP;               // [2] tiles of RB rows
   constexpr int kQP = key_q_parts(DP);       // rotated q as hi (+ lo) parts
-  bf16* Lb = Ob + 2 * kRB * STR;              // [2][RB][STR] q residuals (kQP == 2)
-  bf16* Ks = Lb + (kQP - 1) * 2 * kRB * STR;  // [P][KB][STR]
-  bf16* Vs = Ks + P * kKB * STR;              // [P][KB][STR]
-  float* rs = reinterpret_cast<float*>(Vs + P * kKB * STR);  // [2][3][RB] lse*log2e, g, delta
+  bf16* Lb = Ob + 2 * kRB * DP;               // [2] tiles: q residuals (kQP == 2)
+  bf16* Ks = Lb + (kQP - 1) * 2 * kRB * DP;   // [P] tiles of KB keys
+  bf16* Vs = Ks + P * kKB * DP;               // [P] tiles of KB keys
+  float* rs = reinterpret_cast<float*>(Vs + P * kKB * DP);  // [2][3][RB] lse*log2e, g, delta
   int* rtp = reinterpret_cast<int*>(rs + 6 * kRB);        // [2][RB] position, -1: none
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.z / g.G, gi = blockIdx.z % g.G;
@@ -824,35 +959,37 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
 
   // Keys and values of the block.
   for (int idx = tid; idx < kKB * CH; idx += kKeyWarps * 32) {
-    const int kk = idx / CH, ch = (idx % CH) * 8;
+    const int kk = idx / CH, ch = idx % CH;
     const bool ok = s0 + kk < s1;
     const std::int64_t NK = BR == kCmp ? g.N : g.T;
-    const std::int64_t ko = ok ? ((std::int64_t(b) * NK + s0 + kk) * g.G + gi) * DP + ch : 0;
+    const std::int64_t ko = ok ? ((std::int64_t(b) * NK + s0 + kk) * g.G + gi) * DP + ch * 8 : 0;
+    const int to = wg::tile_offset<DP, kKB>(kk, ch);
 #pragma unroll
     for (int p = 0; p < P; ++p) {  // part p at p * B*NK*G*DP (launch_tc_pad)
       const std::int64_t po = ok ? p * std::int64_t(g.B) * NK * g.G * DP + ko : 0;
-      cp16(Ks + (p * kKB + kk) * STR + ch, kp + po, ok);
-      cp16(Vs + (p * kKB + kk) * STR + ch, vp + po, ok);
+      cp16(reinterpret_cast<char*>(Ks + p * kKB * DP) + to, kp + po, ok);
+      cp16(reinterpret_cast<char*>(Vs + p * kKB * DP) + to, vp + po, ok);
     }
   }
   auto issue = [&](int i) {
     if (i < nbatch) {
-      bf16* qd = Qb + (i & 1) * kRB * STR;
-      bf16* od = Ob + (i & 1) * kRB * STR;
-      bf16* ld = Lb + (i & 1) * kRB * STR;
+      char* qd = reinterpret_cast<char*>(Qb + (i & 1) * kRB * DP);
+      char* od = reinterpret_cast<char*>(Ob + (i & 1) * kRB * DP);
+      char* ld = reinterpret_cast<char*>(Lb + (i & 1) * kRB * DP);
       for (int idx = tid; idx < kRB * CH; idx += kKeyWarps * 32) {
-        const int r = idx / CH, ch = (idx % CH) * 8;
+        const int r = idx / CH, ch = idx % CH;
         const int rho = rbeg + i * kRB + r;
         const bool ok = rho < nrows;
         std::int64_t go = 0;
         if (ok) {
           const int pi = rho / g.h;
           const int t = BR == kSlc ? list[pi] : p0 + pi;
-          go = ((std::int64_t(b) * g.T + t) * g.H + gi * g.h + rho % g.h) * DP + ch;
+          go = ((std::int64_t(b) * g.T + t) * g.H + gi * g.h + rho % g.h) * DP + ch * 8;
         }
-        cp16(qd + r * STR + ch, qp + go, ok);
-        cp16(od + r * STR + ch, op + go, ok);
-        if constexpr (kQP == 2) cp16(ld + r * STR + ch, lp + go, ok);
+        const int to = wg::tile_offset<DP, kRB>(r, ch);
+        cp16(qd + to, qp + go, ok);
+        cp16(od + to, op + go, ok);
+        if constexpr (kQP == 2) cp16(ld + to, lp + go, ok);
       }
       float* rd = rs + (i & 1) * 3 * kRB;
       int* td = rtp + (i & 1) * kRB;
@@ -886,76 +1023,102 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   for (int j = 0; j < DT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dK[j][e] = dV[j][e] = 0.f;
-  std::uint32_t kf[kHoist ? KS : 1][4], vf[kHoist ? KS : 1][4];
-  const bf16* Kw = Ks + warp * 16 * STR;
-  const bf16* Vw = Vs + warp * 16 * STR;
+  std::uint32_t kf[kHoist ? P * KS : 1][4], vf[kHoist ? P * KS : 1][4];
   const float sl2 = g.scale * kLog2e;
+  // A group of NR rows from r0 (within the batch): 1 some row sees a key of the block, 0 none
+  // does, -1 no rows (invalid rows are only at the end). The same for every thread.
+  auto group_state = [&](const int* td, int r0, int nr) -> int {
+    const int tA = td[r0];
+    if (tA < 0) return -1;
+    const int tB = td[r0 + nr - 1] >= 0 ? td[r0 + nr - 1] : g.T;
+    if (tB < (BR == kCmp ? s0 * g.d + g.l - 1 : s0)) return 0;
+    if (BR == kWin && tA - g.w >= s1 - 1) return 0;  // every key left the window
+    return 1;
+  };
 
   issue(0);  // the key tile joins batch 0's group
   for (int i = 0; i < nbatch; ++i) {
     issue(i + 1);
     cp_wait1();
+#if NSATRON_WGMMA
+    wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
+#endif
     __syncthreads();
     if (i == 0 && kHoist) {
 #pragma unroll
-      for (int kk = 0; kk < (kHoist ? KS : 1); ++kk) {
-        frag_a<STR>(kf[kk], Kw, kk * 16, lane);
-        frag_a<STR>(vf[kk], Vw, kk * 16, lane);
-      }
+      for (int p = 0; p < (kHoist ? P : 0); ++p)
+#pragma unroll
+        for (int kk = 0; kk < KS; ++kk) {
+          tile_frag_a<DP, kKB>(kf[p * KS + kk], Ks + p * kKB * DP, warp * 16, kk * 16, lane);
+          tile_frag_a<DP, kKB>(vf[p * KS + kk], Vs + p * kKB * DP, warp * 16, kk * 16, lane);
+        }
     }
-    const bf16* Qc = Qb + (i & 1) * kRB * STR;
-    const bf16* Oc = Ob + (i & 1) * kRB * STR;
-    const bf16* Lc = Lb + (i & 1) * kRB * STR;
+    const bf16* Qc = Qb + (i & 1) * kRB * DP;
+    const bf16* Oc = Ob + (i & 1) * kRB * DP;
+    const bf16* Lc = Lb + (i & 1) * kRB * DP;
     const float* rd = rs + (i & 1) * 3 * kRB;
     const int* td = rtp + (i & 1) * kRB;
-    // MR consecutive 16-row sub-batches from row rb: their products are independent chains
-    // (more work in flight per warp); each dK, dV element still sums the sub-batches in row
-    // order.
-    auto sub_batches = [&](int rb, auto mr) {
-      constexpr int MR = decltype(mr)::value;
-      float st[MR][2][4], dpt[MR][2][4];
+    // NR rows from rb (whole 16-row sub-batches): S^T = K Q^T and dP^T = V dO^T for the
+    // warp's 16 keys x NR rows (accumulator layout: key gr (+8), row n*8 + 2gc (+1)), p and
+    // dS, then dV += (g p)^T dO and dK += dS^T Q. Each dK, dV element sums the rows in order.
+    auto rows_group = [&](int rb, auto nr) {
+      constexpr int NR = decltype(nr)::value, NN = NR / 8, NM = NR / 16;
+      float st[NN][4], dpt[NN][4];
 #pragma unroll
-      for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NN; ++n)
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+#if NSATRON_WGMMA
+      const char* Qr = reinterpret_cast<const char*>(Qc) + wg::row_group_offset<DP>(rb);
+      const char* Or = reinterpret_cast<const char*>(Oc) + wg::row_group_offset<DP>(rb);
+      const char* Lr = reinterpret_cast<const char*>(Lc) + wg::row_group_offset<DP>(rb);
+      wg::pin(st);
+      wg::pin(dpt);
+      wg::fence();
 #pragma unroll
-          for (int e = 0; e < 4; ++e) st[m][n][e] = dpt[m][n][e] = 0.f;
+      for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+        for (int p = P - 1; p >= 0; --p) {  // smallest part first
+          wg::mma<NR, 0>(st, wg::kmajor_desc<DP, kKB>(Ks + p * kKB * DP, kk), wg::kmajor_desc<DP, kRB>(Qr, kk));
+          wg::mma<NR, 0>(dpt, wg::kmajor_desc<DP, kKB>(Vs + p * kKB * DP, kk), wg::kmajor_desc<DP, kRB>(Or, kk));
+        }
+      wg::commit();
+      wg::wait(st);
+      wg::pin(dpt);
+#else
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk) {
-        std::uint32_t qb[MR][4], ob[MR][4];
-#pragma unroll
-        for (int m = 0; m < MR; ++m) {
-          frag_bt<STR>(qb[m], Qc + (rb + 16 * m) * STR, 0, kk * 16, lane);
-          frag_bt<STR>(ob[m], Oc + (rb + 16 * m) * STR, 0, kk * 16, lane);
-        }
 #pragma unroll
         for (int p = P - 1; p >= 0; --p) {  // smallest part first
           std::uint32_t ka[4], va[4];
           if constexpr (kHoist) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              ka[e] = kf[kk][e];
-              va[e] = vf[kk][e];
+              ka[e] = kf[p * KS + kk][e];
+              va[e] = vf[p * KS + kk][e];
             }
           } else {
-            frag_a<STR>(ka, Kw + p * kKB * STR, kk * 16, lane);
-            frag_a<STR>(va, Vw + p * kKB * STR, kk * 16, lane);
+            tile_frag_a<DP, kKB>(ka, Ks + p * kKB * DP, warp * 16, kk * 16, lane);
+            tile_frag_a<DP, kKB>(va, Vs + p * kKB * DP, warp * 16, kk * 16, lane);
           }
 #pragma unroll
-          for (int m = 0; m < MR; ++m) {
-            mma(st[m][0], ka, qb[m][0], qb[m][1]);
-            mma(st[m][1], ka, qb[m][2], qb[m][3]);
-            mma(dpt[m][0], va, ob[m][0], ob[m][1]);
-            mma(dpt[m][1], va, ob[m][2], ob[m][3]);
+          for (int m = 0; m < NM; ++m) {
+            std::uint32_t qb[4], ob[4];
+            tile_frag_bt<DP, kRB>(qb, Qc, rb + 16 * m, kk * 16, lane);
+            tile_frag_bt<DP, kRB>(ob, Oc, rb + 16 * m, kk * 16, lane);
+            mma(st[2 * m], ka, qb[0], qb[1]);
+            mma(st[2 * m + 1], ka, qb[2], qb[3]);
+            mma(dpt[2 * m], va, ob[0], ob[1]);
+            mma(dpt[2 * m + 1], va, ob[2], ob[3]);
           }
         }
       }
-      // p and dS / scale per (key, row); C layout: key gr (+8), row n*8 + 2gc (+1). Where
-      // every row of a sub-batch sees every key of the warp (rows in ascending position
-      // order), no mask.
-      std::uint32_t pa[MR][4], ea[MR][4], el[MR][4];
+#endif
+      // p and dS / scale per (key, row). Where every row of a 16-row sub-batch sees every
+      // key of the warp (rows in ascending position order), no mask.
+      std::uint32_t pa[NM][4], ea[NM][4], el[NM][4];
 #pragma unroll
-      for (int m = 0; m < MR; ++m) {
+      for (int m = 0; m < NM; ++m) {
         const int r0 = rb + 16 * m;
         const int tA = td[r0], tZ = td[r0 + 15];
         const bool whole = tZ >= 0 && wlast == ws0 + 15 &&
@@ -972,28 +1135,43 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
             for (int hk = 0; hk < 2; ++hk) {
               const int e = 2 * hk + c;
               const int s = ws0 + gr + 8 * hk;
-              const bool ok = whole || (t >= 0 && s <= wlast && kmask<BR>(g, t, s));
-              const float p = ok ? ex2(fmaf(st[m][n][e], sl2, -L)) : 0.f;
-              st[m][n][e] = p * Gs;
-              dpt[m][n][e] = p * (Gs * dpt[m][n][e] - Dl);
+              const bool ok = whole || (wact && t >= 0 && s <= wlast && kmask<BR>(g, t, s));
+              const float p = ok ? ex2(fmaf(st[2 * m + n][e], sl2, -L)) : 0.f;
+              st[2 * m + n][e] = p * Gs;
+              dpt[2 * m + n][e] = p * (Gs * dpt[2 * m + n][e] - Dl);
             }
           }
-        pa[m][0] = pack2(st[m][0][0], st[m][0][1]);
-        pa[m][1] = pack2(st[m][0][2], st[m][0][3]);
-        pa[m][2] = pack2(st[m][1][0], st[m][1][1]);
-        pa[m][3] = pack2(st[m][1][2], st[m][1][3]);
-        split2(dpt[m][0][0], dpt[m][0][1], ea[m][0], el[m][0]);
-        split2(dpt[m][0][2], dpt[m][0][3], ea[m][1], el[m][1]);
-        split2(dpt[m][1][0], dpt[m][1][1], ea[m][2], el[m][2]);
-        split2(dpt[m][1][2], dpt[m][1][3], ea[m][3], el[m][3]);
+        pack_a<NN>(pa[m], st, m);
+        split2(dpt[2 * m][0], dpt[2 * m][1], ea[m][0], el[m][0]);
+        split2(dpt[2 * m][2], dpt[2 * m][3], ea[m][1], el[m][1]);
+        split2(dpt[2 * m + 1][0], dpt[2 * m + 1][1], ea[m][2], el[m][2]);
+        split2(dpt[2 * m + 1][2], dpt[2 * m + 1][3], ea[m][3], el[m][3]);
       }
+#if NSATRON_WGMMA
+      wg::pin(pa);
+      wg::pin(ea);
+      wg::pin(el);
+      wg::pin(dV);
+      wg::pin(dK);
+      wg::fence();
+#pragma unroll
+      for (int m = 0; m < NM; ++m) {
+        wg::mma<DP, 1>(dV, pa[m], wg::mnmajor_desc<DP, kRB>(Or, m));
+        wg::mma<DP, 1>(dK, ea[m], wg::mnmajor_desc<DP, kRB>(Qr, m));
+        wg::mma<DP, 1>(dK, el[m], wg::mnmajor_desc<DP, kRB>(Qr, m));
+        if constexpr (kQP == 2) wg::mma<DP, 1>(dK, ea[m], wg::mnmajor_desc<DP, kRB>(Lr, m));
+      }
+      wg::commit();
+      wg::wait(dK);
+      wg::pin(dV);
+#else
 #pragma unroll
       for (int jp = 0; jp < DT / 2; ++jp)
 #pragma unroll
-        for (int m = 0; m < MR; ++m) {
+        for (int m = 0; m < NM; ++m) {
           std::uint32_t xo[4], xq[4];
-          frag_b<STR>(xo, Oc + (rb + 16 * m) * STR, 0, jp * 16, lane);
-          frag_b<STR>(xq, Qc + (rb + 16 * m) * STR, 0, jp * 16, lane);
+          tile_frag_b<DP, kRB>(xo, Oc, rb + 16 * m, jp * 16, lane);
+          tile_frag_b<DP, kRB>(xq, Qc, rb + 16 * m, jp * 16, lane);
           mma(dV[2 * jp], pa[m], xo[0], xo[1]);
           mma(dV[2 * jp + 1], pa[m], xo[2], xo[3]);
           mma(dK[2 * jp], ea[m], xq[0], xq[1]);
@@ -1002,15 +1180,24 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
           mma(dK[2 * jp + 1], el[m], xq[2], xq[3]);
           if constexpr (kQP == 2) {
             std::uint32_t xl[4];
-            frag_b<STR>(xl, Lc + (rb + 16 * m) * STR, 0, jp * 16, lane);
+            tile_frag_b<DP, kRB>(xl, Lc, rb + 16 * m, jp * 16, lane);
             mma(dK[2 * jp], ea[m], xl[0], xl[1]);
             mma(dK[2 * jp + 1], ea[m], xl[2], xl[3]);
           }
         }
+#endif
     };
+#if NSATRON_WGMMA
+    // Warpgroup products: every warp takes every group of rows that some row of the block's
+    // keys sees (the masks zero the rest).
+    for (int r0 = 0; r0 < kRB; r0 += kKeyGroupRows) {
+      const int st0 = group_state(td, r0, kKeyGroupRows);
+      if (st0 == 1) rows_group(r0, std::integral_constant<int, kKeyGroupRows>{});
+      if (st0 == -1) break;
+    }
+#else
     if (wact) {
-      // A 16-row sub-batch at r0: 1 has work, 0 no row sees a key of the warp, -1 no rows
-      // (invalid rows are only at the end).
+      // A 16-row sub-batch at r0: 1 has work, 0 no row sees a key of the warp, -1 no rows.
       auto state = [&](int r0) -> int {
         const int tA = td[r0];
         if (tA < 0) return -1;
@@ -1023,14 +1210,15 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       for (int r0 = 0; r0 < kRB; r0 += 16 * kPair) {
         const int a0 = state(r0), a1 = kPair == 2 ? state(r0 + 16) : 0;
         if (a0 == 1 && a1 == 1) {
-          sub_batches(r0, std::integral_constant<int, 2>{});
+          rows_group(r0, std::integral_constant<int, 32>{});
         } else {
-          if (a0 == 1) sub_batches(r0, std::integral_constant<int, 1>{});
-          if (a1 == 1) sub_batches(r0 + 16, std::integral_constant<int, 1>{});
+          if (a0 == 1) rows_group(r0, std::integral_constant<int, 16>{});
+          if (a1 == 1) rows_group(r0 + 16, std::integral_constant<int, 16>{});
         }
         if (a0 == -1 || a1 == -1) break;
       }
     }
+#endif
     __syncthreads();  // buffer i & 1 is refilled by issue(i + 2)
   }
   cp_wait0();

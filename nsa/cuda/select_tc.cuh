@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   constexpr int KT = 64, STR = DP + 8, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   constexpr int ROWS = 16 * kCmpSelWarps, VP = cmp_kv_parts(DP);
   constexpr float kLog2e = 1.4426950408889634f;
-  extern __shared__ float4 smem4[];
+  extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   char* sm = reinterpret_cast<char*>(smem4);
   const CmpSelSmem L = cmp_select_smem<DP>(P, g.NB, g.n);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

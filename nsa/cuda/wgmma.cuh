@@ -1,0 +1,280 @@
+// Hopper warpgroup matrix products (wgmma, sm_90a) for the NSA tensor-core kernels.
+//
+// A warpgroup (4 consecutive warps, 128 threads) computes D[64][N] (+)= A[64][16] B[16][N]:
+//   A from registers: warp w holds rows 16w..16w+15 in the layout of mma.sync.m16n8k16's A
+//     fragment (a[0]: row lane/4, cols 2(lane%4)+{0,1}; a[1]: row +8; a[2]: cols +8;
+//     a[3]: row +8, cols +8), so fragments built for mma.sync (ldmatrix, packed accumulators)
+//     serve as they are;
+//   B from shared memory through a matrix descriptor;
+//   D fp32 in registers, warp w rows 16w.., d[i][0..3] the m16n8 accumulator of columns
+//     8i..8i+7 (d[i][0], d[i][1]: row lane/4, cols 8i + 2(lane%4) + {0,1}; d[i][2], d[i][3]:
+//     row lane/4 + 8), the layout of mma.sync's C fragments side by side.
+//
+// Shared tiles: R rows of DP bf16 (keys, or query rows), element (r, c) at byte
+// tile_offset<DP, R>(r, c / 8) + 2 (c % 8): each 16-byte chunk of a row (one cp.async) has its
+// own place (ldmatrix reads the same tiles with per-lane addresses). One tile serves as B both
+// ways (the PTX ISA's canonical layouts, no swizzle at DP = 32, the 128-byte swizzle above):
+//   K-major (B = X^T: rows are B's N, dims its K; S = Q K^T, dP = dO V^T): kmajor_desc(tile,
+//     kk) for dims kk * 16 ..;
+//   MN-major (B = X: rows are B's K, dims its N; O += P V, dQ += dS K, dV += P^T dO):
+//     mnmajor_desc(tile, kr) for rows kr * 16 .., with the instruction's B-transpose bit set.
+// A K-major tile also serves as A from shared memory (the key side's keys and values).
+// Order: shared memory written by cp.async or ordinary stores needs fence_proxy_async() in the
+// writing threads before the barrier that precedes the products; pin() on the batch's
+// accumulators and A fragments, then fence() (their registers were written by ordinary
+// instructions), the products, commit() after them, and wait(acc) before the accumulators are
+// read (it also keeps the compiler from reading them earlier). Tested against a CPU product for both majors and N = 32, 64, 128 by
+// tests/nsa_cuda/test_wgmma.cu.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+// 1 in device code compiled for sm_90a (wgmma exists), else 0 (the kernels use mma.sync).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define NSATRON_WGMMA 1
+#else
+#define NSATRON_WGMMA 0
+#endif
+
+namespace nsatron::nsa::cuda::wg {
+
+// Byte offset of 16-byte chunk ch of row r in a shared tile of R rows x DP bf16 (the tile's
+// base 1024-byte aligned). DP = 32: no swizzle, 8x8 core matrices of 128 contiguous bytes,
+// (r / 8) DP 16 + ch 128 + (r % 8) 16. DP = 64, 128: the 128-byte swizzle, per 64-dim half of
+// the rows (half h = ch / 8 at h R 128): rows of 128 bytes, 8-row groups of 1024 bytes, the
+// 16-byte chunk c = ch % 8 of row r at chunk c XOR (r % 8) of its row (so that the 8 rows of a
+// core matrix, and the chunks a product reads together, fall in different banks).
+template <int DP, int R>
+__host__ __device__ __forceinline__ int tile_offset(int r, int ch) {
+  if constexpr (DP == 32) return (r >> 3) * (DP * 16) + ch * 128 + (r & 7) * 16;
+  else return (ch >> 3) * (R * 128) + (r >> 3) * 1024 + (r & 7) * 128 + (((ch & 7) ^ (r & 7)) << 4);
+}
+// Byte offset of row r0 (a multiple of 8) within each half: a tile of the rows from r0 on.
+template <int DP>
+__host__ __device__ __forceinline__ int row_group_offset(int r0) {
+  return DP == 32 ? (r0 >> 3) * (DP * 16) : (r0 >> 3) * 1024;
+}
+
+#if NSATRON_WGMMA
+// swizzle: 0 none, 1 the 128-byte swizzle (bits 62-63).
+__device__ __forceinline__ std::uint64_t make_desc(const void* smem, std::uint32_t lbo,
+                                                   std::uint32_t sbo, std::uint64_t swizzle) {
+  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
+  return std::uint64_t((addr & 0x3FFFFu) >> 4) | (std::uint64_t((lbo >> 4) & 0x3FFFu) << 16) |
+         (std::uint64_t((sbo >> 4) & 0x3FFFu) << 32) | (swizzle << 62);
+}
+// K-major B (rows are its N, dims its K), dims kk * 16 ..: no swizzle, LBO 128 B between the
+// two 8-dim core matrices, SBO DP 16 B between 8-row groups; swizzled, the k step's 32 bytes
+// within the 128-byte rows of its half (the hardware applies the XOR), SBO 1024 B.
+template <int DP, int R>
+__device__ __forceinline__ std::uint64_t kmajor_desc(const void* tile, int kk) {
+  const char* t = static_cast<const char*>(tile);
+  if constexpr (DP == 32) return make_desc(t + kk * 256, 128u, DP * 16u, 0);
+  else return make_desc(t + (kk >> 2) * (R * 128) + (kk & 3) * 32, 16u, 1024u, 1);
+}
+// MN-major B (rows are its K, dims its N), rows kr * 16 ..: no swizzle, LBO DP 16 B between the
+// two 8-row halves, SBO 128 B between 8-dim groups; swizzled, LBO R 128 B between the 64-dim
+// halves, SBO 1024 B between 8-row groups.
+template <int DP, int R>
+__device__ __forceinline__ std::uint64_t mnmajor_desc(const void* tile, int kr) {
+  const char* t = static_cast<const char*>(tile);
+  if constexpr (DP == 32) return make_desc(t + kr * 2 * DP * 16, DP * 16u, 128u, 0);
+  else return make_desc(t + kr * 2048, R * 128u, 1024u, 1);
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Waits for every committed product of the warpgroup, then pins the accumulators: later
+// reads depend on this point (the compiler sees the product asm as done at issue).
+template <int NT>
+__device__ __forceinline__ void wait(float (&d)[NT][4]) {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+// Pins registers at this point of the program: the instructions that write them (the zeroing
+// of accumulators, a rescale, the packing of A fragments) complete before it. Call on every
+// accumulator and A fragment of a batch before its fence(): the compiler may otherwise move
+// such register writes past the fence (it orders only memory and other asm), and a product
+// would then read registers written after its wgmma.fence.
+template <int NT>
+__device__ __forceinline__ void pin(float (&d)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+__device__ __forceinline__ void pin(std::uint32_t (&a)[4]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[e])::"memory");
+}
+template <int NA>
+__device__ __forceinline__ void pin(std::uint32_t (&a)[NA][4]) {
+#pragma unroll
+  for (int i = 0; i < NA; ++i) pin(a[i]);
+}
+
+// d (+)= a B for N = 32, 64, 128 (scale_d 0: d = a B). TNSP: 0 K-major B, 1 MN-major B.
+// (Operand lists written out by a generator: one asm per N.)
+template <int TNSP>
+__device__ __forceinline__ void mma_rs_n32(float (&d)[4][4], const std::uint32_t (&a)[4],
+                                              std::uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP));
+}
+
+template <int TNSP>
+__device__ __forceinline__ void mma_rs_n64(float (&d)[8][4], const std::uint32_t (&a)[4],
+                                              std::uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP));
+}
+
+template <int TNSP>
+__device__ __forceinline__ void mma_rs_n128(float (&d)[16][4], const std::uint32_t (&a)[4],
+                                              std::uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+        "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP));
+}
+
+// d (+)= A B with A [64][16] K-major in shared memory too (a: its descriptor).
+template <int TNSP>
+__device__ __forceinline__ void mma_ss_n32(float (&d)[4][4], std::uint64_t a, std::uint64_t b,
+                                              int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 0, %19;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP));
+}
+
+template <int TNSP>
+__device__ __forceinline__ void mma_ss_n64(float (&d)[8][4], std::uint64_t a, std::uint64_t b,
+                                              int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP));
+}
+
+template <int TNSP>
+__device__ __forceinline__ void mma_ss_n128(float (&d)[16][4], std::uint64_t a, std::uint64_t b,
+                                              int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
+        "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP));
+}
+
+template <int N, int TNSP>
+__device__ __forceinline__ void mma(float (&d)[N / 8][4], const std::uint32_t (&a)[4],
+                                    std::uint64_t b, int scale_d = 1) {
+  if constexpr (N == 32) mma_rs_n32<TNSP>(d, a, b, scale_d);
+  else if constexpr (N == 64) mma_rs_n64<TNSP>(d, a, b, scale_d);
+  else mma_rs_n128<TNSP>(d, a, b, scale_d);
+}
+template <int N, int TNSP>
+__device__ __forceinline__ void mma(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b,
+                                    int scale_d = 1) {
+  if constexpr (N == 32) mma_ss_n32<TNSP>(d, a, b, scale_d);
+  else if constexpr (N == 64) mma_ss_n64<TNSP>(d, a, b, scale_d);
+  else mma_ss_n128<TNSP>(d, a, b, scale_d);
+}
+
+// d[OFF..OFF+3] (+)= a B with N = 32: the columns 8 OFF .. 8 OFF + 31 of a wider accumulator.
+template <int TNSP, int OFF, int NT>
+__device__ __forceinline__ void mma_rs_n32_at(float (&d)[NT][4], const std::uint32_t (&a)[4],
+                                              std::uint64_t b, int scale_d = 1) {
+  static_assert(OFF + 4 <= NT, "columns in range");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+      : "+f"(d[OFF + 0][0]), "+f"(d[OFF + 0][1]), "+f"(d[OFF + 0][2]), "+f"(d[OFF + 0][3]),
+        "+f"(d[OFF + 1][0]), "+f"(d[OFF + 1][1]), "+f"(d[OFF + 1][2]), "+f"(d[OFF + 1][3]),
+        "+f"(d[OFF + 2][0]), "+f"(d[OFF + 2][1]), "+f"(d[OFF + 2][2]), "+f"(d[OFF + 2][3]),
+        "+f"(d[OFF + 3][0]), "+f"(d[OFF + 3][1]), "+f"(d[OFF + 3][2]), "+f"(d[OFF + 3][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP));
+}
+#endif  // NSATRON_WGMMA
+
+}  // namespace nsatron::nsa::cuda::wg
