@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on a GPU machine (the device tool's H100/H200): builds for sm_90, runs the `gpu`
+# Runs on a GPU machine (the device tool's H100/H200): builds for sm_90a (ARCH), runs the `gpu`
 # tests and the GPU benchmarks, and writes logs under $OUT (default ./gpu_out).
 # toml++ is used header-only; where the package is absent, copy /usr/include/toml++ into
 # .carry/include/ first (scripts/gpu_carry.sh does it) and carry .carry along.

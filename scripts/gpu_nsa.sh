@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine (the device tool's H100/H200): builds the NSA CUDA test and benchmark
-# for sm_90, runs the NSA parity tests, the benchmark and a per-kernel profile, logs under $OUT.
+# for sm_90a (ARCH), runs the NSA parity tests, the benchmark and a per-kernel profile, logs under $OUT.
 # Usage: scripts/gpu_nsa.sh [tests] [seeds] [bench] [groups] [ncu] [train] [gputests]
 #   tests: test_nsa_cuda; seeds: its bf16 and determinism cases on 3 more seeds; bench: the
 #   NSA table; groups: the group-size table; ncu: per-kernel times (125M, paper T=8192);
