@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <span>
 #include <string>
@@ -33,10 +34,12 @@ inline double rtol_for(DType t) { return t == DType::BF16 ? kRtolBF16 : kRtolF32
 #define NSATRON_SKIP_WITHOUT_GPU() \
   if (!::nsatron::cuda_available()) GTEST_SKIP() << ::nsatron::cuda_device_summary()
 
-// A fresh seed, printed and attached to failures.
+// A fresh seed, printed and attached to failures; OPS_CUDA_SEED=<n> reproduces a printed one.
 inline std::uint64_t fresh_seed() {
-  const std::uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const char* env = std::getenv("OPS_CUDA_SEED");
+  const std::uint64_t seed = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+  std::printf("seed %llu%s\n", static_cast<unsigned long long>(seed),
+              env ? " (OPS_CUDA_SEED)" : " (OPS_CUDA_SEED=<n> reproduces)");
   return seed;
 }
 
