@@ -25,7 +25,11 @@
 //           S[pos][j] += (overlap(i, j) / d) P_i, in a shared array [P][NB] (each (pos, j)
 //           owned by one thread per tile: fixed order).
 // Eight warps (not four, as the row kernels): at D = 128 the shared memory allows one block
-// per SM, and 8 warps give each scheduler two (docs/performance.md, 2026-11-26).
+// per SM, and 8 warps give each scheduler two (docs/performance.md, 2026-11-26). The q, key and
+// value parts are tiles laid out as wgmma.cuh says; on sm_90a the scores are warpgroup
+// products (each of the block's two warpgroups its 64 rows; fp16 q and key parts both read
+// from shared memory) and so is O += P V (as in the row kernels); elsewhere mma.sync.
+// (UNMEASURED on the branch next-gpu: written 2026-11-26 after the device time ran out.)
 // Then one warp per position applies the selection rule of selection.cu (forced 0, b_t - 1,
 // b_t; the rest by score descending, index ascending, NaN as -inf) and writes the row.
 // The launcher falls back to the fp32 kernels (compression row forward + select_kernel) where
@@ -102,16 +106,19 @@ struct CmpSelArgs {
 struct CmpSelSmem {  // byte offsets of the dynamic shared memory of cmp_select_kernel
   std::size_t q, qinv, k, kinv, v, ps, s, chosen, total;
 };
+// The q, key and value parts are tiles laid out as wgmma.cuh says (rows of DP, 128-byte
+// swizzle at DP = 64, 128; each 1024-byte aligned).
 template <int DP>
 __host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n) {
-  constexpr int KT = 64, STR = DP + 8, ROWS = 16 * kCmpSelWarps, VP = cmp_kv_parts(DP);
+  constexpr int KT = 64, ROWS = 16 * kCmpSelWarps, VP = cmp_kv_parts(DP);
+  auto up = [](std::size_t x) { return (x + 1023) / 1024 * 1024; };
   CmpSelSmem L;
-  L.q = 0;                                             // [2][ROWS][STR] fp16
-  L.qinv = L.q + std::size_t(2) * ROWS * STR * 2;      // [ROWS] fp32
-  L.k = L.qinv + ROWS * 4;                             // [2 stages][2 parts][KT][STR] fp16
-  L.kinv = L.k + std::size_t(2) * 2 * KT * STR * 2;    // [2 stages][KT] fp32
-  L.v = L.kinv + 2 * KT * 4;                           // [2 stages][VP parts][KT][STR] bf16
-  const std::size_t vbytes = std::size_t(2) * VP * KT * STR * 2;
+  L.q = 0;                                             // [2 parts] tiles of ROWS x DP fp16
+  L.qinv = L.q + std::size_t(2) * ROWS * DP * 2;       // [ROWS] fp32
+  L.k = up(L.qinv + ROWS * 4);                         // [2 stages][2 parts] tiles KT x DP fp16
+  L.kinv = L.k + std::size_t(2) * 2 * KT * DP * 2;     // [2 stages][KT] fp32
+  L.v = up(L.kinv + 2 * KT * 4);                       // [2 stages][VP parts] tiles KT x DP bf16
+  const std::size_t vbytes = std::size_t(2) * VP * KT * DP * 2;
   // pass 1 reuses the value tiles' space for p [ROWS][KT + 1] and the head sums [P][KT], fp32
   const std::size_t psbytes = (std::size_t(ROWS) * (KT + 1) + std::size_t(P) * KT) * 4;
   L.ps = L.v;
@@ -125,18 +132,18 @@ __host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n) {
 template <int DP>
 __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     cmp_select_kernel(Geo g, CmpSelArgs a, int P) {
-  constexpr int KT = 64, STR = DP + 8, NT = KT / 8, DT = DP / 8, CH = DP / 8;
+  constexpr int KT = 64, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   constexpr int ROWS = 16 * kCmpSelWarps, VP = cmp_kv_parts(DP);
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   char* sm = reinterpret_cast<char*>(smem4);
   const CmpSelSmem L = cmp_select_smem<DP>(P, g.NB, g.n);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  __half* Qs = reinterpret_cast<__half*>(sm + L.q);      // [2][ROWS][STR]
+  __half* Qs = reinterpret_cast<__half*>(sm + L.q);      // [2 parts] tiles ROWS x DP
   float* qinv = reinterpret_cast<float*>(sm + L.qinv);   // [ROWS]
-  __half* Ks = reinterpret_cast<__half*>(sm + L.k);      // [2][2][KT][STR]
+  __half* Ks = reinterpret_cast<__half*>(sm + L.k);      // [2 stages][2 parts] tiles KT x DP
   float* kinv = reinterpret_cast<float*>(sm + L.kinv);   // [2][KT]
-  bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);          // [2][VP][KT][STR]
+  bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);          // [2 stages][VP parts] tiles KT x DP
   float* Ps = reinterpret_cast<float*>(sm + L.ps);       // [ROWS][KT + 1] (pass 1)
   float* Pi = Ps + ROWS * (KT + 1);                       // [P][KT] head sums (pass 1)
   float* Sb = reinterpret_cast<float*>(sm + L.s);        // [P][NB]
@@ -186,12 +193,16 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         if (dd < DP) {
           std::uint32_t hi, lo;
           split2_f16(v[r][c][0] * sc, v[r][c][1] * sc, hi, lo);
-          *reinterpret_cast<std::uint32_t*>(Qs + i * STR + dd) = hi;
-          *reinterpret_cast<std::uint32_t*>(Qs + (ROWS + i) * STR + dd) = lo;
+          const int to = wg::tile_offset<DP, ROWS>(i, dd / 8) + (dd % 8) * 2;
+          *reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(Qs) + to) = hi;
+          *reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(Qs + ROWS * DP) + to) = lo;
         }
       }
     }
   }
+#if NSATRON_WGMMA
+  wg::fence_proxy_async();  // the q tiles are read by the tensor cores' async proxy
+#endif
   __syncthreads();
   // This thread's two rows: r = lane/4 and lane/4 + 8 of the warp.
   const int gr = lane >> 2, gc = lane & 3;
@@ -217,18 +228,19 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     if (k < nsteps) {
       const int s0 = (k % ntiles) * KT;
       const int cnt = min(KT, key_end - s0);
-      __half* kd = Ks + (k & 1) * 2 * KT * STR;
-      bf16* vd = Vs + (k & 1) * VP * KT * STR;
+      __half* kd = Ks + (k & 1) * 2 * KT * DP;
+      bf16* vd = Vs + (k & 1) * VP * KT * DP;
       const bool values = k < ntiles;
       for (int idx = tid; idx < KT * CH; idx += kCmpSelWarps * 32) {
-        const int kk = idx / CH, ch = (idx % CH) * 8;
+        const int kk = idx / CH, ch = idx % CH;
         const bool ok = kk < cnt;
-        const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch : 0;
+        const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch * 8 : 0;
+        const int to = wg::tile_offset<DP, KT>(kk, ch);
 #pragma unroll
         for (int p = 0; p < 2; ++p) {
           const std::int64_t po = ok ? p * rows_kv * DP + off : 0;
-          cp16(kd + (p * KT + kk) * STR + ch, a.kparts + po, ok);
-          if (values && p < VP) cp16(vd + (p * KT + kk) * STR + ch, a.vparts + po, ok);
+          cp16(reinterpret_cast<char*>(kd + p * KT * DP) + to, a.kparts + po, ok);
+          if (values && p < VP) cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, a.vparts + po, ok);
         }
       }
       for (int kk = tid; kk < KT; kk += kCmpSelWarps * 32)
@@ -244,7 +256,6 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   for (int j = 0; j < DT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
-  const __half* Qw = Qs + warp * 16 * STR;
 
   issue(0);
   for (int k = 0; k < nsteps; ++k) {
@@ -259,32 +270,56 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     }
     const int s0 = (k % ntiles) * KT;
     issue(k + 1);
-    cp_wait1();
-    __syncthreads();
     // Keys [0, nvis[h2]) of this tile are visible to this thread's rows.
     int nvis[2];
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2)
       nvis[h2] = rv[h2] ? max(0, min(KT, visible_blocks(g, rt[h2]) - s0)) : 0;
-    const __half* Kt = Ks + (k & 1) * 2 * KT * STR;
+    const bool warp_any = __any_sync(0xffffffffu, nvis[0] > 0 || nvis[1] > 0);
+    cp_wait1();
+#if NSATRON_WGMMA
+    wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
+    const bool any = __syncthreads_or(warp_any);  // the products are block-wide
+#else
+    __syncthreads();
+    const bool any = warp_any;
+#endif
+    const __half* Kt = Ks + (k & 1) * 2 * KT * DP;
     const float* kiv = kinv + (k & 1) * KT;
     float s[NT][4];
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
-    const bool any = __any_sync(0xffffffffu, nvis[0] > 0 || nvis[1] > 0);
     if (any) {
+#if NSATRON_WGMMA
+      // One warpgroup product per 16 dims and part pair, the warpgroup's 64 rows of the q
+      // tiles as A and the key parts as B, both from shared memory (smallest products first).
+      const char* qh_t = reinterpret_cast<const char*>(Qs) + wg::row_group_offset<DP>(64 * (warp / 4));
+      const char* ql_t = reinterpret_cast<const char*>(Qs + ROWS * DP) + wg::row_group_offset<DP>(64 * (warp / 4));
+      const char* kh_t = reinterpret_cast<const char*>(Kt);
+      const char* kl_t = reinterpret_cast<const char*>(Kt + KT * DP);
+      wg::pin(s);
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < DP / 16; ++kk) {
+        wg::mma_f16<0>(s, wg::kmajor_desc<DP, ROWS>(ql_t, kk), wg::kmajor_desc<DP, KT>(kh_t, kk));
+        wg::mma_f16<0>(s, wg::kmajor_desc<DP, ROWS>(qh_t, kk), wg::kmajor_desc<DP, KT>(kl_t, kk));
+        wg::mma_f16<0>(s, wg::kmajor_desc<DP, ROWS>(qh_t, kk), wg::kmajor_desc<DP, KT>(kh_t, kk));
+      }
+      wg::commit();
+      wg::wait(s);
+#else
 #pragma unroll
       for (int kk = 0; kk < DP / 16; ++kk) {
         std::uint32_t qh[4], ql[4];
-        frag_a<STR>(qh, reinterpret_cast<const bf16*>(Qw), kk * 16, lane);
-        frag_a<STR>(ql, reinterpret_cast<const bf16*>(Qw + ROWS * STR), kk * 16, lane);
+        tile_frag_a<DP, ROWS>(qh, reinterpret_cast<const bf16*>(Qs), warp * 16, kk * 16, lane);
+        tile_frag_a<DP, ROWS>(ql, reinterpret_cast<const bf16*>(Qs + ROWS * DP), warp * 16, kk * 16, lane);
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
           std::uint32_t kh[4], kl[4];
-          frag_bt<STR>(kh, reinterpret_cast<const bf16*>(Kt), np * 16, kk * 16, lane);
-          frag_bt<STR>(kl, reinterpret_cast<const bf16*>(Kt + KT * STR), np * 16, kk * 16, lane);
+          tile_frag_bt<DP, KT>(kh, reinterpret_cast<const bf16*>(Kt), np * 16, kk * 16, lane);
+          tile_frag_bt<DP, KT>(kl, reinterpret_cast<const bf16*>(Kt + KT * DP), np * 16, kk * 16, lane);
           // smallest products first
           mma_f16(s[2 * np], ql, kh[0], kh[1]);
           mma_f16(s[2 * np + 1], ql, kh[2], kh[3]);
@@ -294,6 +329,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
           mma_f16(s[2 * np + 1], qh, kh[2], kh[3]);
         }
       }
+#endif
     }
     bool ok[NT][4];
 #pragma unroll
@@ -311,7 +347,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[n][e] = ok[n][e] ? s[n][e] : -INFINITY;
         online_softmax_tile<NT, DT>(s, sl2, m2, ls, acc);
-        acc_add_product<NT, DT, STR, KT, VP>(acc, s, Vs + (k & 1) * VP * KT * STR, lane);
+        acc_add_product<NT, DT, DP, KT, VP, true>(acc, s, Vs + (k & 1) * VP * KT * DP, lane);
       }
     } else {
       // p per row and key into Ps (zeros where not visible), then the block scores.

@@ -8,12 +8,14 @@
 // poisoned first and compared. Skips without
 // a GPU, and on a build or device without sm_90a (the kernels then use mma.sync instead).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "core/device/cuda_check.h"
@@ -25,12 +27,19 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
+template <class E> E to_elem(float x);
+template <> bf16 to_elem<bf16>(float x) { return __float2bfloat16(x); }
+template <> __half to_elem<__half>(float x) { return __float2half(x); }
+inline float from_elem(bf16 x) { return __bfloat162float(x); }
+inline float from_elem(__half x) { return __half2float(x); }
+
 // A [64][K] row-major, X [R][DP] row-major (R rows of the tile), C [64][N] fp32.
 // KMAJOR: C = A X^T (R = N rows, DP = K dims); else C = A X (R = K rows, DP = N dims).
 // ASMEM: A staged as a tile of 64 rows x KA dims (K = KA) and read through its
-// K-major descriptor, instead of registers.
-template <int N, int DP, int R, bool KMAJOR, bool ASMEM = false, int KA = 64>
-__global__ void product_kernel(const bf16* A, int K, const bf16* X, float* C, int* ran) {
+// K-major descriptor, instead of registers. E = __half: fp16 operands (wg::mma_f16: both from
+// shared memory, K-major, N = 64, the compression forward's scores).
+template <int N, int DP, int R, bool KMAJOR, bool ASMEM = false, int KA = 64, class E = bf16>
+__global__ void product_kernel(const E* A, int K, const E* X, float* C, int* ran) {
 #if NSATRON_WGMMA
   __shared__ __align__(1024) char tile[R * DP * 2];
   __shared__ __align__(1024) char atile[ASMEM ? 64 * KA * 2 : 16];
@@ -63,7 +72,10 @@ __global__ void product_kernel(const bf16* A, int K, const bf16* X, float* C, in
     wg::pin(a);
     wg::pin(d);
     wg::fence();
-    if constexpr (ASMEM)
+    if constexpr (std::is_same_v<E, __half>) {
+      static_assert(ASMEM && KMAJOR && N == 64, "fp16: shared A, K-major B, N = 64");
+      wg::mma_f16<0>(d, wg::kmajor_desc<KA, 64>(atile, k), wg::kmajor_desc<DP, R>(tile, k));
+    } else if constexpr (ASMEM)
       wg::mma<N, KMAJOR ? 0 : 1>(d, wg::kmajor_desc<KA, 64>(atile, k),
                                  KMAJOR ? wg::kmajor_desc<DP, R>(tile, k) : wg::mnmajor_desc<DP, R>(tile, k));
     else if constexpr (KMAJOR)
@@ -91,15 +103,15 @@ std::uint64_t seed() {
   return s;
 }
 
-template <int N, int DP, int R, bool KMAJOR, bool ASMEM = false>
+template <int N, int DP, int R, bool KMAJOR, bool ASMEM = false, class E = bf16>
 void check(int K) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(seed() + N * 7 + DP + (KMAJOR ? 1 : 0));
   std::normal_distribution<float> normal(0.f, 1.f);
-  std::vector<bf16> A(64 * K), X(R * DP);
-  for (auto& v : A) v = __float2bfloat16(normal(rng));
-  for (auto& v : X) v = __float2bfloat16(normal(rng));
-  bf16 *dA, *dX;
+  std::vector<E> A(64 * K), X(R * DP);
+  for (auto& v : A) v = to_elem<E>(normal(rng));
+  for (auto& v : X) v = to_elem<E>(normal(rng));
+  E *dA, *dX;
   float* dC;
   int* dran;
   CUDA_CHECK(cudaMalloc(&dA, A.size() * 2));
@@ -110,7 +122,7 @@ void check(int K) {
   CUDA_CHECK(cudaMemcpy(dX, X.data(), X.size() * 2, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemset(dC, 0xFF, 64 * N * 4));  // NaN poison
   CUDA_CHECK(cudaMemset(dran, 0, 4));
-  product_kernel<N, DP, R, KMAJOR, ASMEM, ASMEM ? (KMAJOR ? DP : R) : 64><<<1, 128>>>(dA, K, dX, dC, dran);
+  product_kernel<N, DP, R, KMAJOR, ASMEM, ASMEM ? (KMAJOR ? DP : R) : 64, E><<<1, 128>>>(dA, K, dX, dC, dran);
   CUDA_CHECK(cudaGetLastError());
   CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<float> C(64 * N);
@@ -128,8 +140,8 @@ void check(int K) {
     for (int n = 0; n < N; ++n) {
       double ref = 0.0, mag = 0.0;
       for (int k = 0; k < K; ++k) {
-        const double a = __bfloat162float(A[m * K + k]);
-        const double x = KMAJOR ? __bfloat162float(X[n * DP + k]) : __bfloat162float(X[k * DP + n]);
+        const double a = from_elem(A[m * K + k]);
+        const double x = KMAJOR ? from_elem(X[n * DP + k]) : from_elem(X[k * DP + n]);
         ref += a * x;
         mag += std::fabs(a * x);
       }
@@ -157,6 +169,10 @@ TEST(Wgmma, SharedAKMajorN32D32) { check<32, 32, 32, true, true>(32); }
 TEST(Wgmma, SharedAKMajorN32) { check<32, 64, 32, true, true>(64); }
 TEST(Wgmma, SharedAKMajorN32D128) { check<32, 128, 32, true, true>(128); }
 TEST(Wgmma, MNMajorN128K32) { check<128, 128, 32, false>(32); }
+// fp16, both operands from shared tiles (the fused compression + selection's scores).
+TEST(Wgmma, F16SharedAKMajorN64D32) { check<64, 32, 64, true, true, __half>(32); }
+TEST(Wgmma, F16SharedAKMajorN64) { check<64, 64, 64, true, true, __half>(64); }
+TEST(Wgmma, F16SharedAKMajorN64D128) { check<64, 128, 64, true, true, __half>(128); }
 
 }  // namespace
 }  // namespace nsatron::nsa::cuda
