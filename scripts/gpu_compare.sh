@@ -9,7 +9,8 @@
 # repository may lack this session's commits: `git archive COMMIT -o .ref.tar`, carry it).
 # Env: SEEDS (default "11 555 222 9"), D6_SEEDS (default 40), BENCH (default "--shapes
 # 125m,paper --T 8192,65536 --no-dense"), FULL (set: first all of test_nsa_cuda on the working
-# tree), ARCH (default 90a). Logs under $OUT.
+# tree), ARCH (default 90a). The working tree's test_wgmma runs first where it exists. Logs
+# under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -25,6 +26,7 @@ fi
 [ -d .carry ] && cp -r .carry "$refdir/"
 configure() {  # the two trees build at the same time (half the cores each)
   local targets="test_nsa_cuda bench_nsa_gpu"
+  [ -f "$1/tests/nsa_cuda/test_wgmma.cu" ] && targets="$targets test_wgmma"
   cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90a} \
     -DNSATRON_TOMLPP_DIR="$1/.carry/include" >"$OUT/configure_$2.log" 2>&1 &&
     cmake --build "$1/build-gpu" -j"$(( $(nproc) / 2 + 1 ))" --target $targets >"$OUT/build_$2.log" 2>&1 ||
@@ -33,6 +35,9 @@ configure() {  # the two trees build at the same time (half the cores each)
 configure "$refdir" ref & pid_ref=$!
 configure "$PWD" new || exit 1
 wait $pid_ref || exit 1
+if [ -x build-gpu/tests/nsa_cuda/test_wgmma ]; then  # the warpgroup products on their own
+  build-gpu/tests/nsa_cuda/test_wgmma 2>&1 | tee "$OUT/test_wgmma.log" | grep -E "^\[  (FAILED|PASSED) |seed|Failure" | head -20
+fi
 if [ -n "${FULL:-}" ]; then  # every test of the working tree's test_nsa_cuda on a fresh seed
   build-gpu/tests/nsa_cuda/test_nsa_cuda 2>&1 | tee "$OUT/test_nsa_cuda.log" | grep -E "^\[  (FAILED|PASSED) |seed|Failure" | head -30
 fi

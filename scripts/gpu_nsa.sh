@@ -2,7 +2,7 @@
 # Runs on a GPU machine (the device tool's H100/H200): builds the NSA CUDA test and benchmark
 # for sm_90a (ARCH), runs the NSA parity tests, the benchmark and a per-kernel profile, logs under $OUT.
 # Usage: scripts/gpu_nsa.sh [tests] [seeds] [bench] [groups] [ncu] [train] [gputests]
-#   tests: test_nsa_cuda; seeds: its bf16 and determinism cases on 3 more seeds; bench: the
+#   tests: test_wgmma and test_nsa_cuda; seeds: its bf16 and determinism cases on 3 more seeds; bench: the
 #   NSA table; groups: the group-size table; ncu: per-kernel times (125M, paper T=8192);
 #   train: train_gpu on configs/nsa_125m.toml; gputests: every test labelled gpu.
 #   (default: tests bench groups ncu)
@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 steps=${*:-tests bench groups ncu}
 has() { [[ " $steps " == *" $1 "* ]]; }
 { nvidia-smi -L; nvcc --version | tail -1; git rev-parse --short HEAD 2>/dev/null; } 2>&1 | tee "$OUT/device.txt"
-targets="test_nsa_cuda bench_nsa_gpu"
+targets="test_nsa_cuda test_wgmma bench_nsa_gpu"
 has train && targets="$targets train_gpu nsatron"
 has gputests && targets="all"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90a} \
@@ -23,6 +23,7 @@ cmake --build build-gpu -j"$(nproc)" --target $targets >"$OUT/build.log" 2>&1 \
   || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 echo "build ok"
 if has tests; then
+  build-gpu/tests/nsa_cuda/test_wgmma 2>&1 | tee "$OUT/test_wgmma.log" | grep -E "^\[  (FAILED|PASSED) |seed|Failure" | head -20
   build-gpu/tests/nsa_cuda/test_nsa_cuda 2>&1 | tee "$OUT/test_nsa_cuda.log" | grep -E "^\[  (FAILED|PASSED) |worst|seed|Failure|error" | head -60
 fi
 if has seeds; then
