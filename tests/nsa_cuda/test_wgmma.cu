@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -173,6 +174,179 @@ TEST(Wgmma, MNMajorN128K32) { check<128, 128, 32, false>(32); }
 TEST(Wgmma, F16SharedAKMajorN64D32) { check<64, 32, 64, true, true, __half>(32); }
 TEST(Wgmma, F16SharedAKMajorN64) { check<64, 64, 64, true, true, __half>(64); }
 TEST(Wgmma, F16SharedAKMajorN64D128) { check<64, 128, 64, true, true, __half>(128); }
+
+// The row forward's loop in miniature, to find why the forward at padded D = 64 needed
+// kSplitS (docs/performance.md, 2026-11-26): 64 query rows (A = Q in registers, loaded once)
+// against NT tiles of 64 keys; per tile S = Q K^T (one m64n64k16 product per 16 dims, or two
+// m64n32k16 with SPLIT), an online softmax (running max, the accumulator rescaled), then
+// O += P V (m64n64k16, P rounded to bf16); O / l against a CPU softmax attention.
+template <bool SPLIT>
+__global__ void row_loop_kernel(const bf16* Q, const bf16* K, const bf16* V, int NT, float* O,
+                                int* ran) {
+#if NSATRON_WGMMA
+  constexpr int DP = 64, KT = 64;
+  __shared__ __align__(1024) char kt[KT * DP * 2];
+  __shared__ __align__(1024) char vt[KT * DP * 2];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r0 = 16 * warp + lane / 4, c0 = 2 * (lane % 4);
+  auto pk = [&](int r, int c) {
+    const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(Q + r * DP + c);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  };
+  std::uint32_t qf[DP / 16][4];
+  for (int k = 0; k < DP / 16; ++k) {
+    qf[k][0] = pk(r0, 16 * k + c0);
+    qf[k][1] = pk(r0 + 8, 16 * k + c0);
+    qf[k][2] = pk(r0, 16 * k + c0 + 8);
+    qf[k][3] = pk(r0 + 8, 16 * k + c0 + 8);
+  }
+  float acc[8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  for (int j = 0; j < 8; ++j)
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  for (int t = 0; t < NT; ++t) {
+    __syncthreads();  // the previous tile's products are done (each batch waits)
+    for (int idx = tid; idx < KT * (DP / 8); idx += blockDim.x) {
+      const int r = idx / (DP / 8), ch = idx % (DP / 8);
+      const std::size_t g = (std::size_t(t) * KT + r) * DP + ch * 8;
+      *reinterpret_cast<uint4*>(kt + wg::tile_offset<DP, KT>(r, ch)) = *reinterpret_cast<const uint4*>(K + g);
+      *reinterpret_cast<uint4*>(vt + wg::tile_offset<DP, KT>(r, ch)) = *reinterpret_cast<const uint4*>(V + g);
+    }
+    wg::fence_proxy_async();
+    __syncthreads();
+    float s[8][4];
+    for (int n = 0; n < 8; ++n)
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+    wg::pin(s);
+    wg::pin(qf);
+    wg::fence();
+#pragma unroll
+    for (int k = 0; k < DP / 16; ++k) {
+      if constexpr (SPLIT) {
+        wg::mma_rs_n32_at<0, 0>(s, qf[k], wg::kmajor_desc<DP, KT>(kt, k));
+        wg::mma_rs_n32_at<0, 4>(s, qf[k], wg::kmajor_desc<DP, KT>(kt + wg::row_group_offset<DP>(32), k));
+      } else {
+        wg::mma<64, 0>(s, qf[k], wg::kmajor_desc<DP, KT>(kt, k));
+      }
+    }
+    wg::commit();
+    wg::wait(s);
+    std::uint32_t pa[4][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+      for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(m[h], mx * 0.125f), corr = expf(m[h] - mn);
+      float sum = 0.f;
+      for (int n = 0; n < 8; ++n)
+        for (int c = 0; c < 2; ++c) {
+          s[n][2 * h + c] = expf(s[n][2 * h + c] * 0.125f - mn);
+          sum += s[n][2 * h + c];
+        }
+      l[h] = l[h] * corr + sum;
+      m[h] = mn;
+      for (int j = 0; j < 8; ++j) {
+        acc[j][2 * h] *= corr;
+        acc[j][2 * h + 1] *= corr;
+      }
+    }
+    for (int k2 = 0; k2 < 4; ++k2) {
+      auto p2 = [](float a, float b) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+        return *reinterpret_cast<const std::uint32_t*>(&v);
+      };
+      pa[k2][0] = p2(s[2 * k2][0], s[2 * k2][1]);
+      pa[k2][1] = p2(s[2 * k2][2], s[2 * k2][3]);
+      pa[k2][2] = p2(s[2 * k2 + 1][0], s[2 * k2 + 1][1]);
+      pa[k2][3] = p2(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
+    }
+    wg::pin(acc);
+    wg::pin(pa);
+    wg::fence();
+#pragma unroll
+    for (int k2 = 0; k2 < 4; ++k2) wg::mma<64, 1>(acc, pa[k2], wg::mnmajor_desc<DP, KT>(vt, k2));
+    wg::commit();
+    wg::wait(acc);
+  }
+  for (int h = 0; h < 2; ++h) {
+    const float lt = l[h] + __shfl_xor_sync(0xffffffffu, l[h], 1);
+    const float ls = lt + __shfl_xor_sync(0xffffffffu, lt, 2);
+    for (int j = 0; j < 8; ++j)
+      for (int c = 0; c < 2; ++c) O[(r0 + 8 * h) * DP + 8 * j + c0 + c] = acc[j][2 * h + c] / ls;
+  }
+  if (tid == 0) *ran = 1;
+#else
+  if (threadIdx.x == 0) *ran = 0;
+#endif
+}
+
+template <bool SPLIT>
+void check_row_loop(int NT) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  constexpr int DP = 64;
+  std::mt19937_64 rng(seed() + 977 + NT);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<bf16> Q(64 * DP), K(std::size_t(NT) * 64 * DP), V(K.size());
+  for (auto& v : Q) v = __float2bfloat16(normal(rng));
+  for (auto& v : K) v = __float2bfloat16(normal(rng));
+  for (auto& v : V) v = __float2bfloat16(normal(rng));
+  bf16 *dQ, *dK, *dV;
+  float* dO;
+  int* dran;
+  CUDA_CHECK(cudaMalloc(&dQ, Q.size() * 2));
+  CUDA_CHECK(cudaMalloc(&dK, K.size() * 2));
+  CUDA_CHECK(cudaMalloc(&dV, V.size() * 2));
+  CUDA_CHECK(cudaMalloc(&dO, 64 * DP * 4));
+  CUDA_CHECK(cudaMalloc(&dran, 4));
+  CUDA_CHECK(cudaMemcpy(dQ, Q.data(), Q.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dK, K.data(), K.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dV, V.data(), V.size() * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemset(dO, 0xFF, 64 * DP * 4));
+  CUDA_CHECK(cudaMemset(dran, 0, 4));
+  row_loop_kernel<SPLIT><<<1, 128>>>(dQ, dK, dV, NT, dO, dran);
+  CUDA_CHECK(cudaGetLastError());
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> O(64 * DP);
+  int ran = 0;
+  CUDA_CHECK(cudaMemcpy(O.data(), dO, O.size() * 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(&ran, dran, 4, cudaMemcpyDeviceToHost));
+  cudaFree(dQ);
+  cudaFree(dK);
+  cudaFree(dV);
+  cudaFree(dO);
+  cudaFree(dran);
+  if (!ran) GTEST_SKIP() << "built without sm_90a: no wgmma";
+  double worst = 0.0, omax = 0.0;
+  std::vector<double> ref(64 * DP, 0.0);
+  const int nk = NT * 64;
+  for (int r = 0; r < 64; ++r) {
+    std::vector<double> sc(nk);
+    double mx = -1e300, sum = 0.0;
+    for (int j = 0; j < nk; ++j) {
+      double d = 0.0;
+      for (int c = 0; c < DP; ++c) d += double(__bfloat162float(Q[r * DP + c])) * __bfloat162float(K[std::size_t(j) * DP + c]);
+      sc[j] = d * 0.125;
+      mx = std::max(mx, sc[j]);
+    }
+    for (int j = 0; j < nk; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
+    for (int c = 0; c < DP; ++c) {
+      double o = 0.0;
+      for (int j = 0; j < nk; ++j) o += sc[j] * __bfloat162float(V[std::size_t(j) * DP + c]);
+      ref[r * DP + c] = o / sum;
+      omax = std::max(omax, std::fabs(ref[r * DP + c]));
+    }
+  }
+  for (int i = 0; i < 64 * DP; ++i) {
+    const double e = std::fabs(double(O[i]) - ref[i]);
+    if (!(e <= worst)) worst = std::isnan(e) ? 1e30 : std::max(worst, e);
+  }
+  // P is rounded to bf16 (2^-9 relative) before P V: 1e-2 of the largest output bounds it.
+  EXPECT_LE(worst / omax, 1e-2) << (SPLIT ? "split S" : "one N = 64 S") << ", " << NT << " tiles";
+}
+
+TEST(WgmmaRowLoop, OneN64Product) { check_row_loop<false>(6); }
+TEST(WgmmaRowLoop, TwoN32Products) { check_row_loop<true>(6); }
 
 }  // namespace
 }  // namespace nsatron::nsa::cuda
