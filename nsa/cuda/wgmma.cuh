@@ -23,7 +23,8 @@
 // writing threads before the barrier that precedes the products; pin() on the batch's
 // accumulators and A fragments, then fence() (their registers were written by ordinary
 // instructions), the products, commit() after them, and wait(acc) before the accumulators are
-// read (it also keeps the compiler from reading them earlier). Tested against a CPU product for both majors and N = 32, 64, 128 by
+// read (it also keeps the compiler from reading them earlier). Tested against a CPU product
+// for both majors, N = 32, 64, 128, both tile layouts and A from registers or shared memory by
 // tests/nsa_cuda/test_wgmma.cu.
 #pragma once
 #include <cuda_runtime.h>
