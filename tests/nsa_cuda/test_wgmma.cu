@@ -19,6 +19,7 @@
 #include "core/device/cuda_check.h"
 #include "core/device/device.h"
 #include "nsa/cuda/wgmma.cuh"
+#include "tests/ops/op_test_util.h"
 
 namespace nsatron::nsa::cuda {
 namespace {
@@ -82,12 +83,7 @@ __global__ void product_kernel(const bf16* A, int K, const bf16* X, float* C, in
 }
 
 std::uint64_t seed() {
-  static const std::uint64_t s = [] {
-    const char* e = std::getenv("WGMMA_SEED");
-    const std::uint64_t v = e ? std::strtoull(e, nullptr, 10) : std::random_device{}();
-    std::printf("wgmma tests: seed %llu (WGMMA_SEED reproduces)\n", (unsigned long long)v);
-    return v;
-  }();
+  static const std::uint64_t s = nsatron::test::seed_from_env("WGMMA_SEED", "wgmma tests");
   return s;
 }
 
