@@ -1025,14 +1025,15 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
     for (int e = 0; e < 4; ++e) dK[j][e] = dV[j][e] = 0.f;
   std::uint32_t kf[kHoist ? P * KS : 1][4], vf[kHoist ? P * KS : 1][4];
   const float sl2 = g.scale * kLog2e;
-  // A group of NR rows from r0 (within the batch): 1 some row sees a key of the block, 0 none
-  // does, -1 no rows (invalid rows are only at the end). The same for every thread.
-  auto group_state = [&](const int* td, int r0, int nr) -> int {
+  // The nr rows from r0 of a staged batch against the keys klo..khi: 1 some row sees one of
+  // them, 0 none does, -1 no rows (invalid rows are only at the end). Rows are in ascending
+  // position order, so the first and last rows decide.
+  auto rows_state = [&](const int* td, int r0, int nr, int klo, int khi) -> int {
     const int tA = td[r0];
     if (tA < 0) return -1;
     const int tB = td[r0 + nr - 1] >= 0 ? td[r0 + nr - 1] : g.T;
-    if (tB < (BR == kCmp ? s0 * g.d + g.l - 1 : s0)) return 0;
-    if (BR == kWin && tA - g.w >= s1 - 1) return 0;  // every key left the window
+    if (tB < (BR == kCmp ? klo * g.d + g.l - 1 : klo)) return 0;
+    if (BR == kWin && tA - g.w >= khi) return 0;  // every key left the window
     return 1;
   };
 
@@ -1191,21 +1192,14 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
     // Warpgroup products: every warp takes every group of rows that some row of the block's
     // keys sees (the masks zero the rest).
     for (int r0 = 0; r0 < kRB; r0 += kKeyGroupRows) {
-      const int st0 = group_state(td, r0, kKeyGroupRows);
+      const int st0 = rows_state(td, r0, kKeyGroupRows, s0, s1 - 1);  // the block's keys
       if (st0 == 1) rows_group(r0, std::integral_constant<int, kKeyGroupRows>{});
       if (st0 == -1) break;
     }
 #else
     if (wact) {
-      // A 16-row sub-batch at r0: 1 has work, 0 no row sees a key of the warp, -1 no rows.
-      auto state = [&](int r0) -> int {
-        const int tA = td[r0];
-        if (tA < 0) return -1;
-        const int tB = td[r0 + 15] >= 0 ? td[r0 + 15] : g.T;
-        if (tB < (BR == kCmp ? ws0 * g.d + g.l - 1 : ws0)) return 0;
-        if (BR == kWin && tA - g.w >= wlast) return 0;  // every key left the window
-        return 1;
-      };
+      // A 16-row sub-batch at r0 against the warp's keys.
+      auto state = [&](int r0) { return rows_state(td, r0, 16, ws0, wlast); };
       constexpr int kPair = kKeyPairs<DP>;
       for (int r0 = 0; r0 < kRB; r0 += 16 * kPair) {
         const int a0 = state(r0), a1 = kPair == 2 ? state(r0 + 16) : 0;

@@ -124,19 +124,21 @@ __device__ __forceinline__ void pin(std::uint32_t (&a)[NA][4]) {
 }
 
 // d (+)= a B for N = 32, 64, 128 (scale_d 0: d = a B). TNSP: 0 K-major B, 1 MN-major B.
-// (Operand lists written out by a generator: one asm per N.)
-template <int TNSP>
-__device__ __forceinline__ void mma_rs_n32(float (&d)[4][4], const std::uint32_t (&a)[4],
-                                              std::uint64_t b, int scale_d) {
+// (Operand lists written out by a generator: one asm per instruction shape.) N = 32 acts on
+// d[OFF..OFF+3], the columns 8 OFF .. 8 OFF + 31 of a possibly wider accumulator (OFF = 0 and
+// NT = 4: the whole of it; kSplitS in the row kernel uses the offset).
+template <int TNSP, int OFF, int NT>
+__device__ __forceinline__ void mma_rs_n32_at(float (&d)[NT][4], const std::uint32_t (&a)[4],
+                                              std::uint64_t b, int scale_d = 1) {
+  static_assert(OFF + 4 <= NT, "columns in range");
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+      : "+f"(d[OFF + 0][0]), "+f"(d[OFF + 0][1]), "+f"(d[OFF + 0][2]), "+f"(d[OFF + 0][3]),
+        "+f"(d[OFF + 1][0]), "+f"(d[OFF + 1][1]), "+f"(d[OFF + 1][2]), "+f"(d[OFF + 1][3]),
+        "+f"(d[OFF + 2][0]), "+f"(d[OFF + 2][1]), "+f"(d[OFF + 2][2]), "+f"(d[OFF + 2][3]),
+        "+f"(d[OFF + 3][0]), "+f"(d[OFF + 3][1]), "+f"(d[OFF + 3][2]), "+f"(d[OFF + 3][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP));
 }
 
@@ -185,7 +187,8 @@ __device__ __forceinline__ void mma_rs_n128(float (&d)[16][4], const std::uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP));
 }
 
-// d (+)= A B with A [64][16] K-major in shared memory too (a: its descriptor).
+// d (+)= A B with A [64][16] K-major in shared memory too (a: its descriptor); N = 32, the
+// only shape the kernels use (the key side's 32-row groups).
 template <int TNSP>
 __device__ __forceinline__ void mma_ss_n32(float (&d)[4][4], std::uint64_t a, std::uint64_t b,
                                               int scale_d) {
@@ -201,64 +204,18 @@ __device__ __forceinline__ void mma_ss_n32(float (&d)[4][4], std::uint64_t a, st
       : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP));
 }
 
-template <int TNSP>
-__device__ __forceinline__ void mma_ss_n64(float (&d)[8][4], std::uint64_t a, std::uint64_t b,
-                                              int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP));
-}
-
-template <int TNSP>
-__device__ __forceinline__ void mma_ss_n128(float (&d)[16][4], std::uint64_t a, std::uint64_t b,
-                                              int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
-        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
-        "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP));
-}
-
 template <int N, int TNSP>
 __device__ __forceinline__ void mma(float (&d)[N / 8][4], const std::uint32_t (&a)[4],
                                     std::uint64_t b, int scale_d = 1) {
-  if constexpr (N == 32) mma_rs_n32<TNSP>(d, a, b, scale_d);
+  if constexpr (N == 32) mma_rs_n32_at<TNSP, 0>(d, a, b, scale_d);
   else if constexpr (N == 64) mma_rs_n64<TNSP>(d, a, b, scale_d);
   else mma_rs_n128<TNSP>(d, a, b, scale_d);
 }
 template <int N, int TNSP>
 __device__ __forceinline__ void mma(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b,
                                     int scale_d = 1) {
-  if constexpr (N == 32) mma_ss_n32<TNSP>(d, a, b, scale_d);
-  else if constexpr (N == 64) mma_ss_n64<TNSP>(d, a, b, scale_d);
-  else mma_ss_n128<TNSP>(d, a, b, scale_d);
+  static_assert(N == 32, "shared-A products: N = 32 only");
+  mma_ss_n32<TNSP>(d, a, b, scale_d);
 }
 
 // fp16 operands (the compression forward's scaled hi + lo parts), A and B in shared memory.
@@ -285,22 +242,6 @@ template <int TNSP>
 __device__ __forceinline__ void mma_f16(float (&d)[8][4], std::uint64_t a, std::uint64_t b,
                                         int scale_d = 1) {
   mma_ss_f16_n64<TNSP>(d, a, b, scale_d);
-}
-
-// d[OFF..OFF+3] (+)= a B with N = 32: the columns 8 OFF .. 8 OFF + 31 of a wider accumulator.
-template <int TNSP, int OFF, int NT>
-__device__ __forceinline__ void mma_rs_n32_at(float (&d)[NT][4], const std::uint32_t (&a)[4],
-                                              std::uint64_t b, int scale_d = 1) {
-  static_assert(OFF + 4 <= NT, "columns in range");
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
-      : "+f"(d[OFF + 0][0]), "+f"(d[OFF + 0][1]), "+f"(d[OFF + 0][2]), "+f"(d[OFF + 0][3]),
-        "+f"(d[OFF + 1][0]), "+f"(d[OFF + 1][1]), "+f"(d[OFF + 1][2]), "+f"(d[OFF + 1][3]),
-        "+f"(d[OFF + 2][0]), "+f"(d[OFF + 2][1]), "+f"(d[OFF + 2][2]), "+f"(d[OFF + 2][3]),
-        "+f"(d[OFF + 3][0]), "+f"(d[OFF + 3][1]), "+f"(d[OFF + 3][2]), "+f"(d[OFF + 3][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP));
 }
 #endif  // NSATRON_WGMMA
 

@@ -10,17 +10,11 @@
 #include <vector>
 
 #include "nsa/nsa.h"
+#include "tests/ops/op_test_util.h"
 
 namespace nsatron::nsa::test {
 
-// A fresh random base seed for a test binary's random inputs, printed, or the one the
-// environment variable `var` holds (to reproduce a failing run).
-inline std::uint64_t seed_from_env(const char* var, const char* what) {
-  const char* env = std::getenv(var);
-  const std::uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-  std::printf("%s: seed %llu (%s reproduces)\n", what, static_cast<unsigned long long>(s), var);
-  return s;
-}
+using nsatron::test::seed_from_env;  // tests/ops/op_test_util.h
 
 inline const std::array<const char*, 12> kNames = {"q",     "k_cmp",  "v_cmp",  "k_slc",
                                                    "v_slc", "k_win",  "v_win",  "gate",

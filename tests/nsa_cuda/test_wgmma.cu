@@ -22,6 +22,7 @@
 #include "core/device/cuda_check.h"
 #include "core/device/device.h"
 #include "nsa/cuda/wgmma.cuh"
+#include "tests/ops/op_test_util.h"
 
 namespace nsatron::nsa::cuda {
 namespace {
@@ -95,12 +96,7 @@ __global__ void product_kernel(const E* A, int K, const E* X, float* C, int* ran
 }
 
 std::uint64_t seed() {
-  static const std::uint64_t s = [] {
-    const char* e = std::getenv("WGMMA_SEED");
-    const std::uint64_t v = e ? std::strtoull(e, nullptr, 10) : std::random_device{}();
-    std::printf("wgmma tests: seed %llu (WGMMA_SEED reproduces)\n", (unsigned long long)v);
-    return v;
-  }();
+  static const std::uint64_t s = nsatron::test::seed_from_env("WGMMA_SEED", "wgmma tests");
   return s;
 }
 

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -16,6 +18,15 @@
 #include "core/tensor/tensor.h"
 
 namespace nsatron::test {
+
+// A fresh random base seed for a test binary's random inputs, printed, or the one the
+// environment variable `var` holds (to reproduce a failing run).
+inline std::uint64_t seed_from_env(const char* var, const char* what) {
+  const char* env = std::getenv(var);
+  const std::uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+  std::printf("%s: seed %llu (%s reproduces)\n", what, static_cast<unsigned long long>(s), var);
+  return s;
+}
 
 struct Rng {
   std::mt19937_64 gen;

@@ -15,7 +15,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
 #include <span>
 #include <string>
@@ -35,13 +34,7 @@ inline double rtol_for(DType t) { return t == DType::BF16 ? kRtolBF16 : kRtolF32
   if (!::nsatron::cuda_available()) GTEST_SKIP() << ::nsatron::cuda_device_summary()
 
 // A fresh seed, printed and attached to failures; OPS_CUDA_SEED=<n> reproduces a printed one.
-inline std::uint64_t fresh_seed() {
-  const char* env = std::getenv("OPS_CUDA_SEED");
-  const std::uint64_t seed = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-  std::printf("seed %llu%s\n", static_cast<unsigned long long>(seed),
-              env ? " (OPS_CUDA_SEED)" : " (OPS_CUDA_SEED=<n> reproduces)");
-  return seed;
-}
+inline std::uint64_t fresh_seed() { return seed_from_env("OPS_CUDA_SEED", "CUDA op test"); }
 
 // A CPU fp32 tensor holding `t` rounded to dtype `dt` (t itself for fp32).
 inline Tensor rounded_f32(const Tensor& t, DType dt) {
