@@ -2,8 +2,9 @@
 //
 // A block of 4 warps owns 64 consecutive query rows of the flattened (position, head) order
 // of one (batch, group), 16 per warp, and the block's warps share every key tile (see
-// row_kernel below for the key sets of the selection and window branches). Keys come from a
-// padded bf16 copy [B, T, G, DP] (RoPE already applied, zeros past D: see pad_kernel),
+// row_kernel below for the key sets of the selection and window branches). The rows come from
+// padded bf16 copies of the rotated queries and of d_out [B, T, H, DP] (RowArgs::tcq, tcdo),
+// the keys from a padded bf16 copy [B, T, G, DP] (RoPE already applied, zeros past D: see pad_kernel),
 // staged 64 keys at a time in shared memory with cp.async, double buffered, in the tile layout
 // of wgmma.cuh (128-byte swizzle at padded D = 64, 128). Products (bf16 in, fp32 accumulate)
 // are warpgroup products, wgmma, where the build is for sm_90a (CMAKE_CUDA_ARCHITECTURES 90a,
@@ -73,6 +74,12 @@ __device__ __forceinline__ void cp16(void* smem, const void* gmem, bool valid) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+// 4-byte form (zeros where !valid), for per-row statistics.
+__device__ __forceinline__ void cp4(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
@@ -438,40 +445,36 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   const int b = blockIdx.y / g.G, gi = blockIdx.y % g.G;
   const bf16* kp = static_cast<const bf16*>(a.tck);
   const bf16* vp = static_cast<const bf16*>(a.tcv);
-  const bf16* q = static_cast<const bf16*>(a.q);
 
   // Rows of the block: rho = blockIdx.x * 64 + i -> (t = rho / h, head = rho % h).
   // (32-bit: row_launch checks T h < 2^31.)
   const int rho0 = int(blockIdx.x) * kRowsPerBlock;
-  const int t_first = rho0 / g.h;
-  const int t_last = min(g.T - 1, (rho0 + kRowsPerBlock - 1) / g.h);
+  const int t_first = g.hdiv.div(rho0);
+  const int t_last = min(g.T - 1, g.hdiv.div(rho0 + kRowsPerBlock - 1));
   const int npos = t_last - t_first + 1;
   auto row_of = [&](int i, int& t, int& head) -> bool {
     const int rho = rho0 + i;
-    t = rho / g.h;
-    head = rho - t * g.h;
+    g.hdiv.divmod(rho, t, head);
     return t < g.T;
   };
-  // Stage the warp's rotated queries (and d_out) as bf16.
-  for (int idx = lane; idx < 16 * (DP / 2); idx += 32) {
-    const int i = idx / (DP / 2), dd = (idx % (DP / 2)) * 2;
-    int t, hd;
-    const bool ok = row_of(warp * 16 + i, t, hd) && dd < g.D;
-    float q0 = 0.f, q1 = 0.f, o0 = 0.f, o1 = 0.f;
-    if (ok) {
-      const std::int64_t row = (std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd;
-      const float2* cs = a.rope + std::int64_t(t) * g.half;
-      q0 = rope_elem(q + row * g.D, dd, g.half, cs);
-      q1 = rope_elem(q + row * g.D, dd + 1, g.half, cs);
-      if constexpr (BWD) {
-        const __nv_bfloat162 ov = *reinterpret_cast<const __nv_bfloat162*>(
-            static_cast<const bf16*>(a.dout) + row * g.D + dd);
-        o0 = __bfloat162float(ov.x);
-        o1 = __bfloat162float(ov.y);
+  // Stage the warp's rotated queries (and d_out) from their padded bf16 copies (RowArgs::tcq,
+  // tcdo), 16 bytes per load, every load of the warp in flight together.
+  {
+    const bf16* qsrc = static_cast<const bf16*>(a.tcq);
+    const bf16* osrc = static_cast<const bf16*>(a.tcdo);
+#pragma unroll
+    for (int idx = lane; idx < 16 * CH; idx += 32) {
+      const int i = idx / CH, ch = idx % CH;
+      int t, hd;
+      uint4 qv = make_uint4(0u, 0u, 0u, 0u), ov = qv;
+      if (row_of(warp * 16 + i, t, hd)) {
+        const std::int64_t off = ((std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd) * DP + ch * 8;
+        qv = *reinterpret_cast<const uint4*>(qsrc + off);
+        if constexpr (BWD) ov = *reinterpret_cast<const uint4*>(osrc + off);
       }
+      *reinterpret_cast<uint4*>(Qs + i * STR + ch * 8) = qv;
+      if constexpr (BWD) *reinterpret_cast<uint4*>(Os + i * STR + ch * 8) = ov;
     }
-    *reinterpret_cast<std::uint32_t*>(Qs + i * STR + dd) = pack2(q0, q1);
-    if constexpr (BWD) *reinterpret_cast<std::uint32_t*>(Os + i * STR + dd) = pack2(o0, o1);
   }
   // This thread's two rows: r = lane/4 and lane/4 + 8 of the warp.
   const int gr = lane >> 2, gc = lane & 3;
@@ -517,25 +520,32 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // first pass computes its own tensor-core lse (see the launcher) and, online, lsum with it.
   const int passes = BWD ? (BR == kCmp ? 2 : (a.dot_in ? 1 : 2)) : 1;
   const int nsteps = passes * ntiles;
+  // Steps are issued in order: issue_j is the next one's tile index within its pass (counters,
+  // not k % ntiles: an integer division per step cost ~4% of the selection forward).
+  int issue_j = 0;
   int issue_tile = -1;  // selection: the tile index of the last issued step
-  auto step_tile = [&](int k, int& cur) {  // window: s0 of step k; selection: advances cur
-    if constexpr (BR == kSlc) {
-      cur = next_set_bit(tbits, ntw, (k % ntiles) == 0 ? -1 : cur);
-    } else {
-      cur = beg + (k % ntiles) * KT;
-    }
-  };
+  // Selection: this thread's cursor into its position's selected blocks (entries part,
+  // part + kMaskParts, ...; they ascend, -1 after the last: write_selection_row), past the
+  // blocks that end before the tiles still to come in this pass (which ascend too).
+  int mcur = 0;
   int s0_next = 0;
   auto issue = [&](int k) {  // step k into stage k & 1
     if (k < nsteps) {
-      step_tile(k, issue_tile);
+      if constexpr (BR == kSlc) {
+        issue_tile = next_set_bit(tbits, ntw, issue_j == 0 ? -1 : issue_tile);
+      } else {
+        issue_tile = beg + issue_j * KT;
+      }
       const int s0 = BR == kSlc ? issue_tile * KT : issue_tile;
       const int cnt = min(KT, key_end - s0);
       bf16* kd = Ks + (k & 1) * kKParts * KT * DP;
       bf16* vd = Vs + (k & 1) * kKParts * KT * DP;
       const std::int64_t base = (std::int64_t(b) * NK) * g.G + gi;
       const std::int64_t part_stride = std::int64_t(g.B) * NK * g.G * DP;
-      for (int idx = tid; idx < KT * CH; idx += kRowWarps * 32) {
+      static_assert(KT * CH % (kRowWarps * 32) == 0, "whole passes over the chunks");
+#pragma unroll 1  // unrolled, the backward's addresses spilled
+      for (int it = 0; it < KT * CH / (kRowWarps * 32); ++it) {
+        const int idx = tid + it * kRowWarps * 32;
         const int kk = idx / CH, ch = idx % CH;
         const bool ok = kk < cnt;
         const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch * 8 : 0;
@@ -552,10 +562,16 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         const int p = tid % kMaxPos, part = tid / kMaxPos;
         unsigned long long m = 0ull;
         const int t = t_first + p;
+        if (issue_j == 0) mcur = part;  // a new pass
         if (p < npos && t >= s0) {
-          for (int e = part; e < g.n; e += kMaskParts) {
-            const int j = selp[p * g.n + e];
-            if (j < 0) break;
+          const int* row = selp + p * g.n;
+          for (; mcur < g.n; mcur += kMaskParts) {  // skip the blocks that end before s0
+            const int j = row[mcur];
+            if (j < 0 || j * g.ls + g.ls > s0) break;
+          }
+          for (int e = mcur; e < g.n; e += kMaskParts) {  // the blocks that meet the tile
+            const int j = row[e];
+            if (j < 0 || j * g.ls >= s0 + KT) break;
             m |= key_bits(max(j * g.ls, s0) - s0, min(j * g.ls + g.ls, s0 + KT) - s0);
           }
           if (t - s0 < KT - 1) m &= key_bits(0, t - s0 + 1);
@@ -563,6 +579,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         kmask[((k & 1) * kMaskParts + part) * kMaxPos + p] = m;
       }
       s0_next = s0;
+      if (++issue_j == ntiles) issue_j = 0;
     }
     cp_commit();
   };
@@ -594,10 +611,14 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   issue(0);
   __syncthreads();  // the masks of step 0 (the loop reads a step's masks before its barrier)
   int s0_cur = s0_next;
-  for (int k = 0; k < nsteps; ++k) {
+  for (int k = 0, pass = 0, j_in_pass = 0; k < nsteps; ++k) {
     // Backward phases: 0 softmax statistics and lsum (compression only, the first pass), 1
     // lsum (the others, when no dot_in), 2 dq (the last pass).
-    const int pass = k / max(ntiles, 1);
+    if (j_in_pass == ntiles) {
+      j_in_pass = 0;
+      ++pass;
+    }
+    ++j_in_pass;
     const int phase = !BWD ? 0 : (pass == passes - 1 ? 2 : (BR == kCmp ? 0 : 1));
     const bool pass2 = BWD && phase == 2;
     if (BWD && BR == kCmp && k == ntiles) {  // end of the statistics pass: lse per row
@@ -916,7 +937,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   bf16* Lb = Ob + 2 * kRB * DP;               // [2] tiles: q residuals (kQP == 2)
   bf16* Ks = Lb + (kQP - 1) * 2 * kRB * DP;   // [P] tiles of KB keys
   bf16* Vs = Ks + P * kKB * DP;               // [P] tiles of KB keys
-  float* rs = reinterpret_cast<float*>(Vs + P * kKB * DP);  // [2][3][RB] lse*log2e, g, delta
+  float* rs = reinterpret_cast<float*>(Vs + P * kKB * DP);  // [2][3][RB] lse, g, delta
   int* rtp = reinterpret_cast<int*>(rs + 6 * kRB);        // [2][RB] position, -1: none
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.z / g.G, gi = blockIdx.z % g.G;
@@ -976,39 +997,39 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       char* qd = reinterpret_cast<char*>(Qb + (i & 1) * kRB * DP);
       char* od = reinterpret_cast<char*>(Ob + (i & 1) * kRB * DP);
       char* ld = reinterpret_cast<char*>(Lb + (i & 1) * kRB * DP);
-      for (int idx = tid; idx < kRB * CH; idx += kKeyWarps * 32) {
+      float* rd = rs + (i & 1) * 3 * kRB;
+      int* td = rtp + (i & 1) * kRB;
+      // Every 16-byte chunk of the batch's rows, unrolled so that the position loads (the
+      // selection's list) of all of a thread's rows are in flight together; the thread of a
+      // row's first chunk also stages its position and, asynchronously, its lse, sigmoid(gate)
+      // and delta (no register waits on them).
+      constexpr int kIt = kRB * CH / (kKeyWarps * 32);
+      static_assert(kRB * CH % (kKeyWarps * 32) == 0, "whole passes over the chunks");
+#pragma unroll
+      for (int it = 0; it < kIt; ++it) {
+        const int idx = tid + it * kKeyWarps * 32;
         const int r = idx / CH, ch = idx % CH;
         const int rho = rbeg + i * kRB + r;
         const bool ok = rho < nrows;
-        std::int64_t go = 0;
+        int t = -1;
+        std::int64_t row = 0;
         if (ok) {
-          const int pi = rho / g.h;
-          const int t = BR == kSlc ? list[pi] : p0 + pi;
-          go = ((std::int64_t(b) * g.T + t) * g.H + gi * g.h + rho % g.h) * DP + ch * 8;
+          int pi, hd;
+          g.hdiv.divmod(rho, pi, hd);
+          t = BR == kSlc ? list[pi] : p0 + pi;
+          row = (std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd;
         }
+        const std::int64_t go = row * DP + ch * 8;
         const int to = wg::tile_offset<DP, kRB>(r, ch);
         cp16(qd + to, qp + go, ok);
         cp16(od + to, op + go, ok);
         if constexpr (kQP == 2) cp16(ld + to, lp + go, ok);
-      }
-      float* rd = rs + (i & 1) * 3 * kRB;
-      int* td = rtp + (i & 1) * kRB;
-      for (int r = tid; r < kRB; r += kKeyWarps * 32) {
-        const int rho = rbeg + i * kRB + r;
-        int t = -1;
-        float L = 0.f, Gs = 0.f, Dl = 0.f;
-        if (rho < nrows) {
-          const int pi = rho / g.h;
-          t = BR == kSlc ? list[pi] : p0 + pi;
-          const std::int64_t row = (std::int64_t(b) * g.T + t) * g.H + gi * g.h + rho % g.h;
-          L = a.lse[row] * kLog2e;
-          Gs = a.gsig[row];
-          Dl = a.delta[row];
+        if (ch == 0) {
+          td[r] = t;
+          cp4(rd + r, a.lse + row, ok);  // lse (natural log; times log2 e where it is read)
+          cp4(rd + kRB + r, a.gsig + row, ok);
+          cp4(rd + 2 * kRB + r, a.delta + row, ok);
         }
-        td[r] = t;
-        rd[r] = L;
-        rd[kRB + r] = Gs;
-        rd[2 * kRB + r] = Dl;
       }
     }
     cp_commit();
@@ -1131,7 +1152,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
           for (int c = 0; c < 2; ++c) {
             const int r = r0 + n * 8 + gc * 2 + c;
             const int t = td[r];
-            const float L = rd[r], Gs = rd[kRB + r], Dl = rd[2 * kRB + r];
+            const float L = rd[r] * kLog2e, Gs = rd[kRB + r], Dl = rd[2 * kRB + r];
 #pragma unroll
             for (int hk = 0; hk < 2; ++hk) {
               const int e = 2 * hk + c;

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "core/device/cuda_check.h"
+#include "nsa/cuda/fast_div.h"
 #include "nsa/cuda/nsa_cuda.h"
 
 namespace nsatron::nsa::cuda::detail {
@@ -24,6 +26,7 @@ struct Geo {
   int l, d, ls, n, w;
   int half;     // D / 2
   float scale;  // 1 / sqrt(D)
+  FastDiv hdiv;  // division by h (row index -> position, head)
 };
 
 inline Geo make_geo(const NsaDims& dm) {
@@ -43,6 +46,7 @@ inline Geo make_geo(const NsaDims& dm) {
   g.w = int(dm.window);
   g.half = g.D / 2;
   g.scale = float(1.0 / std::sqrt(double(dm.D)));
+  g.hdiv = FastDiv(std::max(1, g.h));
   return g;
 }
 
@@ -250,6 +254,10 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   // B*N*G*padded_dim(D) elements apart.
   const void* tck;
   const void* tcv;
+  // bf16 tensor-core kernels: padded bf16 copies [B, T, H, padded_dim(D)] of the rotated
+  // queries and (backward) of d_out, from which the row kernels stage their rows.
+  const void* tcq;
+  const void* tcdo;
 };
 // Padded bf16 copy of src [B, NK, G, D] (S = bf16 or float) into dst [B, NK, G, padded_dim(D)],
 // rotated at position s (the row's key index) when rope is non-null; zeros past D. With

@@ -221,28 +221,45 @@ void tc_prepare(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v,
   }
 }
 
-// bf16 key-side backward: padded bf16 copies of q (rotated; with its rounding residuals where
-// key_q_parts(DP) == 2) and of d_out, rows [B, T, H, DP], into KeyArgs::tcq, tcql, tcdo; d_out
-// is used as it is when D is already padded and it is 16-byte aligned. (The q slot keeps room
-// for two parts at every DP: the memory plan counts it so.)
-inline void tc_prepare_keys(const Geo& g, Workspace& ws, KeyArgs& ka, const bf16* q, const bf16* d_out,
-                            const float2* rope, std::int64_t BTH, cudaStream_t stream) {
+// bf16 tensor-core kernels: padded bf16 copies of q (rotated; with its rounding residuals where
+// q_parts == 2, the key side's key_q_parts(DP)) and of d_out (when given), rows [B, T, H, DP],
+// which the row kernels stage their rows from and the key side its row tiles; d_out is used
+// as it is when D is already padded and it is 16-byte aligned. (The q slot keeps room for two
+// parts at every DP: the memory plan counts it so.)
+struct TcRows {
+  const bf16* q = nullptr;
+  const bf16* q_lo = nullptr;  // the residuals (q_parts == 2), else null
+  const bf16* dout = nullptr;
+};
+inline TcRows tc_prepare_rows(const Geo& g, Workspace& ws, const bf16* q, const bf16* d_out,
+                              const float2* rope, std::int64_t BTH, int q_parts, cudaStream_t stream) {
   const int DP = padded_dim(g.D);
   Geo gq = g;
   gq.G = g.H;
   const std::size_t bytes = std::size_t(std::max<std::int64_t>(1, BTH * DP)) * 2;
   auto* qd = static_cast<bf16*>(ws.get(Workspace::kTcQ, 2 * bytes, stream));
-  const int q_parts = key_q_parts(DP);
   launch_tc_pad<bf16>(gq, q, qd, rope, g.T, stream, q_parts);
-  ka.tcq = qd;
-  ka.tcql = q_parts == 2 ? qd + bytes / 2 : nullptr;
+  TcRows r;
+  r.q = qd;
+  r.q_lo = q_parts == 2 ? qd + bytes / 2 : nullptr;
+  if (!d_out) return r;
   if (DP == g.D && reinterpret_cast<std::uintptr_t>(d_out) % 16 == 0) {
-    ka.tcdo = d_out;
+    r.dout = d_out;
   } else {
     auto* od = static_cast<bf16*>(ws.get(Workspace::kTcO, bytes, stream));
     launch_tc_pad<bf16>(gq, d_out, od, nullptr, g.T, stream);
-    ka.tcdo = od;
+    r.dout = od;
   }
+  return r;
+}
+inline void set_rows(RowArgs& a, const TcRows& r) {
+  a.tcq = r.q;
+  a.tcdo = r.dout;
+}
+inline void set_rows(KeyArgs& ka, const TcRows& r) {
+  ka.tcq = r.q;
+  ka.tcql = r.q_lo;
+  ka.tcdo = r.dout;
 }
 
 }  // namespace
@@ -380,6 +397,8 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
     launch_row<T>(g, kCmp, false, a, stream);
     launch_select<T>(g, in.q, rope, kc, lse, sel, stream);
   }
+  if constexpr (std::is_same_v<T, bf16>)  // the rotated queries the row kernels stage
+    set_rows(a, tc_prepare_rows(g, ws, in.q, nullptr, rope, BTH, 1, stream));
   a.k = in.k_slc;
   a.v = in.v_slc;
   tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
@@ -451,8 +470,14 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
           d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
     check_launch("branch_dot_kernel");
   }
+  // bf16: the padded rotated queries (with the key side's residual part) and d_out, staged by
+  // the row kernels and the key side.
+  TcRows tc_rows;
+  if constexpr (std::is_same_v<T, bf16>)
+    tc_rows = tc_prepare_rows(g, ws, in.q, d_out, rope, BTH, key_q_parts(padded_dim(g.D)), stream);
   {
     RowArgs a{};
+    set_rows(a, tc_rows);
     a.q = in.q;
     a.rope = rope;
     a.sel = saved.sel_blocks;
@@ -500,9 +525,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   const bool need_k = grads.k_cmp || grads.cmp_wk || grads.cmp_pk;
   const bool need_v = grads.v_cmp || grads.cmp_wv || grads.cmp_pv;
   if constexpr (std::is_same_v<T, bf16>) {
-    // Tensor-core key side (every branch).
-    if (need_win || need_slc || ((need_k || need_v) && g.N > 0))
-      tc_prepare_keys(g, ws, ka, in.q, d_out, rope, BTH, stream);
+    set_rows(ka, tc_rows);  // tensor-core key side (every branch)
     if (need_slc) {
       const std::int64_t U = std::int64_t(g.B) * g.G * g.NB;
       const std::int64_t W = (g.T + 31) / 32;
@@ -618,6 +641,8 @@ void dense_forward(const DenseDims& dims, const T* q, const T* k, const T* v, T*
   a.v = v;
   a.o = o;
   a.lse = lse;
+  if constexpr (std::is_same_v<T, bf16>)
+    set_rows(a, tc_prepare_rows(g, ws, q, nullptr, rope, wd.B * wd.T * wd.H, 1, stream));
   tc_prepare<T>(g, ws, a, k, v, rope, g.T, stream);
   launch_row<T>(g, kWin, false, a, stream);
 }
@@ -646,6 +671,11 @@ void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, c
   a.delta = delta;
   a.dq = dqf;
   a.accumulate = false;
+  TcRows tc_rows;
+  if constexpr (std::is_same_v<T, bf16>) {
+    tc_rows = tc_prepare_rows(g, ws, q, d_out, rope, BTH, key_q_parts(padded_dim(g.D)), stream);
+    set_rows(a, tc_rows);
+  }
   tc_prepare<T>(g, ws, a, k, v, rope, g.T, stream);
   launch_row<T>(g, kWin, true, a, stream);
   dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(dq, dqf, rope, BTH, int(wd.T),
@@ -663,7 +693,7 @@ void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, c
   ka.dk = dk;
   ka.dv = dv;
   if constexpr (std::is_same_v<T, bf16>) {
-    tc_prepare_keys(g, ws, ka, q, d_out, rope, BTH, stream);
+    set_rows(ka, tc_rows);
     ka.tck = a.tck;
     ka.tcv = a.tcv;
   }

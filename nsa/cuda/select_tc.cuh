@@ -153,8 +153,9 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   const int npos = min(P, g.T - t_first);
   const int t_last = t_first + npos - 1;
   auto row_of = [&](int i, int& t, int& head) -> bool {
-    t = t_first + i / g.h;
-    head = i % g.h;
+    int pi;
+    g.hdiv.divmod(i, pi, head);
+    t = t_first + pi;
     return i < P * g.h && t < g.T;
   };
   for (int idx = tid; idx < P * g.NB; idx += blockDim.x) Sb[idx] = 0.f;
