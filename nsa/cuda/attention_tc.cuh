@@ -458,7 +458,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     return t < g.T;
   };
   // Stage the warp's rotated queries (and d_out) from their padded bf16 copies (RowArgs::tcq,
-  // tcdo), 16 bytes per load, every load of the warp in flight together.
+  // tcdo) by cp.async, a group of their own committed before the first key tile's: its
+  // latency overlaps the tile's (the forward waits for this group alone before it loads its
+  // query fragments; the backward's first step waits for both).
   {
     const bf16* qsrc = static_cast<const bf16*>(a.tcq);
     const bf16* osrc = static_cast<const bf16*>(a.tcdo);
@@ -466,15 +468,12 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     for (int idx = lane; idx < 16 * CH; idx += 32) {
       const int i = idx / CH, ch = idx % CH;
       int t, hd;
-      uint4 qv = make_uint4(0u, 0u, 0u, 0u), ov = qv;
-      if (row_of(warp * 16 + i, t, hd)) {
-        const std::int64_t off = ((std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd) * DP + ch * 8;
-        qv = *reinterpret_cast<const uint4*>(qsrc + off);
-        if constexpr (BWD) ov = *reinterpret_cast<const uint4*>(osrc + off);
-      }
-      *reinterpret_cast<uint4*>(Qs + i * STR + ch * 8) = qv;
-      if constexpr (BWD) *reinterpret_cast<uint4*>(Os + i * STR + ch * 8) = ov;
+      const bool ok = row_of(warp * 16 + i, t, hd);
+      const std::int64_t off = ok ? ((std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd) * DP + ch * 8 : 0;
+      cp16(Qs + i * STR + ch * 8, qsrc + off, ok);
+      if constexpr (BWD) cp16(Os + i * STR + ch * 8, osrc + off, ok);
     }
+    cp_commit();
   }
   // This thread's two rows: r = lane/4 and lane/4 + 8 of the warp.
   const int gr = lane >> 2, gc = lane & 3;
@@ -520,6 +519,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // first pass computes its own tensor-core lse (see the launcher) and, online, lsum with it.
   const int passes = BWD ? (BR == kCmp ? 2 : (a.dot_in ? 1 : 2)) : 1;
   const int nsteps = passes * ntiles;
+  constexpr int kKeyStep = kRowWarps * 32 / CH, kKeyIt = KT / kKeyStep;
+  static_assert(KT % kKeyStep == 0 && kKeyStep % 8 == 0, "whole passes over the chunks");
+  const int kk0 = tid / CH, kch = tid % CH;
+  const int to0 = wg::tile_offset<DP, KT>(kk0, kch);
   // Steps are issued in order: issue_j is the next one's tile index within its pass (counters,
   // not k % ntiles: an integer division per step cost ~4% of the selection forward).
   int issue_j = 0;
@@ -540,19 +543,18 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       const int cnt = min(KT, key_end - s0);
       bf16* kd = Ks + (k & 1) * kKParts * KT * DP;
       bf16* vd = Vs + (k & 1) * kKParts * KT * DP;
-      const std::int64_t base = (std::int64_t(b) * NK) * g.G + gi;
       const std::int64_t part_stride = std::int64_t(g.B) * NK * g.G * DP;
-      static_assert(KT * CH % (kRowWarps * 32) == 0, "whole passes over the chunks");
-#pragma unroll 1  // unrolled, the backward's addresses spilled
-      for (int it = 0; it < KT * CH / (kRowWarps * 32); ++it) {
-        const int idx = tid + it * kRowWarps * 32;
-        const int kk = idx / CH, ch = idx % CH;
-        const bool ok = kk < cnt;
-        const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch * 8 : 0;
-        const int to = wg::tile_offset<DP, KT>(kk, ch);
+      // This thread's chunks: chunk kch of keys kk0 + it * kKeyStep; the global and tile
+      // offsets advance by constants (the tile layout repeats every 8 rows).
+      const std::int64_t off0 = ((std::int64_t(b) * NK + s0 + kk0) * g.G + gi) * DP + kch * 8;
+      const std::int64_t step = std::int64_t(kKeyStep) * g.G * DP;
+#pragma unroll
+      for (int it = 0; it < kKeyIt; ++it) {
+        const bool ok = kk0 + it * kKeyStep < cnt;
+        const int to = to0 + wg::row_group_offset<DP>(it * kKeyStep);
 #pragma unroll
         for (int p = 0; p < kKParts; ++p) {
-          const std::int64_t po = ok ? p * part_stride + off : 0;
+          const std::int64_t po = ok ? p * part_stride + off0 + it * step : 0;
           cp16(reinterpret_cast<char*>(kd + p * KT * DP) + to, kp + po, ok);
           cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, vp + po, ok);
         }
@@ -602,13 +604,13 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     }
   }
   std::uint32_t qf[BWD ? 1 : DP / 16][4];
-  __syncwarp();
-  if constexpr (!BWD) {
+  issue(0);
+  if constexpr (!BWD) {  // the forward keeps its query fragments in registers
+    cp_wait1();  // the queries' group
+    __syncwarp();
 #pragma unroll
     for (int kk = 0; kk < DP / 16; ++kk) frag_a<STR>(qf[kk], Qs, kk * 16, lane);
   }
-
-  issue(0);
   __syncthreads();  // the masks of step 0 (the loop reads a step's masks before its barrier)
   int s0_cur = s0_next;
   for (int k = 0, pass = 0, j_in_pass = 0; k < nsteps; ++k) {
@@ -829,18 +831,37 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       if (a.dq) {
         float* dq = a.dq + row * g.D;
         const float f = g.scale * gs;
+        float2 y[DT];  // the earlier branches' sum (every load before the first store) + this one
 #pragma unroll
         for (int j = 0; j < DT; ++j) {
           const int dd = j * 8 + gc * 2;
-          if (dd < g.D) {
-            float2 v = make_float2(f * acc[j][2 * h2], f * acc[j][2 * h2 + 1]);
-            float2* p = reinterpret_cast<float2*>(dq + dd);
-            if (a.accumulate) {
-              const float2 o = *p;
-              v.x += o.x;
-              v.y += o.y;
-            }
-            *p = v;
+          y[j] = a.accumulate && dd < g.D ? *reinterpret_cast<const float2*>(dq + dd)
+                                          : make_float2(0.f, 0.f);
+          y[j].x += f * acc[j][2 * h2];
+          y[j].y += f * acc[j][2 * h2 + 1];
+        }
+        if (a.dq_final) {  // the last branch: rotate back (rope_back_elem) and store as bf16;
+          // column dd's partner dd +- D/2 is this thread's column j +- DT/2 (D = DP:
+          // dq_final_fused)
+          constexpr int hj = DT / 2;
+          const float2* cs = a.rope + std::int64_t(rt[h2]) * g.half;
+          bf16* out = static_cast<bf16*>(a.dq_final) + row * g.D;
+#pragma unroll
+          for (int j = 0; j < DT; ++j) {
+            const int dd = j * 8 + gc * 2;
+            if (dd >= g.D) continue;
+            const bool lo = dd < g.half;
+            const float2 yp = y[j < hj ? j + hj : j - hj];
+            const float2 r0 = cs[lo ? dd : dd - g.half], r1 = cs[(lo ? dd : dd - g.half) + 1];
+            const float o0 = lo ? y[j].x * r0.x + yp.x * r0.y : y[j].x * r0.x - yp.x * r0.y;
+            const float o1 = lo ? y[j].y * r1.x + yp.y * r1.y : y[j].y * r1.x - yp.y * r1.y;
+            *reinterpret_cast<std::uint32_t*>(out + dd) = pack2(o0, o1);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < DT; ++j) {
+            const int dd = j * 8 + gc * 2;
+            if (dd < g.D) *reinterpret_cast<float2*>(dq + dd) = y[j];
           }
         }
       }

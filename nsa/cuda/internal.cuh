@@ -29,6 +29,11 @@ struct Geo {
   FastDiv hdiv;  // division by h (row index -> position, head)
 };
 
+// Whether the tensor-core row side can finish dq itself (RowArgs::dq_final): where D is its
+// own padded size (32, 64, 128), each column's RoPE partner, D/2 away, is held by the same
+// thread of the accumulator layout (columns 8 j + 2 gc: partner j +- DP/16).
+inline bool dq_final_fused(int D) { return D == 32 || D == 64 || D == 128; }
+
 inline Geo make_geo(const NsaDims& dm) {
   Geo g;
   g.B = int(dm.B);
@@ -246,6 +251,10 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   void* dgate;         // T [B,T,H,3] or null
   float* dq;           // fp32 [B,T,H,D], rotated space, or null
   bool accumulate;     // dq += (else =)
+  // bf16 tensor-core row side, the last branch, where D/2 % 8 == 0 (dq_final_fused): the
+  // finished query gradient, rotated back (as dq_rotate_kernel would) and stored as bf16
+  // [B,T,H,D] here instead of the fp32 sum in dq (which it still reads when accumulate).
+  void* dq_final;
   float* lse_tc;       // bf16 compression backward: the lse of the tensor-core scores, [B,T,H]
                        // (the key side's probabilities must match the row side's)
   // bf16 only, optional: padded bf16 copies [B, NK, G, padded_dim(D)] of the branch keys

@@ -470,6 +470,8 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
           d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
     check_launch("branch_dot_kernel");
   }
+  // bf16, D/2 a multiple of 8: the window branch's row kernel (the last) finishes dq.
+  const bool dq_fused = std::is_same_v<T, bf16> && grads.q && dq_final_fused(int(D));
   // bf16: the padded rotated queries (with the key side's residual part) and d_out, staged by
   // the row kernels and the key side.
   TcRows tc_rows;
@@ -505,12 +507,13 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
         tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
       else
         tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream);
+      if (br == kWin && dq_fused) a.dq_final = grads.q;  // the last branch finishes dq
       launch_row<T>(g, br, true, a, stream);
     }
     win_tck = a.tck;
     win_tcv = a.tcv;
   }
-  if (grads.q) {
+  if (grads.q && !dq_fused) {
     dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(grads.q, dq, rope, BTH,
                                                                   int(dims.T), int(dims.H), int(D));
     check_launch("dq_rotate_kernel");
@@ -677,10 +680,14 @@ void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, c
     set_rows(a, tc_rows);
   }
   tc_prepare<T>(g, ws, a, k, v, rope, g.T, stream);
+  const bool dq_fused = std::is_same_v<T, bf16> && dq_final_fused(int(D));
+  if (dq_fused) a.dq_final = dq;  // the row kernel finishes dq itself
   launch_row<T>(g, kWin, true, a, stream);
-  dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(dq, dqf, rope, BTH, int(wd.T),
-                                                                int(wd.H), int(D));
-  check_launch("dq_rotate_kernel");
+  if (!dq_fused) {
+    dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(dq, dqf, rope, BTH, int(wd.T),
+                                                                  int(wd.H), int(D));
+    check_launch("dq_rotate_kernel");
+  }
   KeyArgs ka{};
   ka.q = q;
   ka.dout = d_out;
