@@ -819,6 +819,28 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       else
         store_row_output<DT>(acc, h2, ls[h2], m2[h2], static_cast<bf16*>(a.o) + row * g.D,
                              a.lse + row, g.D, gc);
+      if (a.gated_out) {  // the gated sum of the three branches, as combine_kernel computes it
+        const bf16* gt = static_cast<const bf16*>(a.gate) + row * 3;
+        const float g0 = sigmoidf(ldf(gt[0])), g1 = sigmoidf(ldf(gt[1])), g2 = sigmoidf(ldf(gt[2]));
+        const float inv = ls[h2] > 0.f ? 1.f / ls[h2] : 0.f;  // this branch's o, as stored above
+        float2 oc[DT], osl[DT];
+#pragma unroll
+        for (int j = 0; j < DT; ++j) {
+          const int dd = j * 8 + gc * 2;
+          const bool in = dd < g.D;
+          oc[j] = in ? *reinterpret_cast<const float2*>(a.o_cmp_in + row * g.D + dd) : make_float2(0.f, 0.f);
+          osl[j] = in ? *reinterpret_cast<const float2*>(a.o_slc_in + row * g.D + dd) : make_float2(0.f, 0.f);
+        }
+        bf16* out = static_cast<bf16*>(a.gated_out) + row * g.D;
+#pragma unroll
+        for (int j = 0; j < DT; ++j) {
+          const int dd = j * 8 + gc * 2;
+          if (dd >= g.D) continue;
+          const float w0 = acc[j][2 * h2] * inv, w1 = acc[j][2 * h2 + 1] * inv;
+          *reinterpret_cast<std::uint32_t*>(out + dd) =
+              pack2(g0 * oc[j].x + g1 * osl[j].x + g2 * w0, g0 * oc[j].y + g1 * osl[j].y + g2 * w1);
+        }
+      }
     } else {
       const float gs =
           a.gate ? 1.f / (1.f + expf(-__bfloat162float(static_cast<const bf16*>(a.gate)[row * 3 + BR]))) : 1.f;
@@ -1167,23 +1189,32 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
         const bool whole = tZ >= 0 && wlast == ws0 + 15 &&
                            tA >= (BR == kCmp ? wlast * g.d + g.l - 1 : wlast) &&
                            (BR != kWin || tZ - g.w < ws0);
+        // (whole is warp-uniform: the unmasked form has no per-element tests.)
+        auto probs = [&](auto masked) {
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+          for (int n = 0; n < 2; ++n)
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int r = r0 + n * 8 + gc * 2 + c;
-            const int t = td[r];
-            const float L = rd[r] * kLog2e, Gs = rd[kRB + r], Dl = rd[2 * kRB + r];
+            for (int c = 0; c < 2; ++c) {
+              const int r = r0 + n * 8 + gc * 2 + c;
+              const int t = td[r];
+              const float L = rd[r] * kLog2e, Gs = rd[kRB + r], Dl = rd[2 * kRB + r];
 #pragma unroll
-            for (int hk = 0; hk < 2; ++hk) {
-              const int e = 2 * hk + c;
-              const int s = ws0 + gr + 8 * hk;
-              const bool ok = whole || (wact && t >= 0 && s <= wlast && kmask<BR>(g, t, s));
-              const float p = ok ? ex2(fmaf(st[2 * m + n][e], sl2, -L)) : 0.f;
-              st[2 * m + n][e] = p * Gs;
-              dpt[2 * m + n][e] = p * (Gs * dpt[2 * m + n][e] - Dl);
+              for (int hk = 0; hk < 2; ++hk) {
+                const int e = 2 * hk + c;
+                const int s = ws0 + gr + 8 * hk;
+                bool ok = true;
+                if constexpr (decltype(masked)::value)
+                  ok = wact && t >= 0 && s <= wlast && kmask<BR>(g, t, s);
+                const float p = ok ? ex2(fmaf(st[2 * m + n][e], sl2, -L)) : 0.f;
+                st[2 * m + n][e] = p * Gs;
+                dpt[2 * m + n][e] = p * (Gs * dpt[2 * m + n][e] - Dl);
+              }
             }
-          }
+        };
+        if (whole)
+          probs(std::false_type{});
+        else
+          probs(std::true_type{});
         pack_a<NN>(pa[m], st, m);
         split2(dpt[2 * m][0], dpt[2 * m][1], ea[m][0], el[m][0]);
         split2(dpt[2 * m][2], dpt[2 * m][3], ea[m][1], el[m][1]);

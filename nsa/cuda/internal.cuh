@@ -66,6 +66,8 @@ template <> __device__ __forceinline__ __nv_bfloat16 stf<__nv_bfloat16>(float x)
   return __float2bfloat16_rn(x);
 }
 
+__device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -245,6 +247,12 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   const float* dot_in;
   const void* dout;    // T [B,T,H,D]
   const void* gate;    // T [B,T,H,3]; null: the gate is 1 (dense attention, nsa/cuda/dense.h)
+  // bf16 tensor-core forward of the window branch (the last): also the gated sum
+  // out = sum_c sigmoid(gate_c) o_c (as combine_kernel) into gated_out (bf16 [B,T,H,D]), from
+  // the other branches' fp32 outputs o_cmp_in, o_slc_in and this one's.
+  void* gated_out;
+  const float* o_cmp_in;
+  const float* o_slc_in;
   const float* lse_in; // [B,T,H]
   float* gsig;         // [B,T,H]
   float* delta;        // [B,T,H]

@@ -51,7 +51,6 @@ __global__ void rope_table_kernel(float2* cs, int T, int half, int D, double the
   }
 }
 
-__device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + expf(-x)); }
 
 // out = sum_c sigmoid(gate_c) o_c over the three branch outputs (fp32 [B,T,H,D] each).
 template <class T>
@@ -410,10 +409,18 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream);
   a.o = o_sw + on;
   a.lse = lse + 2 * BTH;
+  if constexpr (std::is_same_v<T, bf16>) {  // the window branch (the last) writes the gated sum
+    a.gated_out = out;
+    a.gate = in.gate;
+    a.o_cmp_in = o_cmp;
+    a.o_slc_in = o_sw;
+  }
   launch_row<T>(g, kWin, false, a, stream);
-  combine_kernel<T><<<grid1(BTH * dims.D, 256), 256, 0, stream>>>(out, o_cmp, o_sw, o_sw + on, in.gate,
-                                                                     BTH, int(dims.D));
-  check_launch("combine_kernel");
+  if constexpr (!std::is_same_v<T, bf16>) {
+    combine_kernel<T><<<grid1(BTH * dims.D, 256), 256, 0, stream>>>(out, o_cmp, o_sw, o_sw + on,
+                                                                       in.gate, BTH, int(dims.D));
+    check_launch("combine_kernel");
+  }
 }
 
 // ---- backward -------------------------------------------------------------------------------

@@ -408,6 +408,25 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       continue;
     }
     float* S = Sb + pl * g.NB;
+    if (ncand <= 32) {  // one candidate per lane (j = 1 + lane): the take best by rank, the
+      // set that take rounds of the argmax below would choose (a strict total order)
+      const bool valid = lane < ncand;
+      float v = valid ? S[1 + lane] : -INFINITY;
+      if (v != v) v = -INFINITY;
+      int rank = 0;
+      for (int o = 0; o < ncand; ++o) {
+        const float ov = __shfl_sync(0xffffffffu, v, o);
+        rank += ranks_before(ov, 1 + o, v, 1 + lane) ? 1 : 0;
+      }
+      const unsigned best = __ballot_sync(0xffffffffu, valid && rank < take);
+      if (lane == 0) {
+        int c = 0;
+        for (unsigned m = best; m; m &= m - 1) chosen[c++] = 1 + __ffs(m) - 1;
+        write_selection_row(out, chosen, take, bt, g.n);
+      }
+      __syncwarp();
+      continue;
+    }
     for (int round = 0; round < take; ++round) {
       float bv = -INFINITY;
       int bj = INT_MAX;
