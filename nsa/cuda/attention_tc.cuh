@@ -1042,26 +1042,34 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       char* ld = reinterpret_cast<char*>(Lb + (i & 1) * kRB * DP);
       float* rd = rs + (i & 1) * 3 * kRB;
       int* td = rtp + (i & 1) * kRB;
-      // Every 16-byte chunk of the batch's rows, unrolled so that the position loads (the
-      // selection's list) of all of a thread's rows are in flight together; the thread of a
-      // row's first chunk also stages its position and, asynchronously, its lse, sigmoid(gate)
-      // and delta (no register waits on them).
-      constexpr int kIt = kRB * CH / (kKeyWarps * 32);
-      static_assert(kRB * CH % (kKeyWarps * 32) == 0, "whole passes over the chunks");
-#pragma unroll
-      for (int it = 0; it < kIt; ++it) {
-        const int idx = tid + it * kKeyWarps * 32;
-        const int r = idx / CH, ch = idx % CH;
-        const int rho = rbeg + i * kRB + r;
-        const bool ok = rho < nrows;
-        int t = -1;
-        std::int64_t row = 0;
-        if (ok) {
+      // Every 16-byte chunk of the batch's rows: thread tid takes chunk tid % CH of rows
+      // warp * kRpw + lane / CH + it * kRowStep. Each of the warp's rows is resolved once, by
+      // its owner lane (it * kRpw + sub: position from the selection's list, row index) and
+      // passed to the lanes of its chunks by shuffles (every lane computing every row's
+      // address cost ~20% of the selection's key side). The thread of a row's first chunk
+      // also stages its position and, asynchronously, its lse, sigmoid(gate) and delta.
+      constexpr int kIt = kRB * CH / (kKeyWarps * 32), kRpw = 32 / CH, kRowStep = kKeyWarps * kRpw;
+      static_assert(kRB * CH % (kKeyWarps * 32) == 0 && 32 % CH == 0 && kIt * kRpw <= 32,
+                    "whole passes over the chunks, rows owned by one lane each");
+      int own_t = -1;
+      std::int64_t own_row = 0;
+      if (lane < kIt * kRpw) {  // the row this lane resolves
+        const int rho = rbeg + i * kRB + warp * kRpw + lane % kRpw + (lane / kRpw) * kRowStep;
+        if (rho < nrows) {
           int pi, hd;
           g.hdiv.divmod(rho, pi, hd);
-          t = BR == kSlc ? list[pi] : p0 + pi;
-          row = (std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd;
+          own_t = BR == kSlc ? list[pi] : p0 + pi;
+          own_row = (std::int64_t(b) * g.T + own_t) * g.H + gi * g.h + hd;
         }
+      }
+      const int ch = lane % CH;
+#pragma unroll
+      for (int it = 0; it < kIt; ++it) {
+        const int src = it * kRpw + lane / CH;
+        const int t = __shfl_sync(0xffffffffu, own_t, src);
+        const std::int64_t row = __shfl_sync(0xffffffffu, own_row, src);
+        const bool ok = t >= 0;
+        const int r = warp * kRpw + lane / CH + it * kRowStep;
         const std::int64_t go = row * DP + ch * 8;
         const int to = wg::tile_offset<DP, kRB>(r, ch);
         cp16(qd + to, qp + go, ok);
