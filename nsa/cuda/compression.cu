@@ -79,24 +79,34 @@ constexpr DType dtype_of() {
   return sizeof(T) == 2 ? DType::BF16 : DType::F32;
 }
 
-// Z[g][b*R + c][r*D + e] = x[b, c*d + r, g, e]; rows past B*R zero.
+// Z[g][b*R + c][r*D + e] = x[b, c*d + r, g, e]; rows past B*R zero. One block per row of Z
+// (blockIdx.x = g * z_rows + row), its threads over the row's d*D elements (token r, element
+// e, advanced without a division per element: the 64-bit index arithmetic per element cost
+// more than the copy).
 template <class T>
 __global__ void gather_chunks_kernel(Geo g, std::int64_t R, std::int64_t ldz, std::int64_t z_rows,
                                      const T* __restrict__ x, T* __restrict__ z) {
-  const std::int64_t dD = std::int64_t(g.d) * g.D;
-  const std::int64_t total = std::int64_t(g.G) * z_rows * dD;
-  const std::int64_t BR = std::int64_t(g.B) * R;
-  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
-       idx += std::int64_t(gridDim.x) * blockDim.x) {
-    const std::int64_t f = idx % dD, row = (idx / dD) % z_rows;
-    const int gi = int(idx / (dD * z_rows));
-    T v = stf<T>(0.f);
-    if (row < BR) {
-      const std::int64_t b = row / R, c = row % R;
-      const std::int64_t s = c * g.d + f / g.D;
-      v = x[((b * g.T + s) * g.G + gi) * g.D + f % g.D];
+  const std::int64_t zr = blockIdx.x;
+  const int gi = int(zr / z_rows);
+  const std::int64_t row = zr - gi * z_rows;
+  T* dst = z + zr * ldz;
+  const int dD = g.d * g.D;
+  if (row >= std::int64_t(g.B) * R) {
+    for (int f = threadIdx.x; f < dD; f += blockDim.x) dst[f] = stf<T>(0.f);
+    return;
+  }
+  const std::int64_t b = row / R, c = row - b * R;
+  const T* src = x + ((b * g.T + c * g.d) * g.G + gi) * g.D;  // token r at src + r * G * D
+  const int step_r = int(blockDim.x) / g.D, step_e = int(blockDim.x) % g.D;
+  int r = int(threadIdx.x) / g.D, e = int(threadIdx.x) % g.D;
+  for (int f = threadIdx.x; f < dD; f += blockDim.x) {
+    dst[f] = src[std::int64_t(r) * g.G * g.D + e];
+    r += step_r;
+    e += step_e;
+    if (e >= g.D) {
+      e -= g.D;
+      ++r;
     }
-    z[(gi * z_rows + row) * ldz + f] = v;
   }
 }
 
@@ -149,19 +159,33 @@ __global__ void pack_dy_kernel(Geo g, std::int64_t R, std::int64_t lddy, std::in
   }
 }
 
-// dx[b, s, g, e] = dZ[g][b*R + s/d][(s%d)*D + e] for tokens inside the R chunks, else 0.
+// dx[b, s, g, e] = dZ[g][b*R + s/d][(s%d)*D + e] for tokens inside the R chunks, else 0. One
+// block per token (blockIdx.x = b * T + s), its threads over the token's G*D elements (group
+// gi, element e, advanced without a division per element).
 template <class T>
 __global__ void scatter_dx_kernel(Geo g, std::int64_t R, std::int64_t ldv,
                                   const float* __restrict__ dz, T* __restrict__ dx) {
-  const std::int64_t total = std::int64_t(g.B) * g.T * g.G * g.D;
-  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
-       idx += std::int64_t(gridDim.x) * blockDim.x) {
-    const int e = int(idx % g.D), gi = int((idx / g.D) % g.G);
-    const std::int64_t bs = idx / (std::int64_t(g.D) * g.G);
-    const std::int64_t b = bs / g.T, s = bs % g.T, c = s / g.d;
-    float v = 0.f;
-    if (c < R) v = dz[(std::int64_t(gi) * g.B * R + b * R + c) * ldv + (s % g.d) * g.D + e];
-    dx[idx] = stf<T>(v);
+  const std::int64_t bs = blockIdx.x;
+  const std::int64_t b = bs / g.T;
+  const int s = int(bs - b * g.T), c = s / g.d;
+  T* dst = dx + bs * g.G * g.D;
+  const int GD = g.G * g.D;
+  if (c >= R) {
+    for (int f = threadIdx.x; f < GD; f += blockDim.x) dst[f] = stf<T>(0.f);
+    return;
+  }
+  const float* src = dz + (b * R + c) * ldv + (s - c * g.d) * g.D;  // group gi at + gi*B*R*ldv
+  const std::int64_t group_stride = std::int64_t(g.B) * R * ldv;
+  const int step_g = int(blockDim.x) / g.D, step_e = int(blockDim.x) % g.D;
+  int gi = int(threadIdx.x) / g.D, e = int(threadIdx.x) % g.D;
+  for (int f = threadIdx.x; f < GD; f += blockDim.x) {
+    dst[f] = stf<T>(src[gi * group_stride + e]);
+    gi += step_g;
+    e += step_e;
+    if (e >= g.D) {
+      e -= g.D;
+      ++gi;
+    }
   }
 }
 
@@ -213,8 +237,9 @@ void product(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, c
 template <class T>
 T* gather(const Geo& g, const CmpLayout& L, const T* x, char* scratch, cudaStream_t s) {
   T* z = reinterpret_cast<T*>(scratch);
-  gather_chunks_kernel<T><<<grid1(g.G * L.z_rows * g.d * g.D, 256), 256, 0, s>>>(g, L.R, L.ldz,
-                                                                               L.z_rows, x, z);
+  const std::int64_t zrows = std::int64_t(g.G) * L.z_rows;
+  if (zrows > 0)
+    gather_chunks_kernel<T><<<unsigned(zrows), 128, 0, s>>>(g, L.R, L.ldz, L.z_rows, x, z);
   check_launch("gather_chunks_kernel");
   return z;
 }
@@ -303,8 +328,8 @@ void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, 
                      parts[k] + (gi * L.dy_rows + lead - m) * L.lddy, L.lddy,
                      w + (gi * lD + m * dD) * g.D, g.D, m > 0 || k > 0, dz + gi * L.BR * L.ldv,
                      L.ldv, s);
-    scatter_dx_kernel<T><<<grid1(std::int64_t(g.B) * g.T * g.G * g.D, 256), 256, 0, s>>>(
-        g, L.R, L.ldv, dz, dx);
+    const std::int64_t tokens = std::int64_t(g.B) * g.T;
+    if (tokens > 0) scatter_dx_kernel<T><<<unsigned(tokens), 128, 0, s>>>(g, L.R, L.ldv, dz, dx);
     check_launch("scatter_dx_kernel");
   }
   if (dp) {  // dP += colsum(dY) W^T

@@ -212,11 +212,17 @@ void tc_prepare(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v,
     const std::size_t bytes =
         std::size_t(std::max<std::int64_t>(1, std::int64_t(g.B) * NK * g.G * padded_dim(g.D))) * 2;
     auto* kd = static_cast<bf16*>(ws.get(ks, bytes * parts, s));
-    auto* vd = static_cast<bf16*>(ws.get(vs, bytes * parts, s));
     launch_tc_pad<S>(g, k, kd, rope, NK, s, parts);
-    launch_tc_pad<S>(g, v, vd, nullptr, NK, s, parts);
     a.tck = kd;
-    a.tcv = vd;
+    // The values need no rotation: bf16 values whose D is already padded are their own copy.
+    if (std::is_same_v<S, bf16> && parts == 1 && padded_dim(g.D) == g.D &&
+        reinterpret_cast<std::uintptr_t>(v) % 16 == 0) {
+      a.tcv = v;
+    } else {
+      auto* vd = static_cast<bf16*>(ws.get(vs, bytes * parts, s));
+      launch_tc_pad<S>(g, v, vd, nullptr, NK, s, parts);
+      a.tcv = vd;
+    }
   }
 }
 
