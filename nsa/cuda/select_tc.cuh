@@ -28,10 +28,11 @@
 // per SM, and 8 warps give each scheduler two (docs/performance.md, 2026-11-26). The q, key and
 // value parts are tiles laid out as wgmma.cuh says; on sm_90a the scores are warpgroup
 // products (each of the block's two warpgroups its 64 rows; fp16 q and key parts both read
-// from shared memory) and so is O += P V (as in the row kernels); elsewhere mma.sync.
-// (UNMEASURED on the branch next-gpu: written 2026-11-26 after the device time ran out.)
+// from shared memory) and so is O += P V (as in the row kernels); elsewhere mma.sync
+// (measured: docs/performance.md, 2026-11-26, second session, change 17).
 // Then one warp per position applies the selection rule of selection.cu (forced 0, b_t - 1,
-// b_t; the rest by score descending, index ascending, NaN as -inf) and writes the row.
+// b_t; the rest by score descending, index ascending, NaN as -inf) and writes the row: by rank
+// where the candidates fit one per lane, else by rounds of a warp-wide argmax.
 // The launcher falls back to the fp32 kernels (compression row forward + select_kernel) where
 // this one does not fit: h > 128, or P NB scores beyond the shared memory left.
 namespace tc {
