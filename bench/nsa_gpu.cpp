@@ -168,7 +168,7 @@ static void run(const Shape& sh, int reps_arg, bool dense) {
       CUDA_CHECK(cudaEventRecord(e0));
       cuda::dense_forward<T>(dd, x[0], x[5], x[6], out, lse);
       CUDA_CHECK(cudaEventRecord(e1));
-      cuda::dense_backward<T>(dd, x[0], x[5], x[6], lse, dout, g.q, g.k_win, g.v_win);
+      cuda::dense_backward<T>(dd, x[0], x[5], x[6], out, lse, dout, g.q, g.k_win, g.v_win);
       CUDA_CHECK(cudaEventRecord(e2));
       CUDA_CHECK(cudaEventSynchronize(e2));
       float a = 0, b = 0;

@@ -68,8 +68,8 @@ void dense_core_backward(const nsa::DenseDims& dims, const LayerActivations& a, 
     }
 #ifdef NSATRON_WITH_CUDA
     if constexpr (!std::is_same_v<T, double>)
-      nsa::cuda::dense_backward<T>(dims, ptr<T>(a.q), ptr<T>(a.k), ptr<T>(a.v), ptr<float>(a.attn_lse), ptr<T>(d_o),
-                                   mut<T>(dq), mut<T>(dk), mut<T>(dv));
+      nsa::cuda::dense_backward<T>(dims, ptr<T>(a.q), ptr<T>(a.k), ptr<T>(a.v), ptr<T>(a.o), ptr<float>(a.attn_lse),
+                                   ptr<T>(d_o), mut<T>(dq), mut<T>(dk), mut<T>(dv));
 #else
     no_cuda();
 #endif

@@ -7,8 +7,10 @@
 //   lse fp32 [B,T,H], written by the forward and read by the backward.
 // The forward: padded K/V copies (bf16: rotated keys for the tensor cores) and the row kernel,
 // tiles of keys in the query's causal range only. The backward: the row side (P from lse,
-// delta = do . o recomputed as sum_j p_j (do . v_j) in fp32, dq) and the key side (dk, dv;
-// dk rotated back). Every gradient is ASSIGNED; dq, dk and dv are all required.
+// dq) and the key side (dk, dv; dk rotated back), with delta = do . o per row: in bf16 from
+// the forward's output `out` (as flash attention computes it; the row side then makes one pass
+// over the keys), in fp32 recomputed in the row side's single pass as sum_j p_j (do . v_j)
+// (out unread). Every gradient is ASSIGNED; dq, dk and dv are all required.
 // Limits, streams, the workspace and determinism as in nsa_cuda.h (D <= 128; bit-identical
 // from run to run on the same GPU model).
 #pragma once
@@ -24,7 +26,8 @@ void dense_forward(const DenseDims& dims, const T* q, const T* k, const T* v, T*
                    cudaStream_t stream = nullptr);
 
 template <class T>
-void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, const float* lse,
-                    const T* d_out, T* dq, T* dk, T* dv, cudaStream_t stream = nullptr);
+void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, const T* out,
+                    const float* lse, const T* d_out, T* dq, T* dk, T* dv,
+                    cudaStream_t stream = nullptr);
 
 }  // namespace nsatron::nsa::cuda

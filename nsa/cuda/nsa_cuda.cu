@@ -116,6 +116,28 @@ __global__ void branch_dot_kernel(const T* __restrict__ d_out, const float* __re
   }
 }
 
+// Dense attention's bf16 backward: dot = delta = do . out per row (out: the forward's output),
+// gsig = 1 (no gate), one warp per row, summed in a fixed order (lane-strided, then the xor
+// tree of warp_sum).
+template <class T>
+__global__ void dense_dot_kernel(const T* __restrict__ d_out, const T* __restrict__ out,
+                                 float* __restrict__ dot, float* __restrict__ gsig,
+                                 float* __restrict__ delta, std::int64_t BTH, int D) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t row = blockIdx.x * std::int64_t(blockDim.x / 32) + threadIdx.x / 32; row < BTH;
+       row += warps) {
+    float acc = 0.f;
+    for (int dd = lane; dd < D; dd += 32) acc += ldf(d_out[row * D + dd]) * ldf(out[row * D + dd]);
+    const float s = warp_sum(acc);
+    if (lane == 0) {
+      dot[row] = s;
+      gsig[row] = 1.f;
+      delta[row] = s;
+    }
+  }
+}
+
 template <class T>
 __global__ void dq_rotate_kernel(T* __restrict__ dq_out, const float* __restrict__ dq,
                                  const float2* __restrict__ rope, std::int64_t BTH, int T_, int H,
@@ -664,8 +686,8 @@ void dense_forward(const DenseDims& dims, const T* q, const T* k, const T* v, T*
 }
 
 template <class T>
-void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, const float* lse,
-                    const T* d_out, T* dq, T* dk, T* dv, cudaStream_t stream) {
+void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, const T* out,
+                    const float* lse, const T* d_out, T* dq, T* dk, T* dv, cudaStream_t stream) {
   NSA_CHECK(dq && dk && dv, "dense_backward (CUDA): dq, dk and dv are all required");
   const NsaDims wd = window_dims(dims);
   const Geo g = make_geo(wd);
@@ -687,6 +709,14 @@ void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, c
   a.delta = delta;
   a.dq = dqf;
   a.accumulate = false;
+  if constexpr (std::is_same_v<T, bf16>) {  // delta = do . out: the row side's one pass
+    NSA_CHECK(out, "dense_backward (CUDA, bf16): the forward's output is required");
+    auto* dot = static_cast<float*>(ws.get(Workspace::kDot, std::size_t(BTH) * 4, stream));
+    dense_dot_kernel<T><<<grid1(BTH * 32, 256), 256, 0, stream>>>(d_out, out, dot, gsig, delta, BTH,
+                                                                   int(D));
+    check_launch("dense_dot_kernel");
+    a.dot_in = dot;
+  }
   TcRows tc_rows;
   if constexpr (std::is_same_v<T, bf16>) {
     tc_rows = tc_prepare_rows(g, ws, q, d_out, rope, BTH, key_q_parts(padded_dim(g.D)), stream);
@@ -725,9 +755,10 @@ template void dense_forward<float>(const DenseDims&, const float*, const float*,
 template void dense_forward<bf16>(const DenseDims&, const bf16*, const bf16*, const bf16*, bf16*,
                                   float*, cudaStream_t);
 template void dense_backward<float>(const DenseDims&, const float*, const float*, const float*,
-                                    const float*, const float*, float*, float*, float*,
-                                    cudaStream_t);
+                                    const float*, const float*, const float*, float*, float*,
+                                    float*, cudaStream_t);
 template void dense_backward<bf16>(const DenseDims&, const bf16*, const bf16*, const bf16*,
-                                   const float*, const bf16*, bf16*, bf16*, bf16*, cudaStream_t);
+                                   const bf16*, const float*, const bf16*, bf16*, bf16*, bf16*,
+                                   cudaStream_t);
 
 }  // namespace nsatron::nsa::cuda

@@ -82,8 +82,8 @@ Outputs run_gpu(const Inputs& in, DType dtype) {
   const Tensor dk = Tensor::empty(k.shape(), dtype, Device::CUDA), dv = Tensor::empty(v.shape(), dtype, Device::CUDA);
   const Tensor lse = Tensor::empty({in.dims.B * in.dims.T * in.dims.H}, DType::F32, Device::CUDA);
   cuda::dense_forward<T>(in.dims, ptr(q), ptr(k), ptr(v), ptr(out), static_cast<float*>(lse.raw()));
-  cuda::dense_backward<T>(in.dims, ptr(q), ptr(k), ptr(v), static_cast<const float*>(lse.raw()), ptr(d_out), ptr(dq),
-                          ptr(dk), ptr(dv));
+  cuda::dense_backward<T>(in.dims, ptr(q), ptr(k), ptr(v), ptr(out), static_cast<const float*>(lse.raw()),
+                          ptr(d_out), ptr(dq), ptr(dk), ptr(dv));
   CUDA_CHECK(cudaDeviceSynchronize());
   auto host = [](const Tensor& t) { return t.to(Device::CPU).to_vector(); };
   return {host(out), host(lse), host(dq), host(dk), host(dv)};
