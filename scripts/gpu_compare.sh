@@ -4,13 +4,16 @@
 #   - bf16 parity, per test case, the worst error over out and every gradient, side by side,
 #     for each seed;
 #   - the D=6 case over many seeds (the shape nearest its bound): how many exceed it;
-#   - bench_nsa_gpu on the 125M and paper shapes, reference then working tree.
+#   - bench_nsa_gpu on the 125M and paper shapes, reference then working tree;
+#   - with NCU set, the per-kernel times (ncu, bench/ncu_table.py) of both at 125M and T = 8192;
+#   - with DENSE set, the working tree's test_dense_cuda (dense attention on the same kernels).
 # Usage: scripts/gpu_compare.sh [REF]. REF: a commit, or a tar of one (the device's copy of the
 # repository may lack this session's commits: `git archive COMMIT -o .ref.tar`, carry it).
 # Env: SEEDS (default "11 555 222 9"), D6_SEEDS (default 40), BENCH (default "--shapes
 # 125m,paper --T 8192,65536 --no-dense"), FULL (set: first all of test_nsa_cuda on the working
-# tree), ARCH (default 90a). The working tree's test_wgmma runs first where it exists. Logs
-# under $OUT.
+# tree), NCU, DENSE (see above), ARCH (default 90a). The working tree's test_wgmma runs first
+# where it exists. Logs under $OUT (at most 8 files come back from the device tool: the ncu
+# logs are summarised into compare.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -26,6 +29,7 @@ fi
 [ -d .carry ] && cp -r .carry "$refdir/"
 configure() {  # the two trees build at the same time (half the cores each)
   local targets="test_nsa_cuda bench_nsa_gpu"
+  [ -n "${DENSE:-}" ] && [ "$2" = new ] && targets="$targets test_dense_cuda"
   [ -f "$1/tests/nsa_cuda/test_wgmma.cu" ] && targets="$targets test_wgmma"
   cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90a} \
     -DNSATRON_TOMLPP_DIR="$1/.carry/include" >"$OUT/configure_$2.log" 2>&1 &&
@@ -63,3 +67,17 @@ for v in ref new; do
   echo "== bench $v"
   "$(bin $v bench/bench_nsa_gpu)" ${BENCH:---shapes 125m,paper --T 8192,65536 --no-dense} 2>&1 | grep -E "^\| (125m|paper|groups)"
 done | tee -a "$OUT/compare.log"
+if [ -n "${DENSE:-}" ]; then  # dense attention runs the same row and key kernels
+  build-gpu/tests/nsa_cuda/test_dense_cuda 2>&1 | grep -E "^\[  (FAILED|PASSED) |seed|Failure" |
+    tee -a "$OUT/compare.log"
+fi
+if [ -n "${NCU:-}" ]; then  # per-kernel times, ms per call
+  for v in ref new; do
+    for spec in "125m" "paper --T 8192"; do
+      ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+        "$(bin $v bench/bench_nsa_gpu)" --shapes $spec --reps 1 --no-dense >/tmp/nsatron_ncu.log 2>&1
+      echo "== ncu $v $spec"
+      python3 bench/ncu_table.py /tmp/nsatron_ncu.log | head -16 | cut -c1-100
+    done
+  done | tee -a "$OUT/compare.log"
+fi
