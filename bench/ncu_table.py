@@ -32,4 +32,7 @@ def main(path):
     flush()
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    try:
+        main(sys.argv[1])
+    except BrokenPipeError:  # the reader (e.g. `| head`) has what it wanted
+        sys.stderr.close()
