@@ -842,8 +842,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         }
       }
     } else {
-      const float gs =
-          a.gate ? 1.f / (1.f + expf(-__bfloat162float(static_cast<const bf16*>(a.gate)[row * 3 + BR]))) : 1.f;
+      const float gs = a.gate ? sigmoidf(ldf(static_cast<const bf16*>(a.gate)[row * 3 + BR])) : 1.f;
       const float dt = dot[h2];
       if (gc == 0 && !a.dot_in) {
         a.gsig[row] = gs;
@@ -869,15 +868,13 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           const float2* cs = a.rope + std::int64_t(rt[h2]) * g.half;
           bf16* out = static_cast<bf16*>(a.dq_final) + row * g.D;
 #pragma unroll
-          for (int j = 0; j < DT; ++j) {
+          for (int j = 0; j < DT; ++j) {  // every column is < D = DP
             const int dd = j * 8 + gc * 2;
-            if (dd >= g.D) continue;
-            const bool lo = dd < g.half;
-            const float2 yp = y[j < hj ? j + hj : j - hj];
-            const float2 r0 = cs[lo ? dd : dd - g.half], r1 = cs[(lo ? dd : dd - g.half) + 1];
-            const float o0 = lo ? y[j].x * r0.x + yp.x * r0.y : y[j].x * r0.x - yp.x * r0.y;
-            const float o1 = lo ? y[j].y * r1.x + yp.y * r1.y : y[j].y * r1.x - yp.y * r1.y;
-            *reinterpret_cast<std::uint32_t*>(out + dd) = pack2(o0, o1);
+            const bool lo = j < hj;  // dd < D/2
+            const float2 yp = y[lo ? j + hj : j - hj];
+            const int i = lo ? dd : dd - g.half;  // the pair's index in the RoPE table
+            *reinterpret_cast<std::uint32_t*>(out + dd) =
+                pack2(rope_back_pair(y[j].x, yp.x, cs[i], lo), rope_back_pair(y[j].y, yp.y, cs[i + 1], lo));
           }
         } else {
 #pragma unroll

@@ -79,10 +79,28 @@ constexpr DType dtype_of() {
   return sizeof(T) == 2 ? DType::BF16 : DType::F32;
 }
 
+// dst[f] = src[(f / D) * stride + f % D] (converted to O) for f < n, the block's threads
+// striding over f; the quotient and remainder are advanced by constants, not divided per
+// element (64-bit index arithmetic per element had cost more than the copy).
+template <class O, class I>
+__device__ __forceinline__ void copy_strided_rows(O* __restrict__ dst, const I* __restrict__ src, int n,
+                                                  int D, std::int64_t stride) {
+  const int step_q = int(blockDim.x) / D, step_e = int(blockDim.x) % D;
+  int q = int(threadIdx.x) / D, e = int(threadIdx.x) % D;
+  for (int f = threadIdx.x; f < n; f += blockDim.x) {
+    dst[f] = stf<O>(ldf(src[q * stride + e]));
+    q += step_q;
+    e += step_e;
+    if (e >= D) {
+      e -= D;
+      ++q;
+    }
+  }
+}
+
 // Z[g][b*R + c][r*D + e] = x[b, c*d + r, g, e]; rows past B*R zero. One block per row of Z
-// (blockIdx.x = g * z_rows + row), its threads over the row's d*D elements (token r, element
-// e, advanced without a division per element: the 64-bit index arithmetic per element cost
-// more than the copy).
+// (blockIdx.x = g * z_rows + row), its threads over the row's d*D elements (token r at stride
+// G*D).
 template <class T>
 __global__ void gather_chunks_kernel(Geo g, std::int64_t R, std::int64_t ldz, std::int64_t z_rows,
                                      const T* __restrict__ x, T* __restrict__ z) {
@@ -96,18 +114,8 @@ __global__ void gather_chunks_kernel(Geo g, std::int64_t R, std::int64_t ldz, st
     return;
   }
   const std::int64_t b = row / R, c = row - b * R;
-  const T* src = x + ((b * g.T + c * g.d) * g.G + gi) * g.D;  // token r at src + r * G * D
-  const int step_r = int(blockDim.x) / g.D, step_e = int(blockDim.x) % g.D;
-  int r = int(threadIdx.x) / g.D, e = int(threadIdx.x) % g.D;
-  for (int f = threadIdx.x; f < dD; f += blockDim.x) {
-    dst[f] = src[std::int64_t(r) * g.G * g.D + e];
-    r += step_r;
-    e += step_e;
-    if (e >= g.D) {
-      e -= g.D;
-      ++r;
-    }
-  }
+  copy_strided_rows(dst, x + ((b * g.T + c * g.d) * g.G + gi) * g.D, dD, g.D,
+                    std::int64_t(g.G) * g.D);
 }
 
 // y[b, i, g, :] = Y[g][b*R + i] + bias[g], rotated at position i*d + l - 1 when rope is set.
@@ -161,7 +169,7 @@ __global__ void pack_dy_kernel(Geo g, std::int64_t R, std::int64_t lddy, std::in
 
 // dx[b, s, g, e] = dZ[g][b*R + s/d][(s%d)*D + e] for tokens inside the R chunks, else 0. One
 // block per token (blockIdx.x = b * T + s), its threads over the token's G*D elements (group
-// gi, element e, advanced without a division per element).
+// gi at stride B*R*ldv).
 template <class T>
 __global__ void scatter_dx_kernel(Geo g, std::int64_t R, std::int64_t ldv,
                                   const float* __restrict__ dz, T* __restrict__ dx) {
@@ -174,19 +182,8 @@ __global__ void scatter_dx_kernel(Geo g, std::int64_t R, std::int64_t ldv,
     for (int f = threadIdx.x; f < GD; f += blockDim.x) dst[f] = stf<T>(0.f);
     return;
   }
-  const float* src = dz + (b * R + c) * ldv + (s - c * g.d) * g.D;  // group gi at + gi*B*R*ldv
-  const std::int64_t group_stride = std::int64_t(g.B) * R * ldv;
-  const int step_g = int(blockDim.x) / g.D, step_e = int(blockDim.x) % g.D;
-  int gi = int(threadIdx.x) / g.D, e = int(threadIdx.x) % g.D;
-  for (int f = threadIdx.x; f < GD; f += blockDim.x) {
-    dst[f] = stf<T>(src[gi * group_stride + e]);
-    gi += step_g;
-    e += step_e;
-    if (e >= g.D) {
-      e -= g.D;
-      ++gi;
-    }
-  }
+  copy_strided_rows(dst, dz + (b * R + c) * ldv + (s - c * g.d) * g.D, GD, g.D,
+                    std::int64_t(g.B) * R * ldv);
 }
 
 // dp[g, row] += W[g][row, :] . colsum[g, :], one warp per row of the flattened [l*D] axis.

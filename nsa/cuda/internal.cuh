@@ -174,14 +174,17 @@ __device__ __forceinline__ float rope_elem(const X* x, int dd, int half, const f
   return lo ? xv * r.x - xp * r.y : xv * r.x + xp * r.y;
 }
 // Inverse rotation (the backward of rope_elem): dx[i] = dy[i] c + dy[i+half] s,
-// dx[i+half] = dy[i+half] c - dy[i] s. y is a float row (shared or global).
+// dx[i+half] = dy[i+half] c - dy[i] s. rope_back_pair: one element from its value yv, its
+// partner's yp (half away) and r = (c, s) of its pair; lo: the element is in the first half.
+__device__ __forceinline__ float rope_back_pair(float yv, float yp, float2 r, bool lo) {
+  return lo ? yv * r.x + yp * r.y : yv * r.x - yp * r.y;
+}
+// y is a float row (shared or global).
 __device__ __forceinline__ float rope_back_elem(const float* y, int dd, int half,
                                                 const float2* cs) {
   const bool lo = dd < half;
   const int i = lo ? dd : dd - half;
-  const float yv = y[dd], yp = y[lo ? dd + half : dd - half];
-  const float2 r = cs[i];
-  return lo ? yv * r.x + yp * r.y : yv * r.x - yp * r.y;
+  return rope_back_pair(y[dd], y[lo ? dd + half : dd - half], cs[i], lo);
 }
 
 inline void check_launch(const char* what) {
@@ -259,7 +262,7 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   void* dgate;         // T [B,T,H,3] or null
   float* dq;           // fp32 [B,T,H,D], rotated space, or null
   bool accumulate;     // dq += (else =)
-  // bf16 tensor-core row side, the last branch, where D/2 % 8 == 0 (dq_final_fused): the
+  // bf16 tensor-core row side, the last branch, where D is 32, 64 or 128 (dq_final_fused): the
   // finished query gradient, rotated back (as dq_rotate_kernel would) and stored as bf16
   // [B,T,H,D] here instead of the fp32 sum in dq (which it still reads when accumulate).
   void* dq_final;

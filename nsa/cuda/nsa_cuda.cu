@@ -221,6 +221,20 @@ void check_dims(const NsaDims& dims) {
     throw UserError("NSA attention on CUDA: batch * model.n_kv_heads must be at most 65535");
 }
 
+// An unrotated padded bf16 copy of src (rows of g.G heads, NK positions; `parts` parts of
+// `bytes` each) in workspace slot `slot`, or src itself where it already is one: bf16, one
+// part, D already 32, 64 or 128, 16-byte aligned.
+template <class S>
+const bf16* padded_or_self(const Geo& g, Workspace& ws, Workspace::Slot slot, const S* src, int NK,
+                           std::size_t bytes, int parts, cudaStream_t s) {
+  if constexpr (std::is_same_v<S, bf16>)
+    if (parts == 1 && padded_dim(g.D) == g.D && reinterpret_cast<std::uintptr_t>(src) % 16 == 0)
+      return src;
+  auto* dst = static_cast<bf16*>(ws.get(slot, bytes * parts, s));
+  launch_tc_pad<S>(g, src, dst, nullptr, NK, s, parts);
+  return dst;
+}
+
 // bf16: padded bf16 copies of a branch's keys (rotated when rope is set) and values for the
 // tensor-core kernels (RowArgs::tck, tcv), in workspace slots ks, vs; fp32: nothing (the fp32
 // kernels read the inputs).
@@ -236,15 +250,7 @@ void tc_prepare(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v,
     auto* kd = static_cast<bf16*>(ws.get(ks, bytes * parts, s));
     launch_tc_pad<S>(g, k, kd, rope, NK, s, parts);
     a.tck = kd;
-    // The values need no rotation: bf16 values whose D is already padded are their own copy.
-    if (std::is_same_v<S, bf16> && parts == 1 && padded_dim(g.D) == g.D &&
-        reinterpret_cast<std::uintptr_t>(v) % 16 == 0) {
-      a.tcv = v;
-    } else {
-      auto* vd = static_cast<bf16*>(ws.get(vs, bytes * parts, s));
-      launch_tc_pad<S>(g, v, vd, nullptr, NK, s, parts);
-      a.tcv = vd;
-    }
+    a.tcv = padded_or_self<S>(g, ws, vs, v, NK, bytes, parts, s);  // values: no rotation
   }
 }
 
@@ -269,14 +275,7 @@ inline TcRows tc_prepare_rows(const Geo& g, Workspace& ws, const bf16* q, const 
   TcRows r;
   r.q = qd;
   r.q_lo = q_parts == 2 ? qd + bytes / 2 : nullptr;
-  if (!d_out) return r;
-  if (DP == g.D && reinterpret_cast<std::uintptr_t>(d_out) % 16 == 0) {
-    r.dout = d_out;
-  } else {
-    auto* od = static_cast<bf16*>(ws.get(Workspace::kTcO, bytes, stream));
-    launch_tc_pad<bf16>(gq, d_out, od, nullptr, g.T, stream);
-    r.dout = od;
-  }
+  if (d_out) r.dout = padded_or_self<bf16>(gq, ws, Workspace::kTcO, d_out, g.T, bytes, 1, stream);
   return r;
 }
 inline void set_rows(RowArgs& a, const TcRows& r) {
