@@ -910,7 +910,7 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
 // A block owns KB = 64 consecutive keys of one (batch, group) (selection: of one selected
 // block j, in sub-tiles of 64 when l' > 64), one warp per 16 keys (keys are the M dimension
 // of every mma). The rows that see those keys, (position, head) in ascending position then
-// head order, are staged in shared memory RB = 64 at a time (cp.async, double buffered, from
+// head order, are staged in shared memory RB = 64 at a time (cp.async, kKeyStages = 3 stages, from
 // padded bf16 copies: rotated q and d_out, [B, T, H, DP]); window: positions
 // [s0, min(T, s1 - 1 + w)); selection: the positions that chose j (inverse index, built once
 // per backward by launch_inverse_index: ascending). All tiles (keys, values, rows) are in the
@@ -951,12 +951,18 @@ constexpr int key_parts() {
 // Rows of a staged batch computed together (one warpgroup product's N on sm_90a; registers).
 constexpr int kKeyGroupRows = 32;
 
+// Shared stages of the staged row batches: batch i + 2 is issued while batch i is computed,
+// into the stage batch i - 1 left, so one barrier per batch suffices (with two stages a second
+// barrier, after the batch, kept its stage from being refilled early). Shared memory per block:
+// 68.6 KB at D = 64 (3 blocks per SM), 83.5 KB at D = 128 (2, as the registers allow).
+constexpr int kKeyStages = 3;
+
 template <int DP, int BR>
 constexpr std::size_t key_smem_bytes() {  // all bf16 tiles are tiles laid out as wgmma.cuh says
   constexpr int kRB = key_rows<DP>();
   constexpr std::size_t tiles =
-      std::size_t(2 * (1 + key_q_parts(DP)) * kRB * DP + 2 * key_parts<DP, BR>() * kKB * DP) * 2 +
-      std::size_t(2 * 4 * kRB) * 4;
+      std::size_t(kKeyStages * (1 + key_q_parts(DP)) * kRB * DP + 2 * key_parts<DP, BR>() * kKB * DP) * 2 +
+      std::size_t(kKeyStages * 4 * kRB) * 4;
   constexpr std::size_t epilogue = std::size_t(2 * kKB * (DP + 4)) * 4;  // fp32 dK, dV
   return tiles > epilogue ? tiles : epilogue;
 }
@@ -971,14 +977,15 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   // Tiles of DP bf16 per row laid out as wgmma.cuh says.
-  bf16* Qb = reinterpret_cast<bf16*>(smem4);  // [2] tiles of RB rows
-  bf16* Ob = Qb + 2 * kRB * DP;               // [2] tiles of RB rows
+  constexpr int S = kKeyStages;
+  bf16* Qb = reinterpret_cast<bf16*>(smem4);  // [S] tiles of RB rows
+  bf16* Ob = Qb + S * kRB * DP;               // [S] tiles of RB rows
   constexpr int kQP = key_q_parts(DP);       // rotated q as hi (+ lo) parts
-  bf16* Lb = Ob + 2 * kRB * DP;               // [2] tiles: q residuals (kQP == 2)
-  bf16* Ks = Lb + (kQP - 1) * 2 * kRB * DP;   // [P] tiles of KB keys
+  bf16* Lb = Ob + S * kRB * DP;               // [S] tiles: q residuals (kQP == 2)
+  bf16* Ks = Lb + (kQP - 1) * S * kRB * DP;   // [P] tiles of KB keys
   bf16* Vs = Ks + P * kKB * DP;               // [P] tiles of KB keys
-  float* rs = reinterpret_cast<float*>(Vs + P * kKB * DP);  // [2][3][RB] lse, g, delta
-  int* rtp = reinterpret_cast<int*>(rs + 6 * kRB);        // [2][RB] position, -1: none
+  float* rs = reinterpret_cast<float*>(Vs + P * kKB * DP);  // [S][3][RB] lse, g, delta
+  int* rtp = reinterpret_cast<int*>(rs + S * 3 * kRB);    // [S][RB] position, -1: none
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.z / g.G, gi = blockIdx.z % g.G;
   int s0, s1, npos, p0 = 0, nsplit = 1, off = 0, rsplit = kRS;
@@ -1034,11 +1041,12 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   }
   auto issue = [&](int i) {
     if (i < nbatch) {
-      char* qd = reinterpret_cast<char*>(Qb + (i & 1) * kRB * DP);
-      char* od = reinterpret_cast<char*>(Ob + (i & 1) * kRB * DP);
-      char* ld = reinterpret_cast<char*>(Lb + (i & 1) * kRB * DP);
-      float* rd = rs + (i & 1) * 3 * kRB;
-      int* td = rtp + (i & 1) * kRB;
+      const int st = i % S;
+      char* qd = reinterpret_cast<char*>(Qb + st * kRB * DP);
+      char* od = reinterpret_cast<char*>(Ob + st * kRB * DP);
+      char* ld = reinterpret_cast<char*>(Lb + st * kRB * DP);
+      float* rd = rs + st * 3 * kRB;
+      int* td = rtp + st * kRB;
       // Every 16-byte chunk of the batch's rows: thread tid takes chunk tid % CH of rows
       // warp * kRpw + lane / CH + it * kRowStep. Each of the warp's rows is resolved once, by
       // its owner lane (it * kRpw + sub: position from the selection's list, row index) and
@@ -1107,13 +1115,14 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   };
 
   issue(0);  // the key tile joins batch 0's group
+  issue(1);
   for (int i = 0; i < nbatch; ++i) {
-    issue(i + 1);
-    cp_wait1();
+    cp_wait1();  // batch i's group (batch i + 1's may still be in flight)
 #if NSATRON_WGMMA
     wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
 #endif
-    __syncthreads();
+    __syncthreads();  // batch i is visible, and every warp is done with batch i - 1 (whose
+    issue(i + 2);     // stage batch i + 2 takes; its products were waited for in its groups)
     if (i == 0 && kHoist) {
 #pragma unroll
       for (int p = 0; p < (kHoist ? P : 0); ++p)
@@ -1123,11 +1132,12 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
           tile_frag_a<DP, kKB>(vf[p * KS + kk], Vs + p * kKB * DP, warp * 16, kk * 16, lane);
         }
     }
-    const bf16* Qc = Qb + (i & 1) * kRB * DP;
-    const bf16* Oc = Ob + (i & 1) * kRB * DP;
-    const bf16* Lc = Lb + (i & 1) * kRB * DP;
-    const float* rd = rs + (i & 1) * 3 * kRB;
-    const int* td = rtp + (i & 1) * kRB;
+    const int st = i % S;
+    const bf16* Qc = Qb + st * kRB * DP;
+    const bf16* Oc = Ob + st * kRB * DP;
+    const bf16* Lc = Lb + st * kRB * DP;
+    const float* rd = rs + st * 3 * kRB;
+    const int* td = rtp + st * kRB;
     // NR rows from rb (whole 16-row sub-batches): S^T = K Q^T and dP^T = V dO^T for the
     // warp's 16 keys x NR rows (accumulator layout: key gr (+8), row n*8 + 2gc (+1)), p and
     // dS, then dV += (g p)^T dO and dK += dS^T Q. Each dK, dV element sums the rows in order.
@@ -1291,7 +1301,6 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       }
     }
 #endif
-    __syncthreads();  // buffer i & 1 is refilled by issue(i + 2)
   }
   cp_wait0();
   __syncthreads();
