@@ -1,6 +1,7 @@
 // The training driver's loop: the phases of launch/train/phases.h over one Run, in order.
 #include "launch/trainer.h"
 
+#include "core/comm/watchdog.h"
 #include "launch/signals.h"
 #include "launch/train/phases.h"
 
@@ -18,6 +19,12 @@ TrainSummary run_training(const RunConfig& cfg, std::ostream& out, World& world,
   install_stop_handlers();
   if (run.data.val && run.start_step == 0) train::evaluate_and_log(run, 0);  // the starting point
   run.log.loop_start = train::Clock::now();
+  // Several ranks: a hung or dead peer ends this rank within parallel.comm_timeout_s
+  // (core/comm/watchdog.h); stopped with the run.
+  const parallel::Watchdog::Armed watched;
+  struct StopWatchdog {
+    ~StopWatchdog() { parallel::Watchdog::instance().stop(); }
+  } stop_watchdog;
   for (std::int64_t step = run.start_step; step < cfg.train.steps; ++step) {
     const train::StepResult result = train::optimizer_step(run, step);
     train::log_step(run, result);

@@ -3,9 +3,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 
+#include "core/comm/watchdog.h"
 #include "core/util/error.h"
 
 namespace nsatron::parallel {
@@ -69,19 +71,72 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& bootstr
   for (std::int64_t i = 0; i < kIdBytes; ++i) id.internal[i] = char(static_cast<unsigned char>(b[i]));
 
   ncclComm_t comm = nullptr;
-  if (const ncclResult_t code = ncclCommInitRank(&comm, size, id, rank); code != ncclSuccess)
-    throw std::runtime_error("NCCL ncclCommInitRank on " + where(name, rank, size) + " (CUDA device " +
-                             std::to_string(device) + ") failed: " + nccl_error_text(code, nullptr));
+  {
+    // Blocks until every rank of the group has joined: a peer that failed before joining
+    // ends this rank after the watchdog's timeout (when armed) instead of never.
+    const Watchdog::Scope watch(name, "ncclCommInitRank", rank, size);
+    if (const ncclResult_t code = ncclCommInitRank(&comm, size, id, rank); code != ncclSuccess)
+      throw std::runtime_error("NCCL ncclCommInitRank on " + where(name, rank, size) + " (CUDA device " +
+                               std::to_string(device) + ") failed: " + nccl_error_text(code, nullptr));
+  }
   return std::shared_ptr<NcclCommunicator>(new NcclCommunicator(comm, name, rank, size, device));
 }
 
 NcclCommunicator::NcclCommunicator(ncclComm* comm, std::string name, int rank, int size, int device)
     : comm_(comm), name_(std::move(name)), rank_(rank), size_(size), device_(device) {
   barrier_flag_ = Tensor::zeros({1}, DType::F32, Device::CUDA);
+  auto cuda = [&](cudaError_t e, const char* what) {
+    if (e != cudaSuccess)
+      throw std::runtime_error("NCCL setup of " + where(name_, rank_, size_) + ": " + what + " failed: " +
+                               cudaGetErrorString(e));
+  };
+  cudaStream_t stream = nullptr;
+  cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  overlap_stream_ = stream;
+  cudaEvent_t a = nullptr, b = nullptr;
+  cuda(cudaEventCreateWithFlags(&a, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  cuda(cudaEventCreateWithFlags(&b, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  started_ = a;
+  finished_ = b;
+  // The watchdog's view of this communicator: NCCL's asynchronous error, and the abort.
+  ncclComm_t c = comm_;
+  const std::string group = where(name_, rank_, size_);
+  monitor_ = Watchdog::instance().add_monitor(
+      [c, group]() -> std::string {
+        ncclResult_t async = ncclSuccess;
+        if (ncclCommGetAsyncError(c, &async) != ncclSuccess) return "";
+        if (async == ncclSuccess || async == ncclInProgress) return "";
+        return "NCCL reported an asynchronous error on " + group + ": " + nccl_error_text(async, c);
+      },
+      [c] { ncclCommAbort(c); });
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  Watchdog::instance().remove_monitor(monitor_);
+  if (overlap_stream_ != nullptr) cudaStreamSynchronize(overlap_stream_);
   if (comm_ != nullptr) ncclCommDestroy(comm_);
+  if (started_ != nullptr) cudaEventDestroy(started_);
+  if (finished_ != nullptr) cudaEventDestroy(finished_);
+  if (overlap_stream_ != nullptr) cudaStreamDestroy(overlap_stream_);
+}
+
+void NcclCommunicator::watch_enqueued(const char* op, cudaStream_t stream) {
+  Watchdog& dog = Watchdog::instance();
+  if (!dog.armed()) return;
+  cudaEvent_t done = nullptr;
+  if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) return;
+  if (cudaEventRecord(done, stream) != cudaSuccess) {
+    cudaEventDestroy(done);
+    return;
+  }
+  const int device = device_;
+  dog.open(
+      Watchdog::describe(name_, op, rank_, size_),
+      [done, device] {
+        cudaSetDevice(device);  // the watchdog's thread: the event's device
+        return cudaEventQuery(done) != cudaErrorNotReady;  // done, or an error the caller sees
+      },
+      [done] { cudaEventDestroy(done); });
 }
 
 void NcclCommunicator::check(int code, const char* what) const {
@@ -93,31 +148,37 @@ void NcclCommunicator::check(int code, const char* what) const {
 void NcclCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
   check(ncclAllReduce(t.raw(), t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op), comm_, kStream),
         "ncclAllReduce");
+  watch_enqueued("all_reduce", kStream);
 }
 
 void NcclCommunicator::do_all_gather(const Tensor& in, Tensor& out, bool /*in_place*/) {
   // In place (in is out's block of this rank) is NCCL's own in-place case: the same call.
   check(ncclAllGather(in.raw(), out.raw(), std::size_t(in.numel()), nccl_type(in.dtype()), comm_, kStream),
         "ncclAllGather");
+  watch_enqueued("all_gather", kStream);
 }
 
 void NcclCommunicator::do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
   check(ncclReduceScatter(in.raw(), out.raw(), std::size_t(out.numel()), nccl_type(in.dtype()), nccl_op(op), comm_,
                           kStream),
         "ncclReduceScatter");
+  watch_enqueued("reduce_scatter", kStream);
 }
 
 void NcclCommunicator::do_broadcast(Tensor& t, int root) {
   check(ncclBroadcast(t.raw(), t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), root, comm_, kStream),
         "ncclBroadcast");
+  watch_enqueued("broadcast", kStream);
 }
 
 void NcclCommunicator::do_send(const Tensor& t, int peer) {
   check(ncclSend(t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), peer, comm_, kStream), "ncclSend");
+  watch_enqueued("send", kStream);
 }
 
 void NcclCommunicator::do_recv(Tensor& t, int peer) {
   check(ncclRecv(t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), peer, comm_, kStream), "ncclRecv");
+  watch_enqueued("recv", kStream);
 }
 
 void NcclCommunicator::do_send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) {
@@ -139,6 +200,34 @@ void NcclCommunicator::do_send_recv(const Tensor& send, int send_peer, Tensor& r
   check(s, "ncclSend (in send_recv)");
   check(r, "ncclRecv (in send_recv)");
   check(end, "ncclGroupEnd (send_recv)");
+  watch_enqueued("send_recv", kStream);
+}
+
+void NcclCommunicator::do_start_all_reduce(Tensor& t, ReduceOp op) {
+  auto cuda = [&](cudaError_t e, const char* what) {
+    if (e != cudaSuccess)
+      throw std::runtime_error(std::string("NCCL start_all_reduce on ") + where(name_, rank_, size_) + ": " + what +
+                               " failed: " + cudaGetErrorString(e));
+  };
+  // After the kernels enqueued so far on the compute stream (the gradients' last writers).
+  cuda(cudaEventRecord(started_, kStream), "cudaEventRecord");
+  cuda(cudaStreamWaitEvent(overlap_stream_, started_, 0), "cudaStreamWaitEvent");
+  check(ncclAllReduce(t.raw(), t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op), comm_,
+                      overlap_stream_),
+        "ncclAllReduce (started)");
+  watch_enqueued("started all_reduce", overlap_stream_);
+  pending_ = true;
+}
+
+void NcclCommunicator::do_wait_all() {
+  if (!pending_) return;
+  pending_ = false;
+  if (const cudaError_t e = cudaEventRecord(finished_, overlap_stream_); e != cudaSuccess)
+    throw std::runtime_error("NCCL wait_all on " + where(name_, rank_, size_) +
+                             ": cudaEventRecord failed: " + cudaGetErrorString(e));
+  if (const cudaError_t e = cudaStreamWaitEvent(kStream, finished_, 0); e != cudaSuccess)
+    throw std::runtime_error("NCCL wait_all on " + where(name_, rank_, size_) +
+                             ": cudaStreamWaitEvent failed: " + cudaGetErrorString(e));
 }
 
 void NcclCommunicator::do_barrier() {

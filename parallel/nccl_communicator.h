@@ -22,10 +22,21 @@
 // send_recv is both in one ncclGroupStart/ncclGroupEnd, so an exchange between two ranks or
 // around a ring cannot deadlock at any size. A send_recv with itself is a device copy.
 //
+// Overlap (start_all_reduce / wait_all, parallel.overlap_grad_reduce): a started all-reduce
+// runs on this communicator's own non-blocking CUDA stream, after an event recorded on the
+// compute stream when it is started (so it reads the gradients the kernels enqueued before
+// wrote), concurrently with the kernels enqueued after it; wait_all() makes the compute stream
+// wait for an event recorded after the last of them. The same NCCL call on the same buffer:
+// the same bits as the blocking all_reduce. The host never waits.
+//
 // Errors: a failed NCCL call throws std::runtime_error
 //   "NCCL ncclAllReduce on the dp group (rank 1 of 2) failed: <error string> (<last error>)".
 // An error NCCL finds later, on the device or in its proxy (a lost peer), shows in the next
-// barrier(), which checks ncclCommGetAsyncError.
+// barrier(), which checks ncclCommGetAsyncError, and, while the communication watchdog is
+// armed (core/comm/watchdog.h), within its poll period: the watchdog polls
+// ncclCommGetAsyncError, watches every enqueued operation until its CUDA event completes, and
+// on an error or a timeout calls ncclCommAbort on this communicator before the rank exits.
+// ncclCommInitRank is watched too: a peer that never joins ends the rank after the timeout.
 //
 // Lifetime: the destructor calls ncclCommDestroy, which may wait for the group's other ranks
 // on this node: destroy the communicators of one process in the same order on every rank
@@ -38,6 +49,8 @@
 #include "core/comm/communicator.h"
 
 struct ncclComm;  // nccl.h's ncclComm_t is `struct ncclComm*`; only the .cpp includes nccl.h
+struct CUstream_st;  // cudaStream_t, cudaEvent_t (only the .cpp includes the CUDA headers)
+struct CUevent_st;
 
 namespace nsatron::parallel {
 
@@ -71,15 +84,25 @@ class NcclCommunicator final : public Communicator {
   void do_recv(Tensor& t, int peer) override;
   void do_send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) override;
   void do_barrier() override;
+  void do_start_all_reduce(Tensor& t, ReduceOp op) override;  // on the overlap stream
+  void do_wait_all() override;  // the compute stream waits for the overlap stream
 
  private:
   NcclCommunicator(ncclComm* comm, std::string name, int rank, int size, int device);
   // Throws unless `code` (an ncclResult_t) is ncclSuccess.
   void check(int code, const char* what) const;
+  // While the watchdog is armed: a watch on the operation just enqueued on `stream`, finished
+  // when an event recorded after it completes.
+  void watch_enqueued(const char* op, CUstream_st* stream);
   ncclComm* comm_;
   std::string name_;
   int rank_, size_, device_;
   Tensor barrier_flag_;  // one fp32 on the device, all-reduced by barrier()
+  CUstream_st* overlap_stream_ = nullptr;  // started all-reduces (non-blocking stream)
+  CUevent_st* started_ = nullptr;          // on the compute stream, before a started all-reduce
+  CUevent_st* finished_ = nullptr;         // on the overlap stream, at wait_all
+  bool pending_ = false;                   // started all-reduces not waited for
+  std::uint64_t monitor_ = 0;              // the watchdog's monitor of this communicator
 };
 
 }  // namespace nsatron::parallel

@@ -1,5 +1,6 @@
 #include "core/comm/communicator.h"
 
+#include "core/comm/watchdog.h"
 #include "core/util/error.h"
 
 namespace nsatron::parallel {
@@ -12,15 +13,20 @@ void Communicator::check_tensor(const Tensor& t, const char* op) const {
 
 void Communicator::all_reduce(Tensor& t, ReduceOp op) {
   check_tensor(t, "all_reduce");
+  const Watchdog::Scope watch(name(), "all_reduce", rank(), size());
   if (t.numel() > 0) do_all_reduce(t, op);
 }
 
 void Communicator::start_all_reduce(Tensor& t, ReduceOp op) {
   check_tensor(t, "start_all_reduce");
+  const Watchdog::Scope watch(name(), "start_all_reduce", rank(), size());
   if (t.numel() > 0) do_start_all_reduce(t, op);
 }
 
-void Communicator::wait_all() { do_wait_all(); }
+void Communicator::wait_all() {
+  const Watchdog::Scope watch(name(), "wait_all", rank(), size());
+  do_wait_all();
+}
 
 void Communicator::all_gather(const Tensor& in, Tensor& out) {
   check_tensor(in, "all_gather");
@@ -36,6 +42,7 @@ void Communicator::all_gather(const Tensor& in, Tensor& out) {
     const char* b = static_cast<const char*>(out.raw());
     NSA_CHECK(a + block <= b || b + out.nbytes() <= a, name(), ".all_gather: in overlaps out other than as this rank's block");
   }
+  const Watchdog::Scope watch(name(), "all_gather", rank(), size());
   if (in.numel() > 0) do_all_gather(in, out, in_place);
 }
 
@@ -50,12 +57,14 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
   const char* b = static_cast<const char*>(out.raw());
   NSA_CHECK(out.numel() == 0 || a + in.nbytes() <= b || b + out.nbytes() <= a, name(),
             ".reduce_scatter: in and out overlap");
+  const Watchdog::Scope watch(name(), "reduce_scatter", rank(), size());
   if (out.numel() > 0) do_reduce_scatter(in, out, op);
 }
 
 void Communicator::broadcast(Tensor& t, int root) {
   check_tensor(t, "broadcast");
   NSA_CHECK(root >= 0 && root < size(), name(), ".broadcast: root ", root, " outside a group of ", size());
+  const Watchdog::Scope watch(name(), "broadcast", rank(), size());
   if (t.numel() > 0) do_broadcast(t, root);
 }
 
@@ -67,28 +76,33 @@ void Communicator::check_peer(int peer, const char* op) const {
 void Communicator::send(const Tensor& t, int peer) {
   check_tensor(t, "send");
   check_peer(peer, "send");
+  const Watchdog::Scope watch(name(), "send", rank(), size());
   if (t.numel() > 0) do_send(t, peer);
 }
 
 void Communicator::recv(Tensor& t, int peer) {
   check_tensor(t, "recv");
   check_peer(peer, "recv");
+  const Watchdog::Scope watch(name(), "recv", rank(), size());
   if (t.numel() > 0) do_recv(t, peer);
 }
 
 Communicator::Request Communicator::start_send(const Tensor& t, int peer) {
   check_tensor(t, "start_send");
   check_peer(peer, "start_send");
+  const Watchdog::Scope watch(name(), "start_send", rank(), size());
   return t.numel() > 0 ? do_start_send(t, peer) : kDone;
 }
 
 Communicator::Request Communicator::start_recv(Tensor& t, int peer) {
   check_tensor(t, "start_recv");
   check_peer(peer, "start_recv");
+  const Watchdog::Scope watch(name(), "start_recv", rank(), size());
   return t.numel() > 0 ? do_start_recv(t, peer) : kDone;
 }
 
 void Communicator::wait(Request request) {
+  const Watchdog::Scope watch(name(), "wait", rank(), size());
   if (request != kDone) do_wait(request);
 }
 
@@ -106,10 +120,14 @@ void Communicator::send_recv(const Tensor& send, int send_peer, Tensor& recv, in
   const char* b = static_cast<const char*>(recv.raw());
   NSA_CHECK(send.numel() == 0 || recv.numel() == 0 || a + send.nbytes() <= b || b + recv.nbytes() <= a, name(),
             ".send_recv: send and recv overlap");
+  const Watchdog::Scope watch(name(), "send_recv", rank(), size());
   if (send.numel() > 0 || recv.numel() > 0) do_send_recv(send, send_peer, recv, recv_peer);
 }
 
-void Communicator::barrier() { do_barrier(); }
+void Communicator::barrier() {
+  const Watchdog::Scope watch(name(), "barrier", rank(), size());
+  do_barrier();
+}
 
 namespace {
 

@@ -213,8 +213,9 @@ const std::vector<Key>& keys() {
       key("parallel", "overlap_grad_reduce", &R::parallel, &ParallelConfig::overlap_grad_reduce,
           "Start each data-parallel gradient bucket's all-reduce during the backward of the step's "
           "last micro-batch, as soon as every gradient in it is final (buckets in backward order), "
-          "instead of all after the backward: the same buckets and sums, so the same bits. "
-          "CPU ranks (MPI) only for now, and not with zero1 (docs/parallel.md); no effect with dp = 1."),
+          "instead of all after the backward: the same buckets and sums, so the same bits. On GPUs "
+          "they run on a communication stream beside the backward's kernels. Not with zero1 "
+          "(docs/parallel.md); no effect with dp = 1."),
       key("parallel", "grad_bucket_kib", &R::parallel, &ParallelConfig::grad_bucket_kib,
           "Size in KiB of a data-parallel gradient bucket (one all-reduce of the flat gradient "
           "buffer, without zero1); 25600 = 25 MiB. Smaller buckets start sooner with "
@@ -222,6 +223,14 @@ const std::vector<Key>& keys() {
           "or off; another value may change the sums' order with dp > 2 (MPI picks its algorithm "
           "by message size).")
           .at_least(1),
+      key("parallel", "comm_timeout_s", &R::parallel, &ParallelConfig::comm_timeout_s,
+          "Several ranks: a collective or transfer (MPI or NCCL, host call or GPU work) that has not "
+          "finished after this many seconds, or an asynchronous NCCL error, ends the rank with exit "
+          "code 4 and a message naming it and the group (a dead or hung peer), its communicators "
+          "aborted; watched while the NCCL communicators are created and over the training loop. "
+          "Keep it above the longest wait of one rank for another (a checkpoint write). 0: no "
+          "watchdog.")
+          .at_least(0),
 
       key("recompute", "policy", &R::recompute, &RecomputeConfig::policy,
           "Activation recompute: \"none\" keeps what the backward needs; \"selective\" recomputes "
@@ -556,10 +565,6 @@ void check_rules(Validator& v, RunConfig& c) {
 
   if (p.grad_bucket_kib > (std::int64_t(1) << 40))  // its byte count must fit an int64
     v.error("parallel.grad_bucket_kib", "grad_bucket_kib = " + n(p.grad_bucket_kib) + " exceeds 2^40 KiB");
-  if (p.overlap_grad_reduce && t.device == "cuda")
-    v.error(at({"parallel.overlap_grad_reduce", "train.device"}),
-            "overlap_grad_reduce is CPU-only for now (MPI ranks): the NCCL path on a separate "
-            "communication stream is not built; set it to false with train.device = \"cuda\"");
   if (p.overlap_grad_reduce && p.zero1)
     v.error(at({"parallel.overlap_grad_reduce", "parallel.zero1"}),
             "overlap_grad_reduce cannot be combined with zero1: ZeRO-1 reduces the gradients with one "
@@ -764,8 +769,7 @@ std::string config_reference_markdown() {
       "- `optim.min_lr <= optim.lr`.\n"
       "- `train.dtype = \"bf16\"` needs `train.device = \"cuda\"`.\n"
       "- `parallel.grad_bucket_kib <= 2^40`.\n"
-      "- `parallel.overlap_grad_reduce = true` needs `train.device = \"cpu\"` (CPU-only for now) and\n"
-      "  `parallel.zero1 = false`.\n"
+      "- `parallel.overlap_grad_reduce = true` needs `parallel.zero1 = false`.\n"
       "- `recompute.layers <= model.n_layers`.\n";
   for (const auto& sec : section_order()) {
     md += "\n## [" + sec + "]\n\n| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";

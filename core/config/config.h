@@ -77,11 +77,13 @@ struct ParallelConfig {
   std::int64_t virtual_stages = 1;
   bool zero1 = false;  // shard the AdamW state over the data-parallel ranks
   // Start each DP gradient bucket's all-reduce during the step's last backward, as soon as its
-  // gradients are final (CPU ranks, without zero1, for now).
+  // gradients are final (without zero1; on GPUs on a communication stream).
   bool overlap_grad_reduce = false;
   // Data-parallel gradient bucket (one all-reduce call) in KiB: 25 MiB, as
   // parallel::kDefaultBucketBytes.
   std::int64_t grad_bucket_kib = 25600;
+  // Several ranks: the communication watchdog's timeout (core/comm/watchdog.h); 0: off.
+  double comm_timeout_s = 600;
 };
 
 struct RecomputeConfig {

@@ -120,11 +120,20 @@ void describe_parallelism(Run& run) {
     out << "; DP gradients all-reduced (sum) in " << opt.buckets() << " bucket(s) of up to "
         << human_bytes(double(opt.bucket_bytes()))
         << (run.cfg.parallel.overlap_grad_reduce
-                ? ", each started in the last micro-batch's backward once its gradients are final (overlap_grad_reduce)"
-                : ", started after the backward");
+                ? std::string(", each started in the last micro-batch's backward once its gradients are final "
+                              "(overlap_grad_reduce)") +
+                      (run.multi_gpu ? " on a communication stream" : "")
+                : std::string(", started after the backward"));
   if (run.sharded_state)
     out << "; ZeRO-1: AdamW state sharded over DP (this rank " << opt.owned_end() - opt.owned_begin() << " of "
         << run.model->params().total() << " elements), gradients reduce-scattered, weights all-gathered";
+  if (run.world.size() > 1) {
+    if (run.cfg.parallel.comm_timeout_s > 0)
+      out << "; communication watchdog: a collective unfinished after " << run.cfg.parallel.comm_timeout_s
+          << " s ends the rank (comm_timeout_s)";
+    else
+      out << "; no communication watchdog (comm_timeout_s = 0)";
+  }
   out << "\n";
 }
 

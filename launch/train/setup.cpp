@@ -2,6 +2,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/comm/watchdog.h"
 #include "core/device/device.h"
 #include "core/util/error.h"
 #include "launch/train/phases.h"
@@ -36,6 +37,10 @@ void setup_world(Run& run) {
   });
   // Several GPU ranks: one GPU each (before any other CUDA call), and NCCL communicators for
   // the tensors (gradients, pipeline messages); the MPI groups keep carrying control values.
+  // Several ranks: the communication watchdog (core/comm/watchdog.h), armed while the NCCL
+  // communicators are created and over the training loop (run_training).
+  if (world.size() > 1 && cfg.parallel.comm_timeout_s > 0)
+    parallel::Watchdog::instance().start("rank " + std::to_string(world.rank()), cfg.parallel.comm_timeout_s);
   run.multi_gpu = run.device == Device::CUDA && world.size() > 1;
   if (!run.multi_gpu) {
     run.tensor_groups = run.groups;
@@ -43,6 +48,7 @@ void setup_world(Run& run) {
   }
   run.gpu_index = world.together([&] { return parallel::bind_local_gpu(*run.groups.world); });
   run.tensor_groups = world.together([&] {
+    const parallel::Watchdog::Armed watched;
     parallel::DeviceGroupSet which;
     which.world = false;  // the world carries only control values
     which.embedding = cfg.model.tie_embeddings && cfg.parallel.pp > 1;

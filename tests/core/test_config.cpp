@@ -222,10 +222,10 @@ TEST(Config, OverlapGradReduce) {
       << e;
   e = errors_of("", {"parallel.overlap_grad_reduce=yes"});
   EXPECT_NE(e.find("--set parallel.overlap_grad_reduce=yes: parallel.overlap_grad_reduce:"), std::string::npos) << e;
-  // CPU only for now, and not with ZeRO-1: refused at load time, naming the key.
-  e = errors_of("[train]\ndevice = \"cuda\"\n[parallel]\noverlap_grad_reduce = true\n");
-  EXPECT_NE(e.find("run.toml:4:1: parallel.overlap_grad_reduce: overlap_grad_reduce is CPU-only for now"),
-            std::string::npos) << e;
+  // On GPUs too (NCCL on a communication stream).
+  EXPECT_TRUE(parse_config("[train]\ndevice = \"cuda\"\nglobal_batch = 2\n[parallel]\noverlap_grad_reduce = true\n",
+                           "run.toml", {}, 2)
+                  .parallel.overlap_grad_reduce);
   // The bucket size: KiB, at least 1.
   EXPECT_EQ(parse_config("", "run.toml").parallel.grad_bucket_kib, 25600);
   e = errors_of("[parallel]\ngrad_bucket_kib = 0\n");
@@ -236,6 +236,19 @@ TEST(Config, OverlapGradReduce) {
   e = errors_of("[parallel]\nzero1 = true\noverlap_grad_reduce = true\n");
   EXPECT_NE(e.find("run.toml:3:1: parallel.overlap_grad_reduce: overlap_grad_reduce cannot be combined with zero1"),
             std::string::npos) << e;
+}
+
+TEST(Config, CommTimeout) {
+  // 600 s by default, a number of seconds >= 0 (0: no watchdog), round-tripping.
+  EXPECT_EQ(parse_config("", "run.toml").parallel.comm_timeout_s, 600);
+  RunConfig c = parse_config("[parallel]\ncomm_timeout_s = 12.5\n", "run.toml");
+  EXPECT_EQ(c.parallel.comm_timeout_s, 12.5);
+  EXPECT_EQ(parse_config(to_toml(c), "resolved.toml").parallel.comm_timeout_s, 12.5);
+  EXPECT_EQ(parse_config("[parallel]\ncomm_timeout_s = 0\n", "run.toml").parallel.comm_timeout_s, 0);
+  std::string e = errors_of("[parallel]\ncomm_timeout_s = -1\n");
+  EXPECT_NE(e.find("run.toml:2:1: parallel.comm_timeout_s: value -1.0 is out of range (must be >= 0)"), std::string::npos) << e;
+  e = errors_of("[parallel]\ncomm_timeout_s = \"ten\"\n");
+  EXPECT_NE(e.find("run.toml:2:1: parallel.comm_timeout_s:"), std::string::npos) << e;
 }
 
 TEST(Config, VirtualStagesErrors) {

@@ -77,6 +77,18 @@ TEST_F(GpuTrain, EveryLayoutFollowsOneGpuInBf16) {
   }
 }
 
+// parallel.overlap_grad_reduce on GPUs: each bucket's all-reduce on the NCCL communicator's
+// own stream, started in the last backward (hundreds of 1 KiB buckets) and waited for by the
+// compute stream: the same bits as after the backward, with one and with two micro-batches
+// per rank, in fp32 and in bf16 compute.
+TEST_F(GpuTrain, OverlappedReductionGivesTheSameBits) {
+  REQUIRE_GPUS(2);
+  expect_overlap_same_bits(2, "dp2_fp32_a2", kModel + kGpu + " --set train.dtype=fp32", kTensors);
+  expect_overlap_same_bits(2, "dp2_fp32_a1", kModel + kGpu + " --set train.dtype=fp32 --set train.global_batch=4",
+                           kTensors);
+  expect_overlap_same_bits(2, "dp2_bf16_a2", kModel + kGpu + " --set train.dtype=bf16", kTensors);
+}
+
 TEST_F(GpuTrain, CheckpointsMoveBetweenGpuLayouts) {
   REQUIRE_GPUS(2);
   const std::string ten = kModel + kGpu + " --set train.dtype=fp32 --set train.steps=10";

@@ -1,0 +1,171 @@
+#include "core/comm/watchdog.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <vector>
+
+namespace nsatron::parallel {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string seconds_text(double s) {
+  std::ostringstream o;
+  o << s;
+  return o.str();
+}
+
+}  // namespace
+
+Watchdog& Watchdog::instance() {
+  static Watchdog dog;
+  return dog;
+}
+
+Watchdog::~Watchdog() { stop(); }
+
+std::string Watchdog::describe(const std::string& group, const char* op, int rank, int size) {
+  return "the " + group + " group's " + op + " (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+}
+
+Watchdog::Scope::Scope(const std::string& group, const char* op, int rank, int size) {
+  Watchdog& dog = instance();
+  if (dog.armed()) id_ = dog.open(describe(group, op, rank, size));
+}
+
+void Watchdog::start(const std::string& who, double timeout_s, double poll_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  who_ = who;
+  timeout_s_ = timeout_s;
+  poll_s_ = poll_s;
+  if (started_) return;
+  started_ = true;
+  stopping_ = false;
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Watchdog::stop() {
+  std::vector<std::function<void()>> releases;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_) return;
+    stopping_ = true;
+    armed_ = false;
+    for (auto& [id, w] : watches_)
+      if (w.release) releases.push_back(std::move(w.release));
+    watches_.clear();
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  started_ = false;
+  for (auto& r : releases) r();
+}
+
+void Watchdog::arm(bool on) {
+  if (on && !started_) return;  // nothing to arm: no thread
+  armed_ = on;
+}
+
+Watchdog::Id Watchdog::open(std::string what, std::function<bool()> finished, std::function<void()> release) {
+  if (!armed()) {
+    if (release) release();
+    return 0;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const Id id = next_++;
+  watches_[id] = Watch{std::move(what), now_s(), std::move(finished), std::move(release)};
+  return id;
+}
+
+void Watchdog::close(Id id) {
+  std::function<void()> release;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = watches_.find(id);
+    if (it == watches_.end()) return;
+    release = std::move(it->second.release);
+    watches_.erase(it);
+  }
+  if (release) release();
+}
+
+std::size_t Watchdog::open_watches() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return watches_.size();
+}
+
+Watchdog::Id Watchdog::add_monitor(std::function<std::string()> check, std::function<void()> abort) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Id id = next_++;
+  monitors_[id] = Monitor{std::move(check), std::move(abort)};
+  return id;
+}
+
+void Watchdog::remove_monitor(Id id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  monitors_.erase(id);
+}
+
+void Watchdog::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    wake_.wait_for(lock, std::chrono::duration<double>(poll_s_));
+    if (stopping_) break;
+    if (!armed()) continue;
+    std::string why;
+    for (auto& [id, m] : monitors_) {
+      if (!m.check) continue;
+      why = m.check();
+      if (!why.empty()) break;
+    }
+    const double t = now_s();
+    for (auto it = watches_.begin(); why.empty() && it != watches_.end();) {
+      Watch& w = it->second;
+      if (w.finished && w.finished()) {
+        if (w.release) w.release();
+        it = watches_.erase(it);
+        continue;
+      }
+      if (t - w.opened > timeout_s_)
+        why = w.what + " did not finish within " + seconds_text(timeout_s_) +
+              " s (parallel.comm_timeout_s; a dead or hung peer?)";
+      ++it;
+    }
+    if (!why.empty()) {
+      lock.unlock();
+      fail(why);
+    }
+  }
+}
+
+void Watchdog::fail(const std::string& why) {
+  std::vector<std::function<void()>> aborts;
+  std::string who;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, m] : monitors_)
+      if (m.abort) aborts.push_back(m.abort);
+    who = who_;
+  }
+  std::fprintf(stderr,
+               "nsatron: %s%s; aborting this rank's communicators and exiting with code %d (the last "
+               "committed checkpoint is unchanged)\n",
+               who.empty() ? "" : (who + ": ").c_str(), why.c_str(), kExitCommunicationFailure);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  // An abort that hangs must not keep the rank alive: exit after 10 s regardless.
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    std::_Exit(kExitCommunicationFailure);
+  }).detach();
+  for (auto& a : aborts) a();
+  std::_Exit(kExitCommunicationFailure);
+}
+
+}  // namespace nsatron::parallel
