@@ -1,7 +1,9 @@
 #!/bin/bash
 # Throughput of data, pipeline and tensor parallelism on GPUs: the 125M model
 # (configs/nsa_125m.toml, bf16, 256 x 2048 tokens per step) on one GPU, then on every GPU of the
-# machine with data parallelism, with two pipeline stages, and with tp = 2 (dp over the rest).
+# machine with data parallelism (gradient buckets reduced after the backward, then overlapped with
+# it: parallel.overlap_grad_reduce), with two pipeline stages (1F1B, then the interleaved
+# schedule with 2 virtual stages), and with tp = 2 (dp over the rest).
 # Prints the mean tokens/s,
 # ms/step and MFU of steps 3..N of each run (the first steps warm up).
 #
@@ -37,5 +39,7 @@ PY
 echo "$(nvidia-smi -L | head -1), $GPUS GPUs; 125M model, bf16, 256 x 2048 tokens per step, $STEPS steps"
 run one 1
 run dp$GPUS "$GPUS"
+run dp${GPUS}_overlap "$GPUS" --set parallel.overlap_grad_reduce=true
 run pp2_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2
+run pp2_v2_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2
 run tp2_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2
