@@ -7,7 +7,9 @@
 # Prints the mean tokens/s,
 # ms/step and MFU of steps 3..N of each run (the first steps warm up).
 #
-#   bash bench/parallel_gpu.sh BUILD_DIR DATA_DIR [STEPS]    (DATA_DIR: prepared shards, e.g. runs/kjv/data)
+#   bash bench/parallel_gpu.sh BUILD_DIR DATA_DIR [STEPS [LAYOUT...]]
+# DATA_DIR: prepared shards, e.g. runs/kjv/data; LAYOUTs: the names of the rows to run (one,
+# dp2, pp2_dp1, ...; default all).
 # Results: docs/performance.md, "GPU ranks: data, pipeline and tensor parallelism".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,9 +22,11 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 common=(--set "data.train=$DATA/train_*.bin" --set "data.val=[]" --set train.steps="$STEPS" --set log.every=1000
         --set checkpoint.resume=never --overwrite)
+ONLY=("${@:4}")  # layout names to run (default: all)
 run() {  # name ranks settings...
   local name=$1 np=$2
   shift 2
+  if [ ${#ONLY[@]} -gt 0 ] && [[ " ${ONLY[*]} " != *" $name "* ]]; then return 0; fi
   local args=(train configs/nsa_125m.toml "${common[@]}" --set checkpoint.dir="$OUT/$name" --set log.metrics="$OUT/$name.jsonl" "$@")
   if [ "$np" = 1 ]; then "$NSATRON" "${args[@]}" >"$OUT/$name.log" 2>&1
   else mpirun --allow-run-as-root --bind-to none -np "$np" "$NSATRON" "${args[@]}" >"$OUT/$name.log" 2>&1; fi \
@@ -42,4 +46,7 @@ run dp$GPUS "$GPUS"
 run dp${GPUS}_overlap "$GPUS" --set parallel.overlap_grad_reduce=true
 run pp2_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2
 run pp2_v2_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2
+# Balanced stages: the last stage also runs the 50k-row LM head and the cross entropy (about
+# 2 layers' time at this size), so the first stage takes 7 of the 12 layers.
+run pp2_7_5_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set "parallel.pp_layers=[7, 5]"
 run tp2_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2
