@@ -666,7 +666,7 @@ std::size_t cmp_select_tc_bytes_dp(const Geo& g) {
 }
 template <int DP>
 void cmp_select_tc_launch_dp(const Geo& g, const tc::CmpSelArgs& a, std::size_t smem, cudaStream_t s) {
-  tc::cmp_select_launch<DP>(g, a, tc::cmp_select_positions<DP>(g, smem_optin()), smem, s);
+  tc::cmp_select_launch<DP>(g, a, tc::cmp_select_layout<DP>(g, smem_optin()), smem, s);
 }
 }  // namespace
 

@@ -33,6 +33,11 @@
 // Then one warp per position applies the selection rule of selection.cu (forced 0, b_t - 1,
 // b_t; the rest by score descending, index ascending, NaN as -inf) and writes the row: by rank
 // where the candidates fit one per lane, else by rounds of a warp-wide argmax.
+// Streamed top-n: where the [P][NB] scores would leave room for few positions (long T at
+// small h), the scores live in a ring of a few dozen blocks per position instead: a block's
+// score is final once the key tiles have passed every compressed block that overlaps it, so
+// after each pass-1 tile every position's warp merges its newly final candidates into a list
+// of its take best (stream_topn) and frees their slots; the list is the row.
 // The launcher falls back to the fp32 kernels (compression row forward + select_kernel) where
 // this one does not fit: h > 128, or P NB scores beyond the shared memory left.
 namespace tc {
@@ -105,12 +110,26 @@ struct CmpSelArgs {
 };
 
 struct CmpSelSmem {  // byte offsets of the dynamic shared memory of cmp_select_kernel
-  std::size_t q, qinv, k, kinv, v, ps, s, chosen, total;
+  std::size_t q, qinv, k, kinv, v, ps, s, lv, lj, lc, chosen, total;
 };
+
+// Streaming top-n (see cmp_select_kernel): the block scores of a 64-key tile touch at most
+// ((KT - 1) d + l - 1) / l' + 2 consecutive selection blocks, so a ring of W (a power of two
+// at least that) scores per position holds every block whose score is not final yet. Used
+// where the ring and the per-position lists (n scores and indices) take less than the full
+// [NB] scores, and n <= 24 (a merge of a list and its new candidates fits a warp's lanes
+// with at least 8 candidates at a time); 0: the full scores. (cmp_select_layout decides.)
+__host__ __device__ inline int cmp_select_ring(const Geo& g) {
+  constexpr int KT = 64;
+  const int span = ((KT - 1) * g.d + g.l - 1) / g.ls + 2;
+  int w = 1;
+  while (w < span) w *= 2;
+  return g.n <= 24 && w + 2 * g.n + 1 < g.NB ? w : 0;
+}
 // The q, key and value parts are tiles laid out as wgmma.cuh says (rows of DP, 128-byte
 // swizzle at DP = 64, 128; each 1024-byte aligned).
 template <int DP>
-__host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n) {
+__host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n, int ring) {
   constexpr int KT = 64, ROWS = 16 * kCmpSelWarps, VP = cmp_kv_parts(DP);
   auto up = [](std::size_t x) { return (x + 1023) / 1024 * 1024; };
   CmpSelSmem L;
@@ -123,22 +142,88 @@ __host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n) {
   // pass 1 reuses the value tiles' space for p [ROWS][KT + 1] and the head sums [P][KT], fp32
   const std::size_t psbytes = (std::size_t(ROWS) * (KT + 1) + std::size_t(P) * KT) * 4;
   L.ps = L.v;
-  L.s = L.v + (vbytes > psbytes ? vbytes : psbytes);   // [P][NB] fp32 block scores
-  L.chosen = L.s + std::size_t(P) * (NB > 0 ? NB : 1) * 4;  // [kCmpSelWarps][n] int
-  L.total = L.chosen + std::size_t(kCmpSelWarps) * n * 4;
+  L.s = L.v + (vbytes > psbytes ? vbytes : psbytes);   // [P][NB] fp32 block scores, or
+  // with a ring: [P][ring] fp32 scores, then per position the list's scores [P][n] fp32, its
+  // blocks [P][n] int and its length [P] int
+  const int width = ring > 0 ? ring : (NB > 0 ? NB : 1);
+  L.lv = L.s + std::size_t(P) * width * 4;
+  L.lj = L.lv + (ring > 0 ? std::size_t(P) * n * 4 : 0);
+  L.lc = L.lj + (ring > 0 ? std::size_t(P) * n * 4 : 0);
+  L.total = L.lc + (ring > 0 ? std::size_t(P) * 4 : 0);
+  // [kCmpSelWarps][n] int, used after the key loop: in pass 1's space (at least 16 KB)
+  L.chosen = L.ps;
+  if (std::size_t(kCmpSelWarps) * n * 4 > psbytes) L.chosen = L.total, L.total += std::size_t(kCmpSelWarps) * n * 4;
   return L;
 }
 
+// One warp, one position t: the final scores of blocks [ja, jb) in its ring (slot j & mask)
+// are cleared, and those of its candidates (1..bt-2, when the top-n takes fewer than all of
+// them) are merged into its list (lv, lj: the *lc best so far under ranks_before, best first,
+// at most take of them). Per round the list takes lanes [0, cnt) and up to 32 - cnt new
+// candidates the others; a candidate that does not rank before a full list's last entry is
+// dropped at once; each item's rank among the round's items is its new place (the order is
+// strict: ties go to the smaller block), the first take of them stay. The same list as the
+// top-n of all candidates at once.
+__device__ inline void stream_topn(const Geo& g, int t, int ja, int jb, float* ring, int mask, float* lv,
+                                   int* lj, int* lc, int lane) {
+  const int bt = t / g.ls;
+  int ncand = 0;
+  const int take = selection_take(g, bt, ncand);
+  const bool merging = take < ncand;
+  const int c_hi = min(jb, bt - 1);  // candidates: [max(ja, 1), c_hi)
+  int cnt = *lc;
+  for (int c0 = ja; c0 < jb;) {
+    const int room = 32 - cnt;  // >= 8: take <= n - 1 <= 23
+    const int j = c0 + (lane - cnt);
+    const bool mine = lane >= cnt && j < jb;
+    float v = -INFINITY;
+    if (mine) {
+      v = ring[j & mask];
+      ring[j & mask] = 0.f;
+      if (v != v) v = -INFINITY;
+    }
+    if (merging) {
+      bool valid = mine && j >= 1 && j < c_hi;
+      const float wv = cnt > 0 ? lv[cnt - 1] : 0.f;
+      const int wj = cnt > 0 ? lj[cnt - 1] : INT_MAX;
+      if (valid && cnt == take) valid = ranks_before(v, j, wv, wj);
+      float iv = v;
+      int ij = valid ? j : INT_MAX;
+      if (lane < cnt) iv = lv[lane], ij = lj[lane];
+      if (__any_sync(0xffffffffu, ij != INT_MAX && lane >= cnt)) {
+        int rank = 0;
+        for (int o = 0; o < 32; ++o) {
+          const float ov = __shfl_sync(0xffffffffu, iv, o);
+          const int oj = __shfl_sync(0xffffffffu, ij, o);
+          rank += oj != INT_MAX && ij != INT_MAX && ranks_before(ov, oj, iv, ij) ? 1 : 0;
+        }
+        const int items = __popc(__ballot_sync(0xffffffffu, ij != INT_MAX));
+        __syncwarp();  // every lane has read the list
+        if (ij != INT_MAX && rank < take) lv[rank] = iv, lj[rank] = ij;
+        cnt = min(take, items);
+        __syncwarp();
+      }
+    }
+    c0 += room;
+  }
+  if (lane == 0) *lc = cnt;
+  __syncwarp();
+}
+
 // At D <= 64 two blocks fit an SM (shared memory), which needs <= 128 registers.
-template <int DP>
+// STREAMED: the ring and the per-position lists (ring > 0); else the full [P][NB] scores, with
+// none of the streamed top-n's code in the kernel (its runtime checks alone cost the full
+// path 4-8% at h = 16: docs/performance.md, 2026-11-26, third session).
+template <int DP, bool STREAMED>
 __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
-    cmp_select_kernel(Geo g, CmpSelArgs a, int P) {
+    cmp_select_kernel(Geo g, CmpSelArgs a, int P, int ring_arg) {
+  const int ring = STREAMED ? ring_arg : 0;
   constexpr int KT = 64, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   constexpr int ROWS = 16 * kCmpSelWarps, VP = cmp_kv_parts(DP);
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   char* sm = reinterpret_cast<char*>(smem4);
-  const CmpSelSmem L = cmp_select_smem<DP>(P, g.NB, g.n);
+  const CmpSelSmem L = cmp_select_smem<DP>(P, g.NB, g.n, ring);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   __half* Qs = reinterpret_cast<__half*>(sm + L.q);      // [2 parts] tiles ROWS x DP
   float* qinv = reinterpret_cast<float*>(sm + L.qinv);   // [ROWS]
@@ -147,7 +232,12 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);          // [2 stages][VP parts] tiles KT x DP
   float* Ps = reinterpret_cast<float*>(sm + L.ps);       // [ROWS][KT + 1] (pass 1)
   float* Pi = Ps + ROWS * (KT + 1);                       // [P][KT] head sums (pass 1)
-  float* Sb = reinterpret_cast<float*>(sm + L.s);        // [P][NB]
+  float* Sb = reinterpret_cast<float*>(sm + L.s);        // [P][NB], or [P][ring]
+  float* Lv = reinterpret_cast<float*>(sm + L.lv);       // ring: [P][n] the lists' scores,
+  int* Lj = reinterpret_cast<int*>(sm + L.lj);           // blocks (best first)
+  int* Lc = reinterpret_cast<int*>(sm + L.lc);           // and lengths [P]
+  const int sb_stride = ring > 0 ? ring : g.NB;
+  const int sb_mask = ring > 0 ? ring - 1 : -1;          // slot of block j: j & sb_mask
   int* chosen = reinterpret_cast<int*>(sm + L.chosen) + warp * g.n;
   const int b = blockIdx.y / g.G, gi = blockIdx.y % g.G;
   const int t_first = blockIdx.x * P;
@@ -159,7 +249,9 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     t = t_first + pi;
     return i < P * g.h && t < g.T;
   };
-  for (int idx = tid; idx < P * g.NB; idx += blockDim.x) Sb[idx] = 0.f;
+  for (int idx = tid; idx < P * sb_stride; idx += blockDim.x) Sb[idx] = 0.f;
+  if constexpr (STREAMED)
+    for (int idx = tid; idx < P; idx += blockDim.x) Lc[idx] = 0;
 
   // Stage the warp's 16 rotated query rows, scaled, as fp16 hi + lo: the global loads of 8 rows
   // are issued before the first row's reduction (one memory latency per 8 rows, not per row).
@@ -383,7 +475,18 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         i_hi = min(i_hi, min(s0 + cnt, visible_blocks(g, t)) - 1);
         float sum = 0.f;
         for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight(g, i, j) * Pi[pl * KT + (i - s0)];
-        Sb[pl * g.NB + j] += sum;
+        Sb[pl * sb_stride + (j & sb_mask)] += sum;
+      }
+      if constexpr (STREAMED) {
+        // The blocks no later tile touches are final: [j_lo, the next tile's j_lo) (the last
+        // tile: through j_hi). Each position's warp merges its candidates among them into
+        // its list and clears their ring slots.
+        const bool last = k == nsteps - 1;
+        const int j_end = last ? j_hi + 1 : min(g.NB, ((s0 + KT) * g.d) / g.ls);
+        __syncthreads();
+        for (int pl = warp; pl < npos; pl += kCmpSelWarps)
+          stream_topn(g, t_first + pl, j_lo, j_end, Sb + pl * ring, ring - 1, Lv + pl * g.n,
+                      Lj + pl * g.n, Lc + pl, lane);
       }
     }
     __syncthreads();  // stage k & 1 is refilled by issue(k + 2); Ps is rewritten
@@ -406,6 +509,14 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     const int take = selection_take(g, bt, ncand);
     if (take == ncand) {  // every eligible block is chosen: 0..bt
       for (int e = lane; e < g.n; e += 32) out[e] = e <= bt ? e : -1;
+      continue;
+    }
+    if constexpr (STREAMED) {  // the streamed list holds the take best (all candidates merged)
+      if (lane == 0) {
+        for (int x = 0; x < take; ++x) chosen[x] = Lj[pl * g.n + x];
+        write_selection_row(out, chosen, take, bt, g.n);
+      }
+      __syncwarp();
       continue;
     }
     float* S = Sb + pl * g.NB;
@@ -444,34 +555,53 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   }
 }
 
-// Positions per block of the fused kernel for this shape: 128 / h, halved until the [P][NB]
-// block scores fit the device's opt-in shared memory (at T = 64k, l' = 64, h = 1: P = 32 at
-// D = 64; the warps past P h rows then idle, which still beats the fp32 fallback); 0 where it
-// cannot run (h > 128, or not even one position fits). The results do not depend on P: every
-// row's softmax and every position's block scores are summed over the key tiles in the same
-// order whatever the block holds.
+// The fused kernel's layout for this shape: positions per block P (128 / h, halved until
+// the block scores fit the device's opt-in shared memory) and the ring (0: the full [P][NB]
+// scores). The ring (streamed top-n) is taken only where it lets a block hold more positions
+// than the full scores do: at h = 1, T = 64k, l' = 64, D = 128, 128 positions instead of 16
+// (the warps past P h rows idle otherwise); where the full scores already fit 128 / h
+// positions, the ring's per-tile merges would only cost (measured: docs/performance.md,
+// 2026-11-26, third session). P = 0 where the kernel cannot run (h > 128, or not even one
+// position fits). The results do not depend on P or the ring: every row's softmax and every
+// position's block scores are summed over the key tiles in the same order whatever the block
+// holds, and the streamed top-n keeps the same blocks as the full one.
+struct CmpSelLayout {
+  int P = 0, ring = 0;
+};
 template <int DP>
-int cmp_select_positions(const Geo& g, int optin) {
-  if (g.h > 16 * kCmpSelWarps) return 0;
-  for (int P = (16 * kCmpSelWarps) / g.h; P >= 1; P /= 2)
-    if (cmp_select_smem<DP>(P, g.NB, g.n).total <= std::size_t(optin)) return P;
-  return 0;
+CmpSelLayout cmp_select_layout(const Geo& g, int optin) {
+  if (g.h > 16 * kCmpSelWarps) return {};
+  auto positions = [&](int ring) {
+    for (int P = (16 * kCmpSelWarps) / g.h; P >= 1; P /= 2)
+      if (cmp_select_smem<DP>(P, g.NB, g.n, ring).total <= std::size_t(optin)) return P;
+    return 0;
+  };
+  const int full = positions(0), ring = cmp_select_ring(g);
+  const int streamed = ring > 0 ? positions(ring) : 0;
+  return streamed > full ? CmpSelLayout{streamed, ring} : CmpSelLayout{full, 0};
 }
 // Its shared memory, or 0 where it cannot run.
 template <int DP>
 std::size_t cmp_select_bytes(const Geo& g, int optin) {
-  const int P = cmp_select_positions<DP>(g, optin);
-  return P > 0 ? cmp_select_smem<DP>(P, g.NB, g.n).total : 0;
+  const CmpSelLayout L = cmp_select_layout<DP>(g, optin);
+  return L.P > 0 ? cmp_select_smem<DP>(L.P, g.NB, g.n, L.ring).total : 0;
 }
 
 template <int DP>
-void cmp_select_launch(const Geo& g, const CmpSelArgs& a, int P, std::size_t smem, cudaStream_t s) {
+void cmp_select_launch(const Geo& g, const CmpSelArgs& a, CmpSelLayout lay, std::size_t smem, cudaStream_t s) {
+  const int P = lay.P;
   const unsigned nblocks = unsigned((g.T + P - 1) / P);
   if (nblocks == 0) return;
-  CUDA_CHECK(cudaFuncSetAttribute(cmp_select_kernel<DP>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(nblocks, unsigned(g.B * g.G));
-  cmp_select_kernel<DP><<<grid, kCmpSelWarps * 32, smem, s>>>(g, a, P);
+  if (lay.ring > 0) {
+    CUDA_CHECK(cudaFuncSetAttribute(cmp_select_kernel<DP, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    cmp_select_kernel<DP, true><<<grid, kCmpSelWarps * 32, smem, s>>>(g, a, P, lay.ring);
+  } else {
+    CUDA_CHECK(cudaFuncSetAttribute(cmp_select_kernel<DP, false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    cmp_select_kernel<DP, false><<<grid, kCmpSelWarps * 32, smem, s>>>(g, a, P, 0);
+  }
   check_launch("tc::cmp_select_kernel");
 }
 

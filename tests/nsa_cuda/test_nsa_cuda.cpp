@@ -298,8 +298,15 @@ const std::vector<Case>& cases() {
       // (the fused kernel holds the heads of whole positions in its 128 rows).
       {"1 group, 136 heads", make_dims(1, 120, 136, 1, 16, 16, 8, 32, 4, 40)},
       // 750 selection blocks at one head per group: 128 positions' block scores (375 KB) do not
-      // fit the fused kernel's shared memory with its tiles, so its blocks take 32 positions.
+      // fit the fused kernel's shared memory with its tiles; its streamed top-n takes 128.
       {"h=1, 750 blocks", make_dims(1, 6000, 2, 2, 32, 8, 8, 8, 8, 64)},
+      // The fused kernel's streamed top-n (select_tc.cuh: a ring of 128 block scores and a
+      // list per position, where the full [NB] scores would leave room for fewer positions):
+      // 750 selection blocks at 2 heads per group (64 positions per block instead of 32), and
+      // 1375 at 4 heads per group with n = 4 (one real choice per position; 32 instead of 16).
+      // (The case above, h = 1, takes the ring too: 128 positions instead of 32.)
+      {"streamed top-n, h=2", make_dims(1, 6000, 2, 1, 32, 8, 8, 8, 12, 64)},
+      {"streamed top-n, h=4, n=4", make_dims(1, 11000, 4, 1, 32, 8, 8, 8, 4, 64)},
   };
   return c;
 }
