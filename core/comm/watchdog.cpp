@@ -38,15 +38,18 @@ Watchdog::Scope::Scope(const std::string& group, const char* op, int rank, int s
   if (dog.armed()) id_ = dog.open(describe(group, op, rank, size));
 }
 
-void Watchdog::start(const std::string& who, double timeout_s, double poll_s) {
+void Watchdog::start(const std::string& who, double timeout_s, double poll_s, double guard_grace_s) {
   std::lock_guard<std::mutex> lock(mu_);
   who_ = who;
   timeout_s_ = timeout_s;
   poll_s_ = poll_s;
+  grace_s_ = guard_grace_s;
   if (started_) return;
   started_ = true;
   stopping_ = false;
+  beat_ = now_s();
   thread_ = std::thread([this] { loop(); });
+  guard_ = std::thread([this] { guard(); });
 }
 
 void Watchdog::stop() {
@@ -62,6 +65,7 @@ void Watchdog::stop() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (guard_.joinable()) guard_.join();
   std::lock_guard<std::mutex> lock(mu_);
   started_ = false;
   for (auto& r : releases) r();
@@ -69,6 +73,7 @@ void Watchdog::stop() {
 
 void Watchdog::arm(bool on) {
   if (on && !started_) return;  // nothing to arm: no thread
+  if (on) beat_ = now_s();      // the loop may have slept through a disarmed stretch
   armed_ = on;
 }
 
@@ -108,7 +113,11 @@ Watchdog::Id Watchdog::add_monitor(std::function<std::string()> check, std::func
 }
 
 void Watchdog::remove_monitor(Id id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (failing_) {  // the rank is ending: keep the communicator alive for the abort
+    lock.unlock();
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   monitors_.erase(id);
 }
 
@@ -116,30 +125,59 @@ void Watchdog::loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     wake_.wait_for(lock, std::chrono::duration<double>(poll_s_));
+    beat_ = now_s();
     if (stopping_) break;
     if (!armed()) continue;
+    // What to poll, copied under the lock; the callbacks (CUDA, NCCL) run without it, so that
+    // a call that blocks cannot hold up the communicators' opens and closes, and the guard
+    // thread (below) still sees this loop's heartbeat stop.
+    std::vector<std::function<std::string()>> checks;
+    for (auto& [id, m] : monitors_)
+      if (m.check) checks.push_back(m.check);
+    std::vector<std::pair<Id, std::function<bool()>>> polls;
+    for (auto& [id, w] : watches_)
+      if (w.finished) polls.emplace_back(id, w.finished);
+    lock.unlock();
     std::string why;
-    for (auto& [id, m] : monitors_) {
-      if (!m.check) continue;
-      why = m.check();
+    for (auto& check : checks) {
+      why = check();
       if (!why.empty()) break;
     }
-    const double t = now_s();
-    for (auto it = watches_.begin(); why.empty() && it != watches_.end();) {
-      Watch& w = it->second;
-      if (w.finished && w.finished()) {
-        if (w.release) w.release();
-        it = watches_.erase(it);
-        continue;
-      }
-      if (t - w.opened > timeout_s_)
-        why = w.what + " did not finish within " + seconds_text(timeout_s_) +
-              " s (parallel.comm_timeout_s; a dead or hung peer?)";
-      ++it;
+    std::vector<Id> done;
+    for (auto& [id, finished] : polls)
+      if (finished()) done.push_back(id);
+    lock.lock();
+    std::vector<std::function<void()>> releases;
+    for (Id id : done) {
+      auto it = watches_.find(id);
+      if (it == watches_.end()) continue;
+      if (it->second.release) releases.push_back(std::move(it->second.release));
+      watches_.erase(it);
     }
-    if (!why.empty()) {
+    const double t = now_s();
+    for (auto it = watches_.begin(); why.empty() && it != watches_.end(); ++it)
+      if (t - it->second.opened > timeout_s_)
+        why = it->second.what + " did not finish within " + seconds_text(timeout_s_) +
+              " s (parallel.comm_timeout_s; a dead or hung peer?)";
+    lock.unlock();
+    for (auto& release : releases) release();
+    if (!why.empty()) fail(why);
+    lock.lock();
+  }
+}
+
+void Watchdog::guard() {
+  // The loop's own hang (a CUDA or NCCL query that never returns): no heartbeat for the
+  // timeout and the grace (30 s) more while armed ends the rank the same way.
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    wake_.wait_for(lock, std::chrono::duration<double>(poll_s_));
+    if (stopping_ || !armed()) continue;
+    const double stalled = now_s() - beat_.load();
+    if (stalled > timeout_s_ + grace_s_) {
       lock.unlock();
-      fail(why);
+      fail("the communication watchdog's own checks did not return for " + seconds_text(double(long(stalled))) +
+           " s (a CUDA or NCCL call that hangs)");
     }
   }
 }
@@ -149,6 +187,11 @@ void Watchdog::fail(const std::string& why) {
   std::string who;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (failing_) {  // the other thread is ending the rank
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      std::_Exit(kExitCommunicationFailure);
+    }
+    failing_ = true;  // from now on remove_monitor waits: the aborts use the communicators
     for (auto& [id, m] : monitors_)
       if (m.abort) aborts.push_back(m.abort);
     who = who_;

@@ -23,7 +23,9 @@
 // nothing is tracked: one atomic load per call. The driver arms it while the NCCL
 // communicators are created and over the training loop (docs/parallel.md, "Failures"),
 // not over phases where one rank may legitimately wait long for another (tokenising data).
-// The watchdog never calls MPI (the world is MPI_THREAD_FUNNELED).
+// The watchdog never calls MPI (the world is MPI_THREAD_FUNNELED). Its polls (CUDA event
+// queries, ncclCommGetAsyncError) run outside its lock; a second thread ends the rank the same
+// way if the polling thread itself stops returning for the timeout and 30 s more.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -45,10 +47,11 @@ class Watchdog {
   static Watchdog& instance();
   ~Watchdog();
 
-  // Starts the thread (once per process; later calls change the settings): `who` prefixes the
-  // messages ("rank 3"), `timeout_s` > 0 bounds every watch, `poll_s` is the period. Starting
-  // does not arm.
-  void start(const std::string& who, double timeout_s, double poll_s = 0.1);
+  // Starts the threads (once per process; later calls change the settings): `who` prefixes
+  // the messages ("rank 3"), `timeout_s` > 0 bounds every watch, `poll_s` is the period, and
+  // the guard ends the rank when the polls themselves have not returned for timeout_s +
+  // guard_grace_s. Starting does not arm.
+  void start(const std::string& who, double timeout_s, double poll_s = 0.1, double guard_grace_s = 30);
   // Stops the thread and forgets every watch (a run's end; tests).
   void stop();
   bool started() const { return started_; }
@@ -101,6 +104,7 @@ class Watchdog {
  private:
   Watchdog() = default;
   void loop();
+  void guard();
   [[noreturn]] void fail(const std::string& why);
   struct Watch {
     std::string what;
@@ -117,11 +121,13 @@ class Watchdog {
   std::map<Id, Watch> watches_;
   std::map<Id, Monitor> monitors_;
   Id next_ = 1;
-  std::thread thread_;
-  bool started_ = false, stopping_ = false;
+  std::thread thread_, guard_;
+  std::atomic<bool> started_{false};
+  bool stopping_ = false, failing_ = false;
   std::atomic<bool> armed_{false};
+  std::atomic<double> beat_{0};  // when loop() last woke (seconds, steady clock)
   std::string who_;
-  double timeout_s_ = 0, poll_s_ = 0.1;
+  double timeout_s_ = 0, poll_s_ = 0.1, grace_s_ = 30;
 };
 
 }  // namespace nsatron::parallel

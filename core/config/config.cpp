@@ -214,8 +214,8 @@ const std::vector<Key>& keys() {
           "Start each data-parallel gradient bucket's all-reduce during the backward of the step's "
           "last micro-batch, as soon as every gradient in it is final (buckets in backward order), "
           "instead of all after the backward: the same buckets and sums, so the same bits. On GPUs "
-          "they run on a communication stream beside the backward's kernels. Not with zero1 "
-          "(docs/parallel.md); no effect with dp = 1."),
+          "they run on a communication stream beside the backward's kernels (data parallelism "
+          "alone: tp = pp = 1). Not with zero1 (docs/parallel.md); no effect with dp = 1."),
       key("parallel", "grad_bucket_kib", &R::parallel, &ParallelConfig::grad_bucket_kib,
           "Size in KiB of a data-parallel gradient bucket (one all-reduce of the flat gradient "
           "buffer, without zero1); 25600 = 25 MiB. Smaller buckets start sooner with "
@@ -565,6 +565,12 @@ void check_rules(Validator& v, RunConfig& c) {
 
   if (p.grad_bucket_kib > (std::int64_t(1) << 40))  // its byte count must fit an int64
     v.error("parallel.grad_bucket_kib", "grad_bucket_kib = " + n(p.grad_bucket_kib) + " exceeds 2^40 KiB");
+  if (p.overlap_grad_reduce && t.device == "cuda" && (p.tp > 1 || p.pp > 1))
+    v.error(at({"parallel.overlap_grad_reduce", "train.device"}),
+            "overlap_grad_reduce on GPUs is built for data parallelism alone (tp = pp = 1): with tp "
+            "or pp the DP all-reduces would run beside the TP/PP communicators' kernels, which NCCL "
+            "allows only when they all fit the GPU at once, and that has not been tested; set it to "
+            "false, or run it on CPU ranks");
   if (p.overlap_grad_reduce && p.zero1)
     v.error(at({"parallel.overlap_grad_reduce", "parallel.zero1"}),
             "overlap_grad_reduce cannot be combined with zero1: ZeRO-1 reduces the gradients with one "
@@ -769,7 +775,8 @@ std::string config_reference_markdown() {
       "- `optim.min_lr <= optim.lr`.\n"
       "- `train.dtype = \"bf16\"` needs `train.device = \"cuda\"`.\n"
       "- `parallel.grad_bucket_kib <= 2^40`.\n"
-      "- `parallel.overlap_grad_reduce = true` needs `parallel.zero1 = false`.\n"
+      "- `parallel.overlap_grad_reduce = true` needs `parallel.zero1 = false`, and with\n"
+      "  `train.device = \"cuda\"` also `parallel.tp = 1` and `parallel.pp = 1`.\n"
       "- `recompute.layers <= model.n_layers`.\n";
   for (const auto& sec : section_order()) {
     md += "\n## [" + sec + "]\n\n| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";

@@ -222,10 +222,15 @@ TEST(Config, OverlapGradReduce) {
       << e;
   e = errors_of("", {"parallel.overlap_grad_reduce=yes"});
   EXPECT_NE(e.find("--set parallel.overlap_grad_reduce=yes: parallel.overlap_grad_reduce:"), std::string::npos) << e;
-  // On GPUs too (NCCL on a communication stream).
+  // On GPUs too (NCCL on a communication stream), with data parallelism alone.
   EXPECT_TRUE(parse_config("[train]\ndevice = \"cuda\"\nglobal_batch = 2\n[parallel]\noverlap_grad_reduce = true\n",
                            "run.toml", {}, 2)
                   .parallel.overlap_grad_reduce);
+  e = errors_of("[train]\ndevice = \"cuda\"\n[parallel]\ntp = 2\noverlap_grad_reduce = true\n");
+  EXPECT_NE(e.find("run.toml:5:1: parallel.overlap_grad_reduce: overlap_grad_reduce on GPUs is built for data "
+                   "parallelism alone"),
+            std::string::npos)
+      << e;
   // The bucket size: KiB, at least 1.
   EXPECT_EQ(parse_config("", "run.toml").parallel.grad_bucket_kib, 25600);
   e = errors_of("[parallel]\ngrad_bucket_kib = 0\n");

@@ -71,33 +71,51 @@ TEST_F(WatchdogTest, AHangingAbortStillEndsTheRankWithinTenSeconds) {
       ::testing::ExitedWithCode(kExitCommunicationFailure), "the pp group's recv \\(rank 0 of 2\\) did not finish");
 }
 
+TEST_F(WatchdogTest, APollThatNeverReturnsEndsTheRankThroughTheGuard) {
+  EXPECT_EXIT(
+      {
+        Watchdog& dog = Watchdog::instance();
+        dog.start("rank 2", 0.3, 0.02, 0.3);
+        const Watchdog::Armed armed;
+        dog.open("the dp group's all_reduce (rank 0 of 2)", [] {
+          sleep_s(60);  // a CUDA query stuck behind a driver lock
+          return true;
+        });
+        sleep_s(30);
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(kExitCommunicationFailure),
+      "nsatron: rank 2: the communication watchdog's own checks did not return for [0-9]+ s");
+}
+
+// Timings with room for a loaded machine: a 2 s timeout, watches of at most 0.5 s.
 TEST_F(WatchdogTest, FinishedAndClosedWatchesAndADisarmedWatchdogEndNothing) {
   Watchdog& dog = Watchdog::instance();
-  dog.start("rank 0", 0.2, 0.02);
+  dog.start("rank 0", 2.0, 0.02);
   // Disarmed: nothing tracked, the release runs at once.
   bool released = false;
   EXPECT_EQ(dog.open("x", {}, [&] { released = true; }), 0u);
   EXPECT_TRUE(released);
   {
     const Watchdog::Scope scope("dp", "barrier", 0, 2);
-    sleep_s(0.5);  // past the timeout, but disarmed
+    sleep_s(2.5);  // past the timeout, but disarmed
   }
+  std::atomic<bool> done{false}, freed{false};  // outlive the watchdog's use of them
   {
     const Watchdog::Armed armed;
     EXPECT_TRUE(dog.armed());
     // A watch that finishes on its own (as a CUDA event completes) is closed by the thread,
     // and released.
-    std::atomic<bool> done{false}, freed{false};
     dog.open("the dp group's started all_reduce (rank 0 of 2)", [&] { return done.load(); }, [&] { freed = true; });
     EXPECT_EQ(dog.open_watches(), 1u);
     done = true;
-    for (int i = 0; i < 100 && dog.open_watches() > 0; ++i) sleep_s(0.01);
+    for (int i = 0; i < 500 && dog.open_watches() > 0; ++i) sleep_s(0.01);
     EXPECT_EQ(dog.open_watches(), 0u);
     EXPECT_TRUE(freed);
     // Scopes shorter than the timeout, one after another for longer than it.
     for (int i = 0; i < 6; ++i) {
       const Watchdog::Scope scope("tp", "all_reduce", 0, 2);
-      sleep_s(0.1);
+      sleep_s(0.5);
     }
     EXPECT_EQ(dog.open_watches(), 0u);
   }
