@@ -455,27 +455,71 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         }
       __syncthreads();
       const int cnt = min(KT, key_end - s0);
-      // P_i per (position, key): the sum over the position's heads, ascending.
-      for (int idx = tid; idx < npos * KT; idx += kCmpSelWarps * 32) {
-        const int pl = idx / KT, kk = idx % KT;
-        float pi = 0.f;
-        for (int hd = 0; hd < g.h; ++hd) pi += Ps[(pl * g.h + hd) * (KT + 1) + kk];
-        Pi[idx] = pi;
+      // P_i per (position, key): the sum over the position's heads, ascending (streamed at
+      // h = 1: the row's p itself, read from Ps).
+      const bool p_is_row = STREAMED && g.h == 1;
+      if (!p_is_row) {
+        for (int idx = tid; idx < npos * KT; idx += kCmpSelWarps * 32) {
+          const int pl = idx / KT, kk = idx % KT;
+          float pi = 0.f;
+          for (int hd = 0; hd < g.h; ++hd) pi += Ps[(pl * g.h + hd) * (KT + 1) + kk];
+          Pi[idx] = pi;
+        }
+        __syncthreads();
       }
-      __syncthreads();
+      const float* Pr = p_is_row ? Ps : Pi;
+      const int prs = p_is_row ? KT + 1 : KT;
       const int j_lo = (s0 * g.d) / g.ls;
       const int j_hi = min(g.NB - 1, ((s0 + cnt - 1) * g.d + g.l - 1) / g.ls);
       const int nj = j_hi - j_lo + 1;
-      for (int idx = tid; idx < npos * nj; idx += kCmpSelWarps * 32) {
-        const int pl = idx / nj, j = j_lo + idx % nj;
-        const int t = t_first + pl;
-        int i_lo, i_hi;
-        overlapping_cmp_blocks(g, j, i_lo, i_hi);
-        i_lo = max(i_lo, s0);
-        i_hi = min(i_hi, min(s0 + cnt, visible_blocks(g, t)) - 1);
-        float sum = 0.f;
-        for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight(g, i, j) * Pi[pl * KT + (i - s0)];
-        Sb[pl * sb_stride + (j & sb_mask)] += sum;
+      // The block scores S[pos][j] += sum_i w(i, j) P_i over the tile's compressed blocks i
+      // overlapping j that the position sees, i ascending: one thread per (position, block);
+      // or, in the streamed instantiation (blocks of many positions), where the tile's blocks
+      // fit the lanes and overlap at most kMaxOverlap compressed blocks each, lane jj of every
+      // warp takes block j_lo + jj (its range and weights computed once per tile, where each
+      // thread recomputed them with four integer divisions) and the warps take the positions
+      // in turn. The same products summed in the same order either way. (By lane in the full
+      // instantiation too, the paper shapes' 8 positions per block ran 2-5% slower:
+      // docs/performance.md, change 26.)
+      constexpr int kMaxOverlap = 8;
+      const int jl = j_lo + lane;
+      int i0 = 0, ic = 0;
+      bool by_lane = false;
+      if constexpr (STREAMED) {
+        if (lane < nj) {
+          int a, b;
+          overlapping_cmp_blocks(g, jl, a, b);
+          i0 = max(a, s0);
+          ic = min(b, s0 + cnt - 1) - i0 + 1;
+        }
+        by_lane = nj <= 32 && __all_sync(0xffffffffu, ic <= kMaxOverlap);
+      }
+      if (by_lane) {
+        float w[kMaxOverlap];
+#pragma unroll
+        for (int m = 0; m < kMaxOverlap; ++m) w[m] = m < ic ? overlap_weight(g, i0 + m, jl) : 0.f;
+        if (lane < nj)
+          for (int pl = warp; pl < npos; pl += kCmpSelWarps) {
+            const int ie = min(ic, visible_blocks(g, t_first + pl) - i0);
+            const float* pr = Pr + pl * prs + (i0 - s0);
+            float sum = 0.f;
+#pragma unroll
+            for (int m = 0; m < kMaxOverlap; ++m)
+              if (m < ie) sum += w[m] * pr[m];
+            Sb[pl * sb_stride + (jl & sb_mask)] += sum;
+          }
+      } else {
+        for (int idx = tid; idx < npos * nj; idx += kCmpSelWarps * 32) {
+          const int pl = idx / nj, j = j_lo + idx % nj;
+          const int t = t_first + pl;
+          int i_lo, i_hi;
+          overlapping_cmp_blocks(g, j, i_lo, i_hi);
+          i_lo = max(i_lo, s0);
+          i_hi = min(i_hi, min(s0 + cnt, visible_blocks(g, t)) - 1);
+          float sum = 0.f;
+          for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight(g, i, j) * Pr[pl * prs + (i - s0)];
+          Sb[pl * sb_stride + (j & sb_mask)] += sum;
+        }
       }
       if constexpr (STREAMED) {
         // The blocks no later tile touches are final: [j_lo, the next tile's j_lo) (the last
