@@ -197,14 +197,16 @@ const std::vector<Key>& keys() {
           .at_least(1),
       key("parallel", "pp_layers", &R::parallel, &ParallelConfig::pp_layers,
           "Layers of each pipeline stage, first stage first (e.g. [3, 5] for pp = 2, n_layers = 8): "
-          "pp entries summing to n_layers. Empty: an even split, n_layers / pp per stage.")
+          "pp entries summing to n_layers. With virtual_stages = V > 1: pp * V entries, one per model "
+          "chunk in model order (chunk c runs on stage c % pp; e.g. [4, 3, 3, 2] gives stage 0 layers "
+          "0-3 and 7-9 with pp = 2, V = 2). Empty: an even split.")
           .at_least(1),
       key("parallel", "virtual_stages", &R::parallel, &ParallelConfig::virtual_stages,
           "Model chunks per pipeline stage (V): with V > 1 the interleaved 1F1B schedule runs, the "
           "layers cut into pp * V equal chunks, chunk c on stage c % pp; the pipeline bubble shrinks "
           "from (pp - 1) / A to (pp - 1) / (V A) of a step (A: micro-batches per step and DP rank), "
-          "for V times the messages. V > 1 needs pp >= 2, pp * V dividing n_layers, no pp_layers, "
-          "and A a multiple of pp (docs/parallel.md).")
+          "for V times the messages. V > 1 needs pp >= 2, pp * V dividing n_layers (or pp_layers with "
+          "pp * V entries), and A a multiple of pp (docs/parallel.md).")
           .at_least(1),
       key("parallel", "zero1", &R::parallel, &ParallelConfig::zero1,
           "Shard the AdamW moments over the data-parallel ranks (ZeRO stage 1): gradients are "
@@ -600,29 +602,33 @@ void check_rules(Validator& v, RunConfig& c) {
     v.error(at({"parallel.virtual_stages", "parallel.pp"}),
             "virtual_stages = " + n(V) + " needs pp >= 2, but pp = " + n(p.pp) +
                 " (the interleaved schedule spreads each rank's model chunks over the pipeline)");
-  } else if (V > 1 && !p.pp_layers.empty()) {
-    v.error(at({"parallel.virtual_stages", "parallel.pp_layers"}),
-            "virtual_stages = " + n(V) + " cannot be combined with parallel.pp_layers (the interleaved "
-            "schedule cuts the layers into pp * virtual_stages equal chunks; leave pp_layers empty)");
-  } else if (V > 1 && m.n_layers % (p.pp * V) != 0) {
+  } else if (V > 1 && p.pp_layers.empty() && m.n_layers % (p.pp * V) != 0) {
     v.error(at({"parallel.virtual_stages", "model.n_layers", "parallel.pp"}),
             "pp * virtual_stages = " + n(p.pp) + " * " + n(V) + " = " + n(p.pp * V) + " must divide n_layers = " +
-                n(m.n_layers) + " (the layers are cut into pp * virtual_stages equal chunks)");
+                n(m.n_layers) + " (the layers are cut into pp * virtual_stages equal chunks; or give each "
+                "chunk's layers in parallel.pp_layers)");
   } else if (p.pp_layers.empty()) {
-    if (m.n_layers % p.pp != 0)
+    if (V == 1 && m.n_layers % p.pp != 0)
       v.error(at({"parallel.pp", "model.n_layers"}),
               "pp = " + n(p.pp) + " must divide n_layers = " + n(m.n_layers) +
                   " (or give each stage's layers in parallel.pp_layers)");
-  } else if (std::int64_t(p.pp_layers.size()) != p.pp) {
-    v.error("parallel.pp_layers", "has " + n(std::int64_t(p.pp_layers.size())) + " entries but pp = " + n(p.pp) +
-                                      " (one entry per pipeline stage)");
+  } else if (std::int64_t(p.pp_layers.size()) != p.pp * V) {
+    if (V > 1)
+      v.error(at({"parallel.pp_layers", "parallel.virtual_stages"}),
+              "has " + n(std::int64_t(p.pp_layers.size())) + " entries but pp * virtual_stages = " + n(p.pp) +
+                  " * " + n(V) + " = " + n(p.pp * V) + " (one entry per model chunk, in model order: chunk c "
+                  "runs on stage c % pp)");
+    else
+      v.error("parallel.pp_layers", "has " + n(std::int64_t(p.pp_layers.size())) + " entries but pp = " + n(p.pp) +
+                                        " (one entry per pipeline stage)");
   } else {
     std::int64_t sum = 0;
     bool overflow = false;
     for (auto l : p.pp_layers) overflow = overflow || __builtin_add_overflow(sum, l, &sum);
     if (overflow || sum != m.n_layers)
       v.error("parallel.pp_layers", "entries sum to " + (overflow ? std::string("more than 2^63") : n(sum)) +
-                                        " but n_layers = " + n(m.n_layers) + " (each layer belongs to exactly one stage)");
+                                        " but n_layers = " + n(m.n_layers) + " (each layer belongs to exactly one " +
+                                        (V > 1 ? "chunk)" : "stage)"));
   }
   if (c.world_size == 0) {
     // The world is not known yet (parse_config_with_origins): its rules are checked later.
@@ -703,11 +709,17 @@ std::vector<std::pair<std::int64_t, std::int64_t>> RunConfig::stage_chunks(std::
   if (V <= 1) return {stage_layers(pp_rank)};
   if (pp_rank < 0 || pp_rank >= pp)
     throw std::out_of_range("stage_chunks: pipeline stage " + std::to_string(pp_rank) + " of pp = " + std::to_string(pp));
-  const std::int64_t per = model.n_layers / (pp * V);
+  // Chunk c of the model (pp * V of them, in model order) runs on stage c % pp: equal chunks,
+  // or pp_layers[c] layers each.
+  std::vector<std::int64_t> begin(std::size_t(pp * V) + 1, 0);
+  for (std::int64_t c = 0; c < pp * V; ++c)
+    begin[std::size_t(c) + 1] = begin[std::size_t(c)] + (parallel.pp_layers.empty()
+                                                              ? model.n_layers / (pp * V)
+                                                              : parallel.pp_layers.at(std::size_t(c)));
   std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
   for (std::int64_t v = 0; v < V; ++v) {
     const std::int64_t c = v * pp + pp_rank;
-    chunks.push_back({c * per, (c + 1) * per});
+    chunks.push_back({begin[std::size_t(c)], begin[std::size_t(c) + 1]});
   }
   return chunks;
 }
@@ -767,7 +779,8 @@ std::string config_reference_markdown() {
       "- `parallel.pp_layers` empty: `parallel.pp` divides `model.n_layers` (an even split).\n"
       "  Given: it has `parallel.pp` entries, each >= 1, summing to `model.n_layers`.\n"
       "- `parallel.virtual_stages > 1` (the interleaved pipeline schedule) needs `parallel.pp >= 2`,\n"
-      "  `pp * virtual_stages` dividing `model.n_layers` (equal chunks), `parallel.pp_layers` empty,\n"
+      "  `pp * virtual_stages` dividing `model.n_layers` (equal chunks) or `parallel.pp_layers` with\n"
+      "  `pp * virtual_stages` entries (one per chunk),\n"
       "  and `A = train.global_batch / (train.micro_batch * dp)` a multiple of `pp`.\n"
       "- The world size (number of ranks) is a multiple of `tp * pp`; `dp = world / (tp * pp)`,\n"
       "  and `train.global_batch` is a multiple of `train.micro_batch * dp`.\n"

@@ -69,11 +69,13 @@ struct OptimConfig {
 struct ParallelConfig {
   std::int64_t tp = 1;
   std::int64_t pp = 1;
-  // Layers of each pipeline stage, in order (one entry per stage, summing to n_layers).
-  // Empty: an even split, n_layers / pp each. RunConfig::stage_layers resolves either.
+  // Layers of each pipeline stage, in order (one entry per stage, summing to n_layers); with
+  // virtual_stages > 1, of each model chunk (pp * virtual_stages entries, model order).
+  // Empty: an even split. RunConfig::stage_layers / stage_chunks resolve either.
   std::vector<std::int64_t> pp_layers;
   // Model chunks per pipeline rank (the interleaved 1F1B schedule): the layers are cut into
-  // pp * virtual_stages equal chunks, chunk c on pipeline rank c % pp. 1: one stage per rank.
+  // pp * virtual_stages chunks (equal, or pp_layers), chunk c on pipeline rank c % pp. 1: one
+  // stage per rank.
   std::int64_t virtual_stages = 1;
   bool zero1 = false;  // shard the AdamW state over the data-parallel ranks
   // Start each DP gradient bucket's all-reduce during the step's last backward, as soon as its
@@ -133,7 +135,8 @@ struct RunConfig {
   std::pair<std::int64_t, std::int64_t> stage_layers(std::int64_t pp_rank) const;
   // The layers [begin, end) of each model chunk of pipeline stage pp_rank, in increasing
   // order: parallel.virtual_stages of them, chunk v being the model's chunk v * pp + pp_rank of
-  // pp * virtual_stages equal ones (one range, stage_layers(pp_rank), without virtual stages).
+  // pp * virtual_stages (equal ones, or parallel.pp_layers' sizes); one range,
+  // stage_layers(pp_rank), without virtual stages.
   std::vector<std::pair<std::int64_t, std::int64_t>> stage_chunks(std::int64_t pp_rank) const;
 };
 

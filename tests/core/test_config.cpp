@@ -208,6 +208,34 @@ TEST(Config, VirtualStagesCutTheLayersIntoInterleavedChunks) {
   EXPECT_EQ(plain.stage_chunks(1), (Ranges{{3, 8}}));
   // The key round-trips through the resolved config.
   EXPECT_EQ(parse_config(to_toml(c), "resolved.toml", {}, 2).parallel.virtual_stages, 2);
+  // Uneven chunks: pp_layers gives each of the pp * V chunks' layers, in model order.
+  RunConfig uneven = parse_config("[model]\nn_layers = 12\n[parallel]\npp = 2\nvirtual_stages = 2\n"
+                                  "pp_layers = [4, 3, 3, 2]\n[train]\nglobal_batch = 4\n",
+                                  "run.toml", {}, 2);
+  EXPECT_EQ(uneven.stage_chunks(0), (Ranges{{0, 4}, {7, 10}}));
+  EXPECT_EQ(uneven.stage_chunks(1), (Ranges{{4, 7}, {10, 12}}));
+  EXPECT_EQ(parse_config(to_toml(uneven), "resolved.toml", {}, 2).stage_chunks(0), (Ranges{{0, 4}, {7, 10}}));
+  // ... and equal chunks need not divide n_layers then (7 layers in 4 chunks).
+  EXPECT_EQ(parse_config("[model]\nn_layers = 7\n", "run.toml",
+                         {"parallel.pp=2", "parallel.virtual_stages=2", "parallel.pp_layers=[2,2,2,1]",
+                          "train.global_batch=4"},
+                         2)
+                .stage_chunks(1),
+            (Ranges{{2, 4}, {6, 7}}));
+  // One entry per chunk, summing to n_layers.
+  std::string e = errors_of("[model]\nn_layers = 8\n[parallel]\npp = 2\nvirtual_stages = 2\npp_layers = [3, 5]\n"
+                            "[train]\nglobal_batch = 4\n",
+                            {}, 2);
+  EXPECT_NE(e.find("run.toml:6:1: parallel.pp_layers: has 2 entries but pp * virtual_stages = 2 * 2 = 4 (one "
+                   "entry per model chunk"),
+            std::string::npos)
+      << e;
+  e = errors_of("[model]\nn_layers = 8\n[parallel]\npp = 2\nvirtual_stages = 2\npp_layers = [3, 2, 2, 2]\n"
+                "[train]\nglobal_batch = 4\n",
+                {}, 2);
+  EXPECT_NE(e.find("parallel.pp_layers: entries sum to 9 but n_layers = 8 (each layer belongs to exactly one chunk)"),
+            std::string::npos)
+      << e;
 }
 
 TEST(Config, OverlapGradReduce) {
@@ -261,12 +289,12 @@ TEST(Config, VirtualStagesErrors) {
   // pp * V must divide n_layers.
   std::string e = errors_of("[model]\nn_layers = 6\n[parallel]\npp = 2\nvirtual_stages = 2\n", {}, 2);
   EXPECT_NE(e.find("run.toml:5:1: parallel.virtual_stages: pp * virtual_stages = 2 * 2 = 4 must divide n_layers = 6 "
-                   "(the layers are cut into pp * virtual_stages equal chunks)"),
+                   "(the layers are cut into pp * virtual_stages equal chunks; or give each chunk's layers in "
+                   "parallel.pp_layers)"),
             std::string::npos) << e;
-  // Not with pp_layers: both keys named.
+  // pp_layers with one entry per stage instead of one per chunk.
   e = errors_of(base + "pp_layers = [4, 4]\n", {}, 2);
-  EXPECT_NE(e.find("run.toml:5:1: parallel.virtual_stages: virtual_stages = 2 cannot be combined with "
-                   "parallel.pp_layers"),
+  EXPECT_NE(e.find("run.toml:6:1: parallel.pp_layers: has 2 entries but pp * virtual_stages = 2 * 2 = 4"),
             std::string::npos) << e;
   // Several chunks need several stages.
   e = errors_of("[parallel]\nvirtual_stages = 2\n");

@@ -155,12 +155,32 @@ TEST_F(MpTrain, VirtualStagesRefuseLayoutsThatDoNotSplit) {
                        "= 3 micro-batches per step, not a multiple of pp = 2"),
             std::string::npos)
       << r.err;
-  // With pp_layers: both keys named.
+  // pp_layers with one entry per stage instead of per chunk: both keys named.
   r = train(2, "bad_split", kModel + v2 + " --set parallel.pp_layers=[1,3]");
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_NE(r.err.find("parallel.virtual_stages: virtual_stages = 2 cannot be combined with parallel.pp_layers"),
+  EXPECT_NE(r.err.find("parallel.pp_layers: has 2 entries but pp * virtual_stages = 2 * 2 = 4 (one entry per model "
+                       "chunk"),
             std::string::npos)
       << r.err;
+}
+
+// Virtual stages with uneven chunks (parallel.pp_layers, one entry per chunk): 6 layers as
+// chunks of 2, 1, 2, 1 (stage 0 holds layers 0-1 and 3-4, stage 1 layers 2 and 5), alone and
+// with data parallelism, on the one-process curve.
+TEST_F(MpTrain, UnevenVirtualStagesMatchOneRank) {
+  const std::string six = kModel + " --set model.n_layers=6";
+  constexpr int kSixTensors = 6 * 11 + 2;
+  ASSERT_EQ(train(0, "one", six).code, 0);
+  const std::string v2 = " --set parallel.pp=2 --set parallel.virtual_stages=2 --set parallel.pp_layers=[2,1,2,1]";
+  for (const Layout& l : {Layout{"pp2_v2_uneven", 2, v2, "stage layers [0, 2) + [3, 5), [2, 3) + [5, 6)"},
+                          Layout{"pp2_v2_uneven_dp2", 4, v2, "stage layers [0, 2) + [3, 5), [2, 3) + [5, 6)"}}) {
+    SCOPED_TRACE(l.name);
+    CommandResult r = train(l.np, l.name, six + l.settings);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find(l.log_says), std::string::npos) << r.out;
+    expect_same_curve("one", l.name, 1e-5, 5);
+    expect_same_tensors("one", l.name, 1e-5, kSixTensors);
+  }
 }
 
 TEST_F(MpTrain, DenseAttentionUnderTensorAndPipelineParallelism) {
