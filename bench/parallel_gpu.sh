@@ -49,4 +49,7 @@ run pp2_v2_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_st
 # Balanced stages: the last stage also runs the 50k-row LM head and the cross entropy (about
 # 2 layers' time at this size), so the first stage takes 7 of the 12 layers.
 run pp2_7_5_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set "parallel.pp_layers=[7, 5]"
+# The same balance with the interleaved schedule: chunks of 4, 3, 3, 2 layers (stage 0: 7).
+run pp2_v2_4332_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2 \
+  --set "parallel.pp_layers=[4, 3, 3, 2]"
 run tp2_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2
