@@ -67,6 +67,15 @@ __global__ void combine_kernel(T* __restrict__ out, const float* __restrict__ o_
   }
 }
 
+// One warp per row of [0, rows), the grid striding over them: fn(row) in every lane of the
+// row's warp.
+template <class F>
+__device__ __forceinline__ void for_each_warp_row(std::int64_t rows, F&& fn) {
+  const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t row = blockIdx.x * std::int64_t(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps)
+    fn(row);
+}
+
 // The backward's per-row gate terms of the selection and window branches from their saved
 // outputs o [2][B,T,H,D] (fp32: slc, win), one warp per row (b, t, head), each sum in a fixed
 // order: for c = slc, win,
@@ -81,9 +90,7 @@ __global__ void branch_dot_kernel(const T* __restrict__ d_out, const float* __re
                                   float* __restrict__ gsig, float* __restrict__ delta,
                                   T* __restrict__ dgate, std::int64_t BTH, int D) {
   const int lane = threadIdx.x & 31;
-  const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / 32);
-  for (std::int64_t row = blockIdx.x * std::int64_t(blockDim.x / 32) + threadIdx.x / 32; row < BTH;
-       row += warps) {
+  for_each_warp_row(BTH, [&](std::int64_t row) {
     const T* dr = d_out + row * D;
     float acc[2] = {0.f, 0.f};
     for (int dd = lane * VEC; dd < D; dd += 32 * VEC) {
@@ -113,7 +120,7 @@ __global__ void branch_dot_kernel(const T* __restrict__ d_out, const float* __re
         if (dgate) dgate[row * 3 + c] = stf<T>(dt * gs * (1.f - gs));
       }
     }
-  }
+  });
 }
 
 // Dense attention's bf16 backward: dot = delta = do . out per row (out: the forward's output),
@@ -124,9 +131,7 @@ __global__ void dense_dot_kernel(const T* __restrict__ d_out, const T* __restric
                                  float* __restrict__ dot, float* __restrict__ gsig,
                                  float* __restrict__ delta, std::int64_t BTH, int D) {
   const int lane = threadIdx.x & 31;
-  const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / 32);
-  for (std::int64_t row = blockIdx.x * std::int64_t(blockDim.x / 32) + threadIdx.x / 32; row < BTH;
-       row += warps) {
+  for_each_warp_row(BTH, [&](std::int64_t row) {
     float acc = 0.f;
     for (int dd = lane; dd < D; dd += 32) acc += ldf(d_out[row * D + dd]) * ldf(out[row * D + dd]);
     const float s = warp_sum(acc);
@@ -135,7 +140,7 @@ __global__ void dense_dot_kernel(const T* __restrict__ d_out, const T* __restric
       gsig[row] = 1.f;
       delta[row] = s;
     }
-  }
+  });
 }
 
 template <class T>
