@@ -33,6 +33,14 @@ std::string where(const std::string& name, int rank, int size) {
   return "the " + name + " group (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
 }
 
+// Throws "NCCL <context> the <name> group (rank r of n): <call> failed: <CUDA's text>" unless
+// e is cudaSuccess (the message is built only then).
+void check_cuda(cudaError_t e, const char* context, const std::string& name, int rank, int size, const char* call) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("NCCL ") + context + " " + where(name, rank, size) + ": " + call +
+                             " failed: " + cudaGetErrorString(e));
+}
+
 std::string nccl_error_text(ncclResult_t code, ncclComm_t comm) {
   std::string text = ncclGetErrorString(code);
   const char* last = ncclGetLastError(comm);
@@ -47,9 +55,7 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& bootstr
             bootstrap.backend(), " communicator does not take fp64 on the CPU");
   const int rank = bootstrap.rank(), size = bootstrap.size();
   int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess)
-    throw std::runtime_error("NCCL setup of " + where(name, rank, size) + ": cudaGetDevice failed: " +
-                             cudaGetErrorString(e));
+  check_cuda(cudaGetDevice(&device), "setup of", name, rank, size, "cudaGetDevice");
 
   // Rank 0 makes the id; its 128 bytes travel as fp64 byte values (exact) over the bootstrap.
   // The status goes with them, so that a failure on rank 0 stops every rank here.
@@ -85,11 +91,7 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::create(Communicator& bootstr
 NcclCommunicator::NcclCommunicator(ncclComm* comm, std::string name, int rank, int size, int device)
     : comm_(comm), name_(std::move(name)), rank_(rank), size_(size), device_(device) {
   barrier_flag_ = Tensor::zeros({1}, DType::F32, Device::CUDA);
-  auto cuda = [&](cudaError_t e, const char* what) {
-    if (e != cudaSuccess)
-      throw std::runtime_error("NCCL setup of " + where(name_, rank_, size_) + ": " + what + " failed: " +
-                               cudaGetErrorString(e));
-  };
+  auto cuda = [&](cudaError_t e, const char* call) { check_cuda(e, "setup of", name_, rank_, size_, call); };
   cudaStream_t stream = nullptr;
   cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   overlap_stream_ = stream;
@@ -183,10 +185,8 @@ void NcclCommunicator::do_recv(Tensor& t, int peer) {
 
 void NcclCommunicator::do_send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) {
   if (send_peer == rank_) {  // with itself (then recv_peer is too): a copy on the stream
-    if (const cudaError_t e = cudaMemcpyAsync(recv.raw(), send.raw(), send.nbytes(), cudaMemcpyDeviceToDevice, kStream);
-        e != cudaSuccess)
-      throw std::runtime_error(name_ + ".send_recv to itself at rank " + std::to_string(rank_) +
-                               ": cudaMemcpyAsync failed: " + cudaGetErrorString(e));
+    check_cuda(cudaMemcpyAsync(recv.raw(), send.raw(), send.nbytes(), cudaMemcpyDeviceToDevice, kStream),
+               "send_recv to itself on", name_, rank_, size_, "cudaMemcpyAsync");
     return;
   }
   check(ncclGroupStart(), "ncclGroupStart");
@@ -204,11 +204,7 @@ void NcclCommunicator::do_send_recv(const Tensor& send, int send_peer, Tensor& r
 }
 
 void NcclCommunicator::do_start_all_reduce(Tensor& t, ReduceOp op) {
-  auto cuda = [&](cudaError_t e, const char* what) {
-    if (e != cudaSuccess)
-      throw std::runtime_error(std::string("NCCL start_all_reduce on ") + where(name_, rank_, size_) + ": " + what +
-                               " failed: " + cudaGetErrorString(e));
-  };
+  auto cuda = [&](cudaError_t e, const char* call) { check_cuda(e, "start_all_reduce on", name_, rank_, size_, call); };
   // After the kernels enqueued so far on the compute stream (the gradients' last writers).
   cuda(cudaEventRecord(started_, kStream), "cudaEventRecord");
   cuda(cudaStreamWaitEvent(overlap_stream_, started_, 0), "cudaStreamWaitEvent");
@@ -222,20 +218,14 @@ void NcclCommunicator::do_start_all_reduce(Tensor& t, ReduceOp op) {
 void NcclCommunicator::do_wait_all() {
   if (!pending_) return;
   pending_ = false;
-  if (const cudaError_t e = cudaEventRecord(finished_, overlap_stream_); e != cudaSuccess)
-    throw std::runtime_error("NCCL wait_all on " + where(name_, rank_, size_) +
-                             ": cudaEventRecord failed: " + cudaGetErrorString(e));
-  if (const cudaError_t e = cudaStreamWaitEvent(kStream, finished_, 0); e != cudaSuccess)
-    throw std::runtime_error("NCCL wait_all on " + where(name_, rank_, size_) +
-                             ": cudaStreamWaitEvent failed: " + cudaGetErrorString(e));
+  check_cuda(cudaEventRecord(finished_, overlap_stream_), "wait_all on", name_, rank_, size_, "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(kStream, finished_, 0), "wait_all on", name_, rank_, size_, "cudaStreamWaitEvent");
 }
 
 void NcclCommunicator::do_barrier() {
   check(ncclAllReduce(barrier_flag_.raw(), barrier_flag_.raw(), 1, ncclFloat32, ncclSum, comm_, kStream),
         "ncclAllReduce (barrier)");
-  if (const cudaError_t e = cudaStreamSynchronize(kStream); e != cudaSuccess)
-    throw std::runtime_error("NCCL barrier on " + where(name_, rank_, size_) +
-                             ": cudaStreamSynchronize failed: " + cudaGetErrorString(e));
+  check_cuda(cudaStreamSynchronize(kStream), "barrier on", name_, rank_, size_, "cudaStreamSynchronize");
   ncclResult_t async = ncclSuccess;
   check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
   check(async, "barrier (an earlier operation)");
