@@ -188,6 +188,10 @@ int main(int argc, char** argv) {
   };
   product("wqkv", double(L), N, C, G * Pg, d.projection_pitch());  // padded rows, as the model
   product("wqkv unpadded (compare)", 0, N, C, G * Pg);             // not in the step: 0 calls
+  // The product over whole padded rows (weight rows past G * Pg zero in the model): is it the
+  // extent (not a multiple of 8 or 64) that keeps cuBLASLt off its fast kernels?
+  product("wqkv extent to a multiple of 8 (compare)", 0, N, C, (G * Pg + 7) / 8 * 8, d.projection_pitch());
+  product("wqkv extent = pitch (compare)", 0, N, C, d.projection_pitch());
   product("wo", double(L), N, d.H * d.D, C);
   product("w_gate|w_up", double(L), N, C, 2 * F);
   product("w_out", double(L), N, F, C);

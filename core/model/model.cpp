@@ -115,7 +115,7 @@ std::vector<Tensor LayerActivations::*> part_members(Attention attention) {
 // padded column split (core/ops/elementwise.h), one pass over the bytes on either device.
 void split_or_gather(const ModelDims& m, Tensor& p, Tensor* const parts[], bool to_parts) {
   const std::size_t count = part_widths(m).size();
-  const PackedColumns layout{.groups = m.G, .pitch = m.projection_pitch()};
+  const PackedColumns layout{.groups = m.G, .pitch = m.projection_pitch(), .zero_pad = !to_parts};
   if (to_parts)
     split_columns(p, std::span<Tensor* const>(parts, count), layout);
   else
@@ -311,6 +311,42 @@ Tensor NsaTransformer::weight(const std::string& name) const {
   return compute_.slice0(p.offset, p.offset + p.numel).view(p.shape);
 }
 
+// The fused projection over padded rows. cuBLASLt takes its fast kernels only for extents
+// that are multiples of 8, which G * group_width() rarely is (1572 at the 125M config: the
+// three products at 23-39% of the bf16 peak, 69-72% over 1576 or 1600 columns; bench/ops_gpu,
+// docs/performance.md). So on CUDA the products run over all projection_pitch() columns of
+// p and dp, with a copy of wqkv whose pad rows are zero (made per call: 2.4 MB at 125M), and
+// dW's pad rows in a scratch that is dropped; p's pad columns come out zero and dp's are zero
+// (split_or_gather's join writes them), so the used columns get the same sums as over the
+// used extent alone. The CPU runs the products over the used columns.
+void NsaTransformer::projection_forward(const Tensor& xn, const Tensor& w, Tensor& p) const {
+  const std::int64_t pitch = local_.projection_pitch(), used = w.dim(0);
+  TIMED("matmul");
+  if (device_ != Device::CUDA || pitch == used) return linear_forward(xn, w, nullptr, p, pitch);
+  const Tensor wp = padded_projection(w);
+  linear_forward(xn, wp, nullptr, p);
+}
+
+void NsaTransformer::projection_backward(const Tensor& dp, const Tensor& xn, const Tensor& w, Tensor& dxn,
+                                         Tensor& dw) const {
+  const std::int64_t pitch = local_.projection_pitch(), used = w.dim(0);
+  TIMED("matmul");
+  if (device_ != Device::CUDA || pitch == used)
+    return linear_backward(dp, xn, w, {.dx = &dxn, .dw = &dw, .dy_pitch = pitch});
+  const Tensor wp = padded_projection(w);
+  Tensor dwp = Tensor::zeros({pitch, w.dim(1)}, dw.dtype(), device_);
+  linear_backward(dp, xn, wp, {.dx = &dxn, .dw = &dwp});
+  add_(dw, dwp.slice0(0, used));  // dW += dp^T xn over the used rows: the product's own fp32 sum
+}
+
+Tensor NsaTransformer::padded_projection(const Tensor& w) const {
+  const std::int64_t pitch = local_.projection_pitch(), used = w.dim(0);
+  Tensor wp = act({pitch, w.dim(1)});
+  wp.slice0(0, used).copy_from(w);
+  wp.slice0(used, pitch).zero_();
+  return wp;
+}
+
 Tensor NsaTransformer::act(const Shape& shape) const { return Tensor::empty(shape, dtype_, device_); }
 // Per-row statistics (rstd, loss): fp32 on CUDA, the compute dtype on the CPU.
 Tensor NsaTransformer::stat(const Shape& shape) const {
@@ -469,8 +505,8 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
   a.x = in.x;
   const Tensor& x = a.x;
 
-  Tensor p = act({N, m.projection_pitch()});  // rows padded (model.h); the pad is never touched
-  { TIMED("matmul"); linear_forward(a.xn, W("attn/wqkv"), nullptr, p, m.projection_pitch()); }
+  Tensor p = act({N, m.projection_pitch()});  // rows padded (model.h)
+  projection_forward(a.xn, W("attn/wqkv"), p);
   const std::vector<std::int64_t> widths = part_widths(m);
   const std::vector<Tensor LayerActivations::*> members = part_members(m.attention);
   std::vector<Tensor*> parts;
@@ -571,8 +607,8 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   Tensor d_o = act({N, m.H * m.D});
   Tensor g_wo = G("attn/wo");
   { TIMED("matmul"); linear_backward(dh, a.o, W("attn/wo"), {&d_o, &g_wo, nullptr}); }
-  // Rows padded as p's; the pad columns are never written (the gather skips them) nor read
-  // (linear_backward with dy_pitch), so they need no zeroing.
+  // Rows padded as p's; the gather writes zeros into the pad columns (projection_backward
+  // reads them on CUDA).
   Tensor dp = act({N, m.projection_pitch()});
   {
     std::vector<Tensor> dpart_tensors;
@@ -586,10 +622,7 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   a.drop_core_saved();
   Tensor dxn = act({N, m.C});
   Tensor g_wqkv = G("attn/wqkv");
-  {
-    TIMED("matmul");
-    linear_backward(dp, a.xn, W("attn/wqkv"), {.dx = &dxn, .dw = &g_wqkv, .dy_pitch = m.projection_pitch()});
-  }
+  projection_backward(dp, a.xn, W("attn/wqkv"), dxn, g_wqkv);
   dp = Tensor();
   tp_sum(dxn);  // column-parallel wqkv
   dx_in = act({N, m.C});

@@ -150,7 +150,11 @@ class NsaTransformer {
     recompute_layers_ = layers;
   }
   // Row chunk of the LM head (rows of logits held at once); the trainer keeps the default.
-  static constexpr std::int64_t kDefaultHeadChunk = 1024;
+  // Each chunk's dW reads and writes the whole fp32 head gradient, so the chunk sets that
+  // product's intensity: at the 125M config on an H100 the head's dW ran at 38% of the bf16
+  // peak with 1024 rows and 71% with 4096 (bench/ops_gpu --head-chunk), for [4096, V] logits
+  // (262 MB in bf16 at V = 32000).
+  static constexpr std::int64_t kDefaultHeadChunk = 4096;
   void set_head_chunk(std::int64_t rows) { head_chunk_ = rows; }
 
   // Forward and backward of one micro-batch of B sequences of T tokens (row-major [B, T]).
@@ -248,6 +252,11 @@ class NsaTransformer {
   void embedding_grad(const Ids& tokens, Tensor& dx);
   enum class Keep { Nothing, Input, Selective, All };
   Tensor weight(const std::string& name) const;  // compute-dtype view
+  // p = xn wqkv^T into rows of projection_pitch(), and its backward (dxn assigned, dw
+  // accumulated; dp's pad columns zero): on CUDA over the whole pitch (model.cpp says why).
+  void projection_forward(const Tensor& xn, const Tensor& w, Tensor& p) const;
+  void projection_backward(const Tensor& dp, const Tensor& xn, const Tensor& w, Tensor& dxn, Tensor& dw) const;
+  Tensor padded_projection(const Tensor& w) const;  // [projection_pitch(), C]: w, then zero rows
   Tensor act(const Shape& shape) const;
   Tensor stat(const Shape& shape) const;
   void core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, std::int64_t B, std::int64_t T) const;

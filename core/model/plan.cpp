@@ -47,6 +47,8 @@ struct Sizes {
                              //   dhn, dh, dxn, dx_in, and the pipeline's messages
   std::int64_t row = 0;      // stat [N]: a.rstd1, a.rstd2, rstdf
   std::int64_t packed = 0;   // act [N, projection_pitch]: p, dp (rows padded to 64 elements)
+  std::int64_t wpad = 0;     // CUDA, projection_pitch > used: padded_projection's act [pitch, C]
+  std::int64_t dwpad = 0;    //   and projection_backward's fp32 [pitch, C] scratch for dW
   std::int64_t proj = 0;     // act [N, G*group_width]: the parts (a.q ... a.gate or a.q, a.k,
                              //   a.v) together; dpart_tensors together
   std::int64_t o = 0;        // act [N, H*D]: a.o, d_o, the recomputed o of complete_for_backward
@@ -76,6 +78,10 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
   z.x = N * m.C * e;
   z.row = N * s;
   z.packed = N * m.projection_pitch() * e;
+  if (cuda && m.projection_pitch() != m.G * m.group_width()) {
+    z.wpad = m.projection_pitch() * m.C * e;
+    z.dwpad = m.projection_pitch() * m.C * 4;
+  }
   z.proj = N * m.G * m.group_width() * e;
   z.o = N * m.H * m.D * e;
   z.u = N * 2 * m.F * e;
@@ -229,6 +235,8 @@ class StageReplay {
     led_.alloc(z_.x);     // a.xn
     release_h();          // norm_stream(in): the previous layer's residual added
     led_.alloc(z_.packed);  // p
+    led_.alloc(z_.wpad);    // projection_forward: the padded weight,
+    led_.free(z_.wpad);     //   at its return
     led_.alloc(z_.proj);  // the parts a.q ... (split_or_gather's targets)
     led_.alloc(z_.o);     // a.o
     led_.free(z_.packed);  // p = Tensor()
@@ -280,6 +288,9 @@ class StageReplay {
     led_.free(z_.o);       // d_o = Tensor()
     led_.free(z_.saved);   // a.drop_core_saved()
     led_.alloc(z_.x);      // dxn
+    led_.alloc(z_.wpad);   // projection_backward: the padded weight
+    led_.alloc(z_.dwpad);  //   and dW's scratch,
+    led_.free(z_.wpad + z_.dwpad);  // at its return
     led_.free(z_.packed);  // dp = Tensor()
     led_.alloc(z_.x);      // dx_in (returned)
     led_.free(z_.x);       // return: dh,
@@ -389,7 +400,7 @@ std::vector<std::int64_t> zero1_ranges(const std::vector<ParamInfo>& params, std
 
 MemoryEstimate estimate_memory(const RunConfig& cfg) { return estimate_memory(cfg, true); }
 
-MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs) {
+MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std::int64_t head_chunk) {
   const ModelDims dims = ModelDims::from_config(cfg);
   const std::int64_t tp = cfg.parallel.tp, pp = cfg.parallel.pp, dp = cfg.dp();
   if (tp < 1 || pp < 1 || dp < 1) throw std::invalid_argument("estimate_memory: the config is not validated for its world size");
@@ -402,6 +413,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs) {
   plan.device = cfg.train.device == "cuda" ? Device::CUDA : Device::CPU;
   plan.dtype = cfg.train.dtype == "bf16" ? DType::BF16 : DType::F32;  // as the trainer (launch/train/setup.cpp)
   plan.nsa_saved_outputs = nsa_saved_outputs;
+  plan.head_chunk = head_chunk;
   plan.pipeline_posts_ahead = plan.device == Device::CPU;  // MPI between CPU ranks, NCCL between GPUs
   plan.tp = int(tp);
   plan.pp = int(pp);

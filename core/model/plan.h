@@ -81,7 +81,9 @@ struct MemoryEstimate {        // bytes on one rank: the rank (pp stage, tp rank
 MemoryEstimate estimate_memory(const RunConfig& cfg);
 // The same for the NSA saved state of the CUDA kernels before 2026-11-25 when
 // nsa_saved_outputs is false (ActivationPlan::nsa_saved_outputs; the recorded GPU peaks of
-// tests/model/test_memory_plan.cpp measured that layout).
-MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs);
+// tests/model/test_memory_plan.cpp measured that layout), and the LM head's row chunk
+// head_chunk (the GPU peaks recorded before 2026-11-26 (fourth session) ran at 1024 rows).
+MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs,
+                               std::int64_t head_chunk = NsaTransformer::kDefaultHeadChunk);
 
 }  // namespace nsatron

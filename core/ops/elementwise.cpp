@@ -113,7 +113,8 @@ void copy_columns(const std::string& op, const Tensor& packed, std::span<const T
       col += t->dim(1) / G;
     }
   }
-  if (R == 0 || used == 0) return;
+  if (layout.zero_pad && !to_parts) cp.zero_end = std::size_t(pitch) * e;
+  if (R == 0 || pitch == 0) return;
   if (packed.device() == Device::CUDA) {
 #ifdef NSATRON_WITH_CUDA
     cuda::copy_columns(packed.raw(), std::size_t(pitch) * e, cp, R, to_parts);

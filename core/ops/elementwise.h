@@ -23,7 +23,8 @@
 //               parts[k][r, g * w_k + j] = packed[r, g * W_g + o_k + j]
 //             e.g. the fused attention projection [tokens, G * group width padded to a multiple
 //             of 64] into the attention core's inputs [tokens, G * part width]. The pad columns
-//             [groups * W_g, P) are neither read nor written.
+//             [groups * W_g, P) are not read; the join writes zeros there with zero_pad, else
+//             leaves them untouched.
 //             Both are copies (any dtype, bits unchanged), one pass over the bytes: on CUDA one
 //             kernel for all the parts, in the widest unit (up to 16 bytes) that every width,
 //             offset, pitch and address allows.
@@ -52,6 +53,7 @@ constexpr int kMaxColumnParts = 64;
 struct PackedColumns {
   std::int64_t groups = 1;  // the parts' columns repeat this many times per packed row
   std::int64_t pitch = 0;   // packed's columns (pad included), 0: exactly groups * sum_k w_k
+  bool zero_pad = false;    // join_columns: zeros into the pad columns (split_columns: ignored)
 };
 void split_columns(const Tensor& packed, std::span<Tensor* const> parts, const PackedColumns& layout = {});
 void join_columns(std::span<const Tensor* const> parts, Tensor& packed, const PackedColumns& layout = {});
@@ -59,7 +61,8 @@ void join_columns(std::span<const Tensor* const> parts, Tensor& packed, const Pa
 // The raw form of both, shared by the CPU and CUDA sides: `count` parts of row_bytes[k] bytes
 // per row, at byte offsets offset[k] (ascending, contiguous from 0) of packed rows of `pitch`
 // bytes (pitch >= the parts' total, the rest of a row untouched); row r of part k starts at
-// ptr[k] + r * part_pitch[k] (part_pitch[k] >= row_bytes[k]). A grouped split lists part k of
+// ptr[k] + r * part_pitch[k] (part_pitch[k] >= row_bytes[k]). The join (!to_parts) also
+// writes zeros into bytes [the parts' end, zero_end) of each packed row (zero_end 0: none). A grouped split lists part k of
 // group g as an entry of its own: ptr = parts[k] + g * row_bytes, part_pitch = groups * row_bytes.
 struct ColumnParts {
   void* ptr[kMaxColumnParts];
@@ -67,6 +70,7 @@ struct ColumnParts {
   std::size_t offset[kMaxColumnParts];
   std::size_t part_pitch[kMaxColumnParts];
   int count = 0;
+  std::size_t zero_end = 0;
 };
 
 namespace cpu {

@@ -140,8 +140,9 @@ TEST(Elementwise, SplitColumnsIsTheColumnSliceAndJoinItsInverse) {
 }
 
 // Grouped, padded rows (PackedColumns): packed [R, pitch] holds G groups of the parts' columns
-// then pad; part k [R, G * w_k]. The split against a plain loop; the join never writes the pad
-// (a sentinel survives it); join(split(p)) = p on the groups' columns, bit for bit.
+// then pad; part k [R, G * w_k]. The split against a plain loop; the join leaves the pad
+// alone (a sentinel survives it), or with zero_pad writes zeros there; join(split(p)) = p on
+// the groups' columns, bit for bit.
 TEST(Elementwise, GroupedPaddedSplitAndJoinFollowThePlainLoop) {
   test::Rng rng(86);
   const double sentinel = -3.5;
@@ -173,11 +174,15 @@ TEST(Elementwise, GroupedPaddedSplitAndJoinFollowThePlainLoop) {
                               pv[std::size_t(r * pitch + col + j)])
                         << tag << " group " << g << " part " << k;
               }
-            Tensor back = test::padded_columns(rng.randn({R, G * W}, DType::F64).to_dtype(dt), pitch, sentinel);
-            join_columns(std::vector<const Tensor*>(ptrs.begin(), ptrs.end()), back, layout);
-            EXPECT_TRUE(test::same_bits(test::columns(back, 0, G * W), test::columns(packed, 0, G * W))) << tag;
-            EXPECT_EQ(test::columns(back, G * W, pitch).to_vector(),
-                      std::vector<double>(std::size_t(R * (pitch - G * W)), sentinel)) << tag << " pad";
+            for (bool zero_pad : {false, true}) {
+              Tensor back = test::padded_columns(rng.randn({R, G * W}, DType::F64).to_dtype(dt), pitch, sentinel);
+              join_columns(std::vector<const Tensor*>(ptrs.begin(), ptrs.end()), back,
+                           {.groups = G, .pitch = pitch, .zero_pad = zero_pad});
+              EXPECT_TRUE(test::same_bits(test::columns(back, 0, G * W), test::columns(packed, 0, G * W))) << tag;
+              EXPECT_EQ(test::columns(back, G * W, pitch).to_vector(),
+                        std::vector<double>(std::size_t(R * (pitch - G * W)), zero_pad ? 0.0 : sentinel))
+                  << tag << " pad, zero_pad " << zero_pad;
+            }
           }
         }
 }

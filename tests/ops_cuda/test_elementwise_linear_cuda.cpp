@@ -123,13 +123,17 @@ TEST(ElementwiseCuda, GroupedPaddedSplitAndJoinMatchCpuBitForBit) {
             split_columns(packed_d, dp, layout);
             for (std::size_t k = 0; k < widths.size(); ++k)
               EXPECT_TRUE(test::same_bits_any(pd[k], ph[k])) << tag << " part " << k;
-            Tensor back = test::padded_columns(Tensor::zeros({R, G * W}, dt), pitch, sentinel).to(Device::CUDA);
-            join_columns(std::vector<const Tensor*>(dp.begin(), dp.end()), back, layout);
-            const Tensor back_h = back.to(Device::CPU);
-            EXPECT_TRUE(test::same_bits(test::columns(back_h, 0, G * W), test::columns(packed_h, 0, G * W)))
-                << tag << " join";
-            EXPECT_EQ(test::columns(back_h, G * W, pitch).to_vector(),
-                      std::vector<double>(std::size_t(R * (pitch - G * W)), sentinel)) << tag << " pad";
+            for (bool zero_pad : {false, true}) {
+              Tensor back = test::padded_columns(Tensor::zeros({R, G * W}, dt), pitch, sentinel).to(Device::CUDA);
+              join_columns(std::vector<const Tensor*>(dp.begin(), dp.end()), back,
+                           {.groups = G, .pitch = pitch, .zero_pad = zero_pad});
+              const Tensor back_h = back.to(Device::CPU);
+              EXPECT_TRUE(test::same_bits(test::columns(back_h, 0, G * W), test::columns(packed_h, 0, G * W)))
+                  << tag << " join";
+              EXPECT_EQ(test::columns(back_h, G * W, pitch).to_vector(),
+                        std::vector<double>(std::size_t(R * (pitch - G * W)), zero_pad ? 0.0 : sentinel))
+                  << tag << " pad, zero_pad " << zero_pad;
+            }
           }
         }
 }

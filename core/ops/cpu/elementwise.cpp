@@ -35,6 +35,10 @@ void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std
       else
         std::memcpy(row + parts.offset[k], part, parts.row_bytes[k]);
     }
+    if (!to_parts && parts.count > 0) {
+      const std::size_t end = parts.offset[parts.count - 1] + parts.row_bytes[parts.count - 1];
+      if (parts.zero_end > end) std::memset(row + end, 0, parts.zero_end - end);
+    }
   }
 }
 

@@ -85,6 +85,7 @@ template <class U> struct UnitParts {
   int count;
   int pitch;
   int used;
+  int zero_end;  // the join writes zeros into columns [used, zero_end) (<= used: none)
 };
 
 // Each block copies kRows rows at a time (grid-stride over row groups), each thread a column
@@ -95,6 +96,11 @@ template <class U, bool kToParts>
 __global__ void copy_columns_kernel(U* packed, const UnitParts<U> p, std::int64_t R) {
   for (std::int64_t r0 = std::int64_t(blockIdx.x) * kColumnRows; r0 < R; r0 += std::int64_t(gridDim.x) * kColumnRows) {
     int k = 0;
+    if (!kToParts)
+      for (int c = p.used + threadIdx.x; c < p.zero_end; c += blockDim.x)
+#pragma unroll
+        for (int i = 0; i < kColumnRows; ++i)
+          if (r0 + i < R) packed[(r0 + i) * p.pitch + c] = U{};
     for (int c = threadIdx.x; c < p.used; c += blockDim.x) {
       while (c >= p.offset[k] + p.width[k]) ++k;  // parts are contiguous, in order; zero widths skipped
       const int j = c - p.offset[k], pp = p.part_pitch[k];
@@ -122,6 +128,7 @@ void copy_columns_as(void* packed, std::size_t pitch, const ColumnParts& parts, 
     p.part_pitch[k] = int(parts.part_pitch[k] / sizeof(U));
     p.used = p.offset[k] + p.width[k];
   }
+  p.zero_end = int(parts.zero_end / sizeof(U));
   const int threads = row_threads(p.used);
   const unsigned blocks = grid_for((R + kColumnRows - 1) / kColumnRows, 1, 1 << 20);
   if (to_parts)
@@ -139,7 +146,7 @@ void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std
     throw std::invalid_argument("split_columns / join_columns (cuda): more than " +
                                 std::to_string(kMaxColumnParts) + " parts");
   // The widest unit that divides every address, width, offset and pitch.
-  std::uintptr_t a = reinterpret_cast<std::uintptr_t>(packed) | std::uintptr_t(pitch);
+  std::uintptr_t a = reinterpret_cast<std::uintptr_t>(packed) | std::uintptr_t(pitch) | parts.zero_end;
   std::size_t widest = pitch;
   for (int k = 0; k < parts.count; ++k) {
     widest = std::max(widest, parts.part_pitch[k]);
