@@ -262,6 +262,11 @@ const std::vector<Key>& keys() {
       key("log", "every", &R::log, &LogConfig::every, "Print a log line every this many steps.").at_least(1),
       key("log", "metrics", &R::log, &LogConfig::metrics,
           "Path of a JSONL file receiving one record per step; empty: none."),
+      key("log", "profile_step", &R::log, &LogConfig::profile_step,
+          "Time the op families of this step (1-based; 0: none) and print their split on rank 0 "
+          "(the model's scopes: CUDA events on GPUs, a steady clock on CPUs; the time outside them "
+          "is the rest of the step, e.g. the wait for the device or for other ranks).")
+          .at_least(0),
   };
   return table;
 }

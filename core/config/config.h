@@ -109,6 +109,7 @@ struct CheckpointConfig {
 struct LogConfig {
   std::int64_t every = 10;
   std::string metrics;  // empty: no metrics file
+  std::int64_t profile_step = 0;  // 0: off; else the step whose op families are timed
 };
 
 struct RunConfig {

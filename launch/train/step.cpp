@@ -2,7 +2,9 @@
 // forward and backward (one stage, or the 1F1B pipeline schedule over the stages), the
 // reduction over data parallelism, the gradient norm, and the update (clipping and AdamW) or
 // the skip of a non-finite step.
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <deque>
 #include <stdexcept>
 #include <string>
@@ -12,6 +14,7 @@
 #include "core/ops/adamw.h"
 #include "core/ops/grad_norm.h"
 #include "core/optim/schedule.h"
+#include "core/util/op_timer.h"
 #include "launch/train/phases.h"
 #include "parallel/pipeline.h"
 
@@ -161,10 +164,39 @@ void update(Run& run, const StepResult& r) {
   if (run.separate_compute_copy && run.sharded_state) run.model->sync_compute_weights();
 }
 
+// log.profile_step: the op families of the step on this rank (waits for its device), printed
+// by rank 0 with the time outside the scopes.
+void print_profile(Run& run, std::int64_t step_done, Clock::time_point t0) {
+  const std::vector<std::pair<std::string, double>> totals = op_timer::totals_ms();
+  op_timer::enable(false);
+  op_timer::reset();
+  const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (!run.root) return;
+  run.bar.clear();
+  char line[160];
+  std::snprintf(line, sizeof line, "# step %lld: time per op family on rank 0 (log.profile_step), %.1f ms\n",
+                static_cast<long long>(step_done), step_ms);
+  run.out << line;
+  double covered = 0;
+  for (const auto& [family, ms] : totals) {
+    covered += ms;
+    std::snprintf(line, sizeof line, "#   %-26s %10.1f ms %6.1f%%\n", family.c_str(), ms, 100 * ms / step_ms);
+    run.out << line;
+  }
+  std::snprintf(line, sizeof line, "#   %-26s %10.1f ms %6.1f%%\n", "(outside the scopes)", step_ms - covered,
+                100 * (step_ms - covered) / step_ms);
+  run.out << line;
+}
+
 }  // namespace
 
 StepResult optimizer_step(Run& run, std::int64_t step) {
   const auto t0 = Clock::now();
+  const bool profile = run.cfg.log.profile_step == step + 1;
+  if (profile) {
+    op_timer::reset();
+    op_timer::enable(true);
+  }
   StepResult r;
   r.step = step + 1;
   r.last = r.step == run.cfg.train.steps;
@@ -182,6 +214,7 @@ StepResult optimizer_step(Run& run, std::int64_t step) {
   }
   if (r.skipped) skip(run, r);
   else update(run, r);
+  if (profile) print_profile(run, r.step, t0);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   run.summary.steps_done = r.step;
   run.summary.last_loss = r.loss;

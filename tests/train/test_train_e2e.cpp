@@ -50,6 +50,17 @@ TEST_F(TrainRun, SameConfigGivesSameLosses) {
   EXPECT_EQ(la, lb);
 }
 
+// log.profile_step: the step's op families on rank 0, with the time outside them; only that step.
+TEST_F(TrainRun, ProfileStepPrintsTheOpFamilies) {
+  CommandResult r = run_nsatron("train " + config() + " --set train.steps=4 --set log.profile_step=3");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("# step 3: time per op family on rank 0 (log.profile_step)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("# step 2: time per op family"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("# step 4: time per op family"), std::string::npos) << r.out;
+  for (const char* family : {"nsa core forward", "nsa core backward", "matmul", "(outside the scopes)"})
+    EXPECT_NE(r.out.find(std::string("#   ") + family), std::string::npos) << family << "\n" << r.out;
+}
+
 TEST_F(TrainRun, MissingDataIsNamed) {
   CommandResult r = run_nsatron("train " + config() + " --set data.train=/nonexistent/*.bin");
   EXPECT_EQ(r.code, 2);
