@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -32,6 +33,7 @@
 #include "core/model/model.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/elementwise.h"
+#include "core/ops/embedding.h"
 #include "core/ops/linear.h"
 #include "core/ops/rmsnorm.h"
 #include "core/ops/swiglu.h"
@@ -169,6 +171,28 @@ int main(int argc, char** argv) {
     t.memory("cross entropy (fused, a head chunk)", heads,
              time_ms([&] { cross_entropy_fused(logits, targets, loss, 1.0, ce); }, reps), 3.0 * double(R * V) * e);
     cuda_free(ids);
+  }
+  {  // The embedding's backward (the forward is a row copy): the gradient rows of each token id
+    // summed in position order, so a frequent id is a long serial sum. Uniform ids (train_gpu's
+    // random tokens), and byte text: ids of a geometric law over 256 values, the most
+    // frequent ~18% of the positions as ' ' in the KJV text of the demo.
+    Tensor dout = rnd({N, C}), dtable = dev({V, C}, DType::F32);
+    for (const bool skewed : {false, true}) {
+      std::vector<std::int32_t> host(static_cast<std::size_t>(N));
+      std::uint64_t z = 777;
+      for (std::int64_t i = 0; i < N; ++i) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        const double u = double(z >> 11) / double(1ull << 53);
+        host[std::size_t(i)] = skewed ? std::int32_t(std::min(255.0, -std::log1p(-u) / 0.2))
+                                      : std::int32_t((z >> 20) % std::uint64_t(V));
+      }
+      void* ids = cuda_alloc(host.size() * sizeof(std::int32_t));
+      memcpy_any(ids, host.data(), host.size() * sizeof(std::int32_t), CopyKind::HostToDevice);
+      const std::span<const std::int32_t> tokens(static_cast<const std::int32_t*>(ids), host.size());
+      t.memory(skewed ? "embedding backward (byte-text ids)" : "embedding backward (uniform ids)", skewed ? 0 : 1,
+               time_ms([&] { embedding_backward(tokens, dout, dtable); }, reps), double(N * C) * e + 2.0 * double(N * C) * 4);
+      cuda_free(ids);
+    }
   }
   const double memory_ms = t.total_ms;
 

@@ -2,10 +2,13 @@
 // Forward: a row copy per token (zeros outside the shard, NaN and a recorded error for an id
 // outside the vocabulary).
 // Backward, deterministic and free of float atomics: the positions are sorted by local row
-// with a stable radix sort (CUB), so within each row they stay ascending; then the block of
-// each run's first sorted position owns that table row and adds its positions' gradients in
-// ascending order (fp64 sums, one rounding into dW). No two blocks touch the same row.
+// with a stable radix sort (CUB), so within each row they stay ascending; then the blocks of
+// each run's first sorted position own that table row (a block per column chunk) and add its
+// positions' gradients in ascending order (fp64 sums, one rounding into dW). No two blocks
+// touch the same element.
 #include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
 
 #include "core/ops/cuda/common.cuh"
 #include "core/ops/embedding.h"
@@ -56,7 +59,14 @@ __global__ void embedding_keys_kernel(unsigned* __restrict__ keys, unsigned* __r
   vals[n] = unsigned(n);
 }
 
-// Block i: if sorted position i starts a run of equal keys (a table row), sum the run.
+// Block (i, y): if sorted position i starts a run of equal keys (a table row), sum the run into
+// the row's columns [y * blockDim.x, ...), one thread per column, the positions in ascending
+// order (the run's end by a binary search: the keys ascend). A frequent token's run can hold
+// thousands of positions (the KJV text's byte ' ': ~6000 of 32768), so the loads of
+// kAccumulateAhead positions are issued before their adds (the adds keep their order) and the
+// columns are spread over blocks.
+constexpr int kAccumulateAhead = 16;
+constexpr int kAccumulateColumns = 128;  // threads (columns) per block
 template <class T, class G>
 __global__ void embedding_accumulate_kernel(G* dtable, const T* __restrict__ dout,
                                             const unsigned* __restrict__ keys,
@@ -65,14 +75,27 @@ __global__ void embedding_accumulate_kernel(G* dtable, const T* __restrict__ dou
   const std::int64_t i = blockIdx.x;
   const unsigned key = keys[i];
   if (key >= V_rows || (i > 0 && keys[i - 1] == key)) return;
-  std::int64_t end = i + 1;
-  while (end < N && keys[end] == key) ++end;
-  G* row = dtable + std::int64_t(key) * C;
-  for (std::int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    double acc = double(to_f(row[c]));
-    for (std::int64_t j = i; j < end; ++j) acc += double(to_f(dout[std::int64_t(pos[j]) * C + c]));
-    row[c] = from_f<G>(float(acc));
+  const std::int64_t c = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  std::int64_t lo = i + 1, hi = N;  // the first sorted position past the run
+  while (lo < hi) {
+    const std::int64_t mid = (lo + hi) >> 1;
+    if (keys[mid] == key) lo = mid + 1;
+    else hi = mid;
   }
+  const std::int64_t end = lo;
+  G* row = dtable + std::int64_t(key) * C;
+  double acc = double(to_f(row[c]));
+  std::int64_t j = i;
+  for (; j + kAccumulateAhead <= end; j += kAccumulateAhead) {
+    float v[kAccumulateAhead];
+#pragma unroll
+    for (int u = 0; u < kAccumulateAhead; ++u) v[u] = to_f(dout[std::int64_t(pos[j + u]) * C + c]);
+#pragma unroll
+    for (int u = 0; u < kAccumulateAhead; ++u) acc += double(v[u]);
+  }
+  for (; j < end; ++j) acc += double(to_f(dout[std::int64_t(pos[j]) * C + c]));
+  row[c] = from_f<G>(float(acc));
 }
 
 int bits_for(std::int64_t v) {  // bits to hold 0..v
@@ -141,7 +164,10 @@ void embedding_backward(DType dt, DType dtable_dt, void* dtable, const std::int3
     using T = decltype(tag);
     dispatch(dtable_dt, "embedding_backward (dtable)", [&](auto gtag) {
       using G = decltype(gtag);
-      embedding_accumulate_kernel<T, G><<<unsigned(N), row_threads(C)>>>(
+      const int threads = int(std::min<std::int64_t>(kAccumulateColumns, (C + 31) / 32 * 32));
+      const std::int64_t col_blocks = (C + threads - 1) / threads;
+      if (col_blocks > 65535) throw std::invalid_argument("embedding_backward (cuda): too many columns");
+      embedding_accumulate_kernel<T, G><<<dim3(unsigned(N), unsigned(col_blocks)), threads>>>(
           static_cast<G*>(dtable), static_cast<const T*>(dout), keys, pos, N, V, C);
       check_launch("embedding_backward");
     });
