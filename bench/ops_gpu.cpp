@@ -112,14 +112,16 @@ int main(int argc, char** argv) {
               cuda_device_summary().c_str(), peak_bytes_per_s() / 1e9, path.c_str(), (long long)micro,
               (long long)cfg.train.seq_len, cfg.train.dtype.c_str());
   auto dev = [&](const Shape& s, DType t) { return Tensor::zeros(s, t, Device::CUDA); };
+  // A uniform draw in [0, 1) from a 64-bit LCG state (its top 53 bits).
+  auto uniform = [](std::uint64_t& z) {
+    z = z * 6364136223846793005ull + 1442695040888963407ull;
+    return double(z >> 11) / double(1ull << 53);
+  };
   auto rnd = [&](const Shape& s) {
     Tensor h = Tensor::empty(s, DType::F32);
     float* p = h.data<float>();
     std::uint64_t z = 12345;
-    for (std::int64_t i = 0; i < h.numel(); ++i) {
-      z = z * 6364136223846793005ull + 1442695040888963407ull;
-      p[i] = float(double(z >> 11) / double(1ull << 53) - 0.5);
-    }
+    for (std::int64_t i = 0; i < h.numel(); ++i) p[i] = float(uniform(z) - 0.5);
     return h.to_dtype(dt).to(Device::CUDA);
   };
   Table t;
@@ -181,8 +183,7 @@ int main(int argc, char** argv) {
       std::vector<std::int32_t> host(static_cast<std::size_t>(N));
       std::uint64_t z = 777;
       for (std::int64_t i = 0; i < N; ++i) {
-        z = z * 6364136223846793005ull + 1442695040888963407ull;
-        const double u = double(z >> 11) / double(1ull << 53);
+        const double u = uniform(z);
         host[std::size_t(i)] = skewed ? std::int32_t(std::min(255.0, -std::log1p(-u) / 0.2))
                                       : std::int32_t((z >> 20) % std::uint64_t(V));
       }

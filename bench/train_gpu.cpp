@@ -125,14 +125,9 @@ int main(int argc, char** argv) {
           cuda_synchronize();
           const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p0).count();
           op_timer::enable(false);
-          double covered = 0;
           std::printf("  time per op family in one step (%.1f ms):\n", step_ms);
-          for (const auto& [family, ms] : op_timer::totals_ms()) {
-            covered += ms;
-            std::printf("    %-26s %9.1f ms %6.1f%%\n", family.c_str(), ms, 100 * ms / step_ms);
-          }
-          std::printf("    %-26s %9.1f ms %6.1f%%\n", "(outside the scopes)", step_ms - covered,
-                      100 * (step_ms - covered) / step_ms);
+          for (const std::string& line : op_timer::split_lines(op_timer::totals_ms(), step_ms))
+            std::printf("    %s\n", line.c_str());
           op_timer::reset();
         }
       } catch (const std::exception& e) {

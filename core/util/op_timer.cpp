@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <mutex>
 
@@ -58,6 +59,22 @@ std::vector<std::pair<std::string, double>> totals_ms() {
   std::vector<std::pair<std::string, double>> out(sum.begin(), sum.end());
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   return out;
+}
+
+std::vector<std::string> split_lines(const std::vector<std::pair<std::string, double>>& totals, double step_ms) {
+  std::vector<std::string> lines;
+  char line[160];
+  auto add = [&](const std::string& family, double ms) {
+    std::snprintf(line, sizeof line, "%-26s %9.1f ms %6.1f%%", family.c_str(), ms, 100 * ms / step_ms);
+    lines.emplace_back(line);
+  };
+  double covered = 0;
+  for (const auto& [family, ms] : totals) {
+    covered += ms;
+    add(family, ms);
+  }
+  add("(outside the scopes)", step_ms - covered);
+  return lines;
 }
 
 Scope::Scope(const char* family, Device device) {

@@ -17,6 +17,9 @@ bool enabled();
 void reset();
 // Milliseconds per family since the last reset, largest first (waits for the GPU).
 std::vector<std::pair<std::string, double>> totals_ms();
+// The split of a step of step_ms: one line per family of `totals` ("family  ms  share%"),
+// then "(outside the scopes)" with the rest of the step; no prefix, no newline.
+std::vector<std::string> split_lines(const std::vector<std::pair<std::string, double>>& totals, double step_ms);
 
 class Scope {
  public:

@@ -173,19 +173,11 @@ void print_profile(Run& run, std::int64_t step_done, Clock::time_point t0) {
   const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   if (!run.root) return;
   run.bar.clear();
-  char line[160];
-  std::snprintf(line, sizeof line, "# step %lld: time per op family on rank 0 (log.profile_step), %.1f ms\n",
+  char head[120];
+  std::snprintf(head, sizeof head, "# step %lld: time per op family on rank 0 (log.profile_step), %.1f ms\n",
                 static_cast<long long>(step_done), step_ms);
-  run.out << line;
-  double covered = 0;
-  for (const auto& [family, ms] : totals) {
-    covered += ms;
-    std::snprintf(line, sizeof line, "#   %-26s %10.1f ms %6.1f%%\n", family.c_str(), ms, 100 * ms / step_ms);
-    run.out << line;
-  }
-  std::snprintf(line, sizeof line, "#   %-26s %10.1f ms %6.1f%%\n", "(outside the scopes)", step_ms - covered,
-                100 * (step_ms - covered) / step_ms);
-  run.out << line;
+  run.out << head;
+  for (const std::string& line : op_timer::split_lines(totals, step_ms)) run.out << "#   " << line << "\n";
 }
 
 }  // namespace

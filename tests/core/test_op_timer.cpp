@@ -32,3 +32,15 @@ TEST(OpTimer, OffRecordsNothingOnReportsTheFamiliesOfAStep) {
   op_timer::reset();
   EXPECT_TRUE(op_timer::totals_ms().empty());
 }
+
+// split_lines: a line per family in the given order, then the rest of the step outside them.
+TEST(OpTimer, SplitLinesAddTheTimeOutsideTheScopes) {
+  const std::vector<std::string> lines = op_timer::split_lines({{"matmul", 3.0}, {"swiglu", 1.0}}, 10.0);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].rfind("matmul", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find("3.0 ms"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("30.0%"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[2].rfind("(outside the scopes)", 0), 0u) << lines[2];
+  EXPECT_NE(lines[2].find("6.0 ms"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[2].find("60.0%"), std::string::npos) << lines[2];
+}
