@@ -5,6 +5,7 @@
 //
 //   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups]
 //                 [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
+//                 [--sel-loop auto|union|inverted|both]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
 // "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); "groups", the GQA
@@ -17,6 +18,10 @@
 // TFLOP/s counts 4*D flops per pair in the forward (QK and PV) and 10*D in the backward
 // (QK, dO.V recomputed twice: query side and key side, plus dq, dk, dv), both over the
 // forward time of that pass.
+//
+// --sel-loop: the selection row side's loop (nsa/cuda/selection_loop.h; bf16): auto (default)
+// as the trainer runs it, union or inverted forced, or both (each shape twice, its name
+// suffixed /u and /i).
 //
 // Dense baseline (unless --no-dense): dense causal attention (RoPE, GQA; nsa/cuda/dense.h,
 // the engine's model.attention = "dense"), which is the NSA window branch with w = T and no
@@ -34,10 +39,12 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device/cuda_check.h"
 #include "core/device/device.h"
+#include "nsa/cuda/selection_loop.h"
 #include "nsa/cuda/nsa_cuda.h"
 #include "nsa/cuda/dense.h"
 
@@ -217,6 +224,7 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128}, hs = {1, 2, 4, 6, 8, 16};
   int reps = 0;
   bool dense = true;
+  std::string sel_loop = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -233,10 +241,12 @@ int main(int argc, char** argv) {
     else if (a == "--D") Ds = parse_list(val());
     else if (a == "--h") hs = parse_list(val());
     else if (a == "--no-dense") dense = false;
+    else if (a == "--sel-loop") sel_loop = val();
     else {
       std::fprintf(stderr,
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups] "
-                   "[--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]\n");
+                   "[--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
+                   "[--sel-loop auto|union|inverted|both]\n");
       return 2;
     }
   }
@@ -281,9 +291,22 @@ int main(int argc, char** argv) {
           }
           shapes.push_back({"groups", dims(1, T, 48, 48 / h, D)});
         }
-  for (const auto& s : shapes) {
-    if (dtype == "fp32") run<float>(s, reps, dense);
-    else run<cuda::bf16>(s, reps, dense);
+  using Loop = cuda::SelectionRowLoop;
+  std::vector<std::pair<Loop, std::string>> loops;
+  if (sel_loop == "auto") loops = {{Loop::kAuto, ""}};
+  else if (sel_loop == "union") loops = {{Loop::kUnion, "/u"}};
+  else if (sel_loop == "inverted") loops = {{Loop::kInverted, "/i"}};
+  else if (sel_loop == "both") loops = {{Loop::kUnion, "/u"}, {Loop::kInverted, "/i"}};
+  else {
+    std::fprintf(stderr, "--sel-loop: auto, union, inverted or both, not %s\n", sel_loop.c_str());
+    return 2;
   }
+  for (const auto& s : shapes)
+    for (const auto& [loop, suffix] : loops) {
+      cuda::set_selection_row_loop(loop);
+      const Shape named{s.name + suffix, s.dims};
+      if (dtype == "fp32") run<float>(named, reps, dense);
+      else run<cuda::bf16>(named, reps, dense);
+    }
   return 0;
 }

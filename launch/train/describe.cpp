@@ -11,6 +11,7 @@
 #include "core/util/format.h"
 #include "launch/commands.h"
 #include "launch/train/phases.h"
+#include "nsa/cuda/selection_loop.h"
 #include "parallel/pipeline.h"
 
 namespace nsatron::train {
@@ -143,6 +144,17 @@ std::string attention_impl(const Run& run, const char* nsa, const char* dense) {
                                                 : std::string("nsa core     ") + nsa;
 }
 
+// The loop the CUDA selection row side runs at this model's shape (nsa/cuda/selection_loop.h):
+// it depends on the heads per group, the sequence length and the selection block only.
+std::string selection_loop(const Run& run) {
+  nsa::NsaDims d;
+  d.T = run.cfg.train.seq_len;
+  d.H = run.dims.H;
+  d.G = run.dims.G;
+  d.sel_block = run.dims.sel_block;
+  return nsa::cuda::selection_loop_name(d);
+}
+
 // The "# implementations" section's device, matmul, nsa core, other ops, recompute and
 // checkpoints lines (printed by every rank's stream: only rank 0's is real).
 void describe_implementations(Run& run) {
@@ -152,7 +164,9 @@ void describe_implementations(Run& run) {
     out << "device       cuda: " << cuda_device_summary() << "; " << cfg.train.dtype << " compute, fp32 master weights, "
         << "gradients and AdamW state\n"
         << "matmul       cuBLASLt (core/ops/cuda/matmul.cu), fp32 accumulation\n"
-        << attention_impl(run, "CUDA kernels (nsa/cuda)", "flash-style CUDA kernels (nsa/cuda/dense.h)") << "\n"
+        << attention_impl(run, ("CUDA kernels (nsa/cuda); selection row side: " + selection_loop(run)).c_str(),
+                          "flash-style CUDA kernels (nsa/cuda/dense.h)")
+        << "\n"
         << "other ops    CUDA: rmsnorm, swiglu, embedding, chunked cross entropy, fused AdamW (core/ops/cuda)\n";
   else
     out << "device       cpu, fp32, " << omp_get_max_threads() << " OpenMP threads"

@@ -91,6 +91,7 @@ __device__ void load_key_tile(const Geo& g, int b, int gi, int s0, int cnt,
 
 #include "nsa/cuda/attention_tc.cuh"
 #include "nsa/cuda/select_tc.cuh"
+#include "nsa/cuda/select_inv.cuh"
 
 __device__ __forceinline__ float dot4(const float4 a, const float4 b) {
   return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
@@ -657,6 +658,16 @@ void launch_inverse_index(const Geo& g, const std::int32_t* sel, std::uint32_t* 
   check_launch("tc::inv_scan_kernel");
   tc::inv_fill_kernel<<<unsigned((U * 32 + 255) / 256), 256, 0, s>>>(g, mask, off, pos, W, U);
   check_launch("tc::inv_fill_kernel");
+}
+
+void launch_slc_inverted(const Geo& g, bool backward, const RowArgs& a, const SlcInvIndex& ix, cudaStream_t s) {
+  check_grid_z(g);
+  if (g.ls > kInvertedMaxSelBlock) throw std::logic_error("launch_slc_inverted: l' above kInvertedMaxSelBlock");
+  switch (padded_dim(g.D)) {
+    case 32: backward ? tc::slc_inv_launch<32, true>(g, a, ix, s) : tc::slc_inv_launch<32, false>(g, a, ix, s); break;
+    case 64: backward ? tc::slc_inv_launch<64, true>(g, a, ix, s) : tc::slc_inv_launch<64, false>(g, a, ix, s); break;
+    default: backward ? tc::slc_inv_launch<128, true>(g, a, ix, s) : tc::slc_inv_launch<128, false>(g, a, ix, s); break;
+  }
 }
 
 namespace {

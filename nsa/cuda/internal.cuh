@@ -15,6 +15,7 @@
 #include "core/device/cuda_check.h"
 #include "nsa/cuda/fast_div.h"
 #include "nsa/cuda/nsa_cuda.h"
+#include "nsa/cuda/selection_loop.h"
 
 namespace nsatron::nsa::cuda::detail {
 
@@ -351,6 +352,32 @@ inline std::int64_t key_split_floats(const Geo& g, int DP) {
 // B*G*NB*ceil(T/32) words and cnt B*G*NB ints of scratch; pos at most B*T*G*n ints.
 void launch_inverse_index(const Geo& g, const std::int32_t* sel, std::uint32_t* mask, int* cnt,
                           int* off, int* pos, cudaStream_t s);
+// attention.cu (select_inv.cuh): the selection branch's row side as the inverted loop (bf16
+// only; selection_loop.h says when). The partial states of a pass of slc_inv_bg_per_pass(g)
+// (b, g) pairs: part slc_inv_part_floats(g) floats, part_lse slc_inv_lse_floats(g); nblk
+// B*G*NB ints and choff B*G*NB + 1 ints of scratch; off, pos: launch_inverse_index's. The
+// partial states of a pass fit inverted_pass_bytes() (1 GiB unless a test sets it).
+inline int slc_inv_bg_per_pass(const Geo& g) {
+  const std::int64_t per_bg = std::max<std::int64_t>(1, std::int64_t(g.T) * g.h * g.n * (g.D + 1) * 4);
+  const std::int64_t bg = std::int64_t(g.B) * g.G;
+  return int(std::max<std::int64_t>(1, std::min<std::int64_t>(bg, inverted_pass_bytes() / per_bg)));
+}
+inline std::int64_t slc_inv_lse_floats(const Geo& g) {
+  return std::int64_t(slc_inv_bg_per_pass(g)) * g.T * g.h * g.n;
+}
+inline std::int64_t slc_inv_part_floats(const Geo& g) { return slc_inv_lse_floats(g) * g.D; }
+struct SlcInvIndex {
+  const int* off;
+  const int* pos;
+  int* nblk;
+  int* choff;
+  float* part;
+  float* part_lse;
+};
+// Forward (backward false): writes a.o (fp32) and a.lse of the selection branch from a.tcq,
+// a.tck, a.tcv, a.sel. Backward: dq (a.dq, += when a.accumulate) from a.tcq, a.tcdo, a.tck,
+// a.tcv, a.lse_in, a.dot_in and a.gate.
+void launch_slc_inverted(const Geo& g, bool backward, const RowArgs& a, const SlcInvIndex& ix, cudaStream_t s);
 // Tensor-core compression key side (bf16): blocks of 64 compressed keys; a block's rows (the
 // positions from its first key's i*d + l - 1 on, x h heads) are split into ranges of
 // cmp_key_rows_per_split(g) rows (a function of the shape only), at most kCmpKeyMaxSplits,

@@ -164,7 +164,7 @@ class Workspace {
   enum Slot : int {
     kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDot, kDq, kDkc, kDvc, kTokK, kTokV, kCmpScratch,
     kTcK, kTcV, kSplit, kTcQ, kTcO, kInvMask, kInvCnt, kInvOff, kInvPos, kSlcPart, kTicket,
-    kTcKc, kTcVc, kLseTc, kCmpPart, kCmpTicket, kTcKinv, kNumSlots
+    kTcKc, kTcVc, kLseTc, kCmpPart, kCmpTicket, kTcKinv, kInvBlk, kInvPart, kInvPartLse, kNumSlots
   };
   ~Workspace() {
     for (auto& b : bufs_)
@@ -291,6 +291,41 @@ inline void set_rows(KeyArgs& ka, const TcRows& r) {
   ka.tcq = r.q;
   ka.tcql = r.q_lo;
   ka.tcdo = r.dout;
+}
+
+// The inverse selection index of sel (launch_inverse_index) in the workspace: per unit
+// (b, g, j) the positions that chose block j, ascending.
+struct InverseIndex {
+  const int* off;
+  const int* pos;
+};
+InverseIndex inverse_index(const Geo& g, Workspace& ws, const std::int32_t* sel, cudaStream_t stream) {
+  const std::int64_t U = std::int64_t(g.B) * g.G * g.NB;
+  const std::int64_t W = (g.T + 31) / 32;
+  auto* mask = static_cast<std::uint32_t*>(
+      ws.get(Workspace::kInvMask, std::size_t(std::max<std::int64_t>(1, U * W)) * 4, stream));
+  auto* cnt = static_cast<int*>(ws.get(Workspace::kInvCnt, std::size_t(std::max<std::int64_t>(1, U)) * 4, stream));
+  auto* off = static_cast<int*>(ws.get(Workspace::kInvOff, std::size_t(U + 1) * 4, stream));
+  auto* pos = static_cast<int*>(ws.get(
+      Workspace::kInvPos, std::size_t(std::max<std::int64_t>(1, std::int64_t(g.B) * g.T * g.G * g.n)) * 4, stream));
+  launch_inverse_index(g, sel, mask, cnt, off, pos, stream);
+  return {off, pos};
+}
+
+// The selection row side's inverted loop (selection_loop.h): its index and partial states.
+SlcInvIndex slc_inverted_scratch(const Geo& g, Workspace& ws, const InverseIndex& ix, cudaStream_t stream) {
+  const std::int64_t U = std::int64_t(g.B) * g.G * g.NB;
+  auto* blk = static_cast<int*>(ws.get(Workspace::kInvBlk, std::size_t(2 * U + 1) * 4, stream));
+  SlcInvIndex r;
+  r.off = ix.off;
+  r.pos = ix.pos;
+  r.nblk = blk;
+  r.choff = blk + U;
+  r.part = static_cast<float*>(
+      ws.get(Workspace::kInvPart, std::size_t(std::max<std::int64_t>(1, slc_inv_part_floats(g))) * 4, stream));
+  r.part_lse = static_cast<float*>(
+      ws.get(Workspace::kInvPartLse, std::size_t(std::max<std::int64_t>(1, slc_inv_lse_floats(g))) * 4, stream));
+  return r;
 }
 
 }  // namespace
@@ -435,7 +470,10 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
   a.o = o_sw;
   a.lse = lse + BTH;
-  launch_row<T>(g, kSlc, false, a, stream);
+  if (std::is_same_v<T, bf16> && selection_inverted(dims))
+    launch_slc_inverted(g, false, a, slc_inverted_scratch(g, ws, inverse_index(g, ws, sel, stream), stream), stream);
+  else
+    launch_row<T>(g, kSlc, false, a, stream);
   a.k = in.k_win;
   a.v = in.v_win;
   tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream);
@@ -516,6 +554,12 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   TcRows tc_rows;
   if constexpr (std::is_same_v<T, bf16>)
     tc_rows = tc_prepare_rows(g, ws, in.q, d_out, rope, BTH, key_q_parts(padded_dim(g.D)), stream);
+  // bf16: the inverse selection index, for the selection key side and (where the selection
+  // row side runs the inverted loop) its dq.
+  const bool need_slc = grads.k_slc || grads.v_slc;
+  const bool slc_inverted = std::is_same_v<T, bf16> && selection_inverted(dims) && grads.q;
+  InverseIndex inv{};
+  if (std::is_same_v<T, bf16> && (need_slc || slc_inverted)) inv = inverse_index(g, ws, saved.sel_blocks, stream);
   {
     RowArgs a{};
     set_rows(a, tc_rows);
@@ -547,7 +591,10 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       else
         tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream);
       if (br == kWin && dq_fused) a.dq_final = grads.q;  // the last branch finishes dq
-      launch_row<T>(g, br, true, a, stream);
+      if (br == kSlc && slc_inverted)
+        launch_slc_inverted(g, true, a, slc_inverted_scratch(g, ws, inv, stream), stream);
+      else if (br != kSlc || !std::is_same_v<T, bf16> || !selection_inverted(dims))
+        launch_row<T>(g, br, true, a, stream);  // (the inverted loop without dq: nothing to do)
     }
     win_tck = a.tck;
     win_tcv = a.tcv;
@@ -563,25 +610,14 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   ka.dout = d_out;
   ka.rope = rope;
   ka.sel = saved.sel_blocks;
-  const bool need_win = grads.k_win || grads.v_win, need_slc = grads.k_slc || grads.v_slc;
+  const bool need_win = grads.k_win || grads.v_win;
   const bool need_k = grads.k_cmp || grads.cmp_wk || grads.cmp_pk;
   const bool need_v = grads.v_cmp || grads.cmp_wv || grads.cmp_pv;
   if constexpr (std::is_same_v<T, bf16>) {
     set_rows(ka, tc_rows);  // tensor-core key side (every branch)
     if (need_slc) {
-      const std::int64_t U = std::int64_t(g.B) * g.G * g.NB;
-      const std::int64_t W = (g.T + 31) / 32;
-      auto* mask = static_cast<std::uint32_t*>(
-          ws.get(Workspace::kInvMask, std::size_t(std::max<std::int64_t>(1, U * W)) * 4, stream));
-      auto* cnt = static_cast<int*>(
-          ws.get(Workspace::kInvCnt, std::size_t(std::max<std::int64_t>(1, U)) * 4, stream));
-      auto* off = static_cast<int*>(ws.get(Workspace::kInvOff, std::size_t(U + 1) * 4, stream));
-      auto* pos = static_cast<int*>(ws.get(
-          Workspace::kInvPos,
-          std::size_t(std::max<std::int64_t>(1, std::int64_t(g.B) * g.T * g.G * g.n)) * 4, stream));
-      launch_inverse_index(g, saved.sel_blocks, mask, cnt, off, pos, stream);
-      ka.inv_off = off;
-      ka.inv_pos = pos;
+      ka.inv_off = inv.off;
+      ka.inv_pos = inv.pos;
       ka.slc_part = static_cast<float*>(ws.get(
           Workspace::kSlcPart, std::size_t(key_split_floats(g, padded_dim(g.D))) * 4, stream));
       const std::size_t tb = std::size_t(std::max<std::int64_t>(1, key_tickets(g))) * 4;

@@ -8,6 +8,7 @@
 // products cancel to 0 and the GPU's differently ordered ones leave ~1e-8) is measured as
 // max|gpu| / (the largest reference gradient of the run), with the same bound.
 // Bounds: fp32 kFp32Bound = 1e-5; bf16 kBf16Bound = 1e-2; for out and all twelve gradients.
+// bf16 runs each case with both loops of the selection row side (nsa/cuda/selection_loop.h).
 // Selected blocks must be identical. A row where they differ is accepted only if the CPU's
 // float64 block scores of the blocks in question are within kTieTol = 1e-5 of the row's
 // largest score (a near-tie the fp32 score arithmetic cannot resolve); such a case is
@@ -20,6 +21,8 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/device/cuda_check.h"
 #include "core/device/device.h"
@@ -27,6 +30,7 @@
 #include "nsa/cpu/rope.h"
 #include "nsa/cpu/selection.h"
 #include "nsa/cuda/nsa_cuda.h"
+#include "nsa/cuda/selection_loop.h"
 #include "tests/nsa/nsa_test_util.h"
 
 namespace nsatron::nsa {
@@ -231,48 +235,68 @@ struct Case {
   NsaDims dims;
 };
 
-// Runs one case in dtype T: returns the worst error over out and the gradients.
+// Forces the selection row side's loop (nsa/cuda/selection_loop.h) for a scope; auto after.
+struct LoopScope {
+  explicit LoopScope(cuda::SelectionRowLoop loop) { cuda::set_selection_row_loop(loop); }
+  ~LoopScope() { cuda::set_selection_row_loop(cuda::SelectionRowLoop::kAuto); }
+  LoopScope(const LoopScope&) = delete;
+  LoopScope& operator=(const LoopScope&) = delete;
+};
+
+// Runs one case in dtype T against one CPU reference: fp32 once, bf16 with each of the
+// selection row side's loops (the union and the inverted loop), every output and gradient
+// within the bound.
 template <class T>
 void check_case(const Case& cs, std::uint64_t salt) {
   const bool is_bf16 = sizeof(T) == 2;
   const double bound = is_bf16 ? kBf16Bound : kFp32Bound;
   const std::string what = std::string(cs.name) + (is_bf16 ? " bf16" : " fp32");
+  using Loop = cuda::SelectionRowLoop;
+  const std::vector<std::pair<Loop, const char*>> loops =
+      is_bf16 ? std::vector<std::pair<Loop, const char*>>{{Loop::kUnion, " union"}, {Loop::kInverted, " inverted"}}
+              : std::vector<std::pair<Loop, const char*>>{{Loop::kAuto, ""}};
   for (int attempt = 0; attempt < 3; ++attempt) {
     const std::uint64_t seed = base_seed() * 1000003ull + salt * 31ull + std::uint64_t(attempt);
     Problem<float> p = test::random_problem<float>(cs.dims, seed);
     if (is_bf16) p = round_bf16(p);
     const Problem<double> pd = p.cast<double>();
     const test::Result<double> ref = test::run_both(pd);
-    const GpuResult got = run_gpu<T>(p);
-    const int ties = compare_selection(cs.dims, pd, ref.saved, got.sel, what);
-    if (ties < 0) return;  // failures recorded
-    if (ties > 0) {
-      std::printf("  %s: near-tie in the selection, redrawing (seed %llu)\n", what.c_str(),
-                  static_cast<unsigned long long>(seed));
-      continue;
-    }
-    double worst = 0;
-    std::string worst_name;
-    bool zero = false;
-    const double e_out = rel_err(got.out, ref.out, &zero);
-    EXPECT_LE(e_out, bound) << what << ": out (seed " << seed << ")";
-    worst = e_out;
-    worst_name = "out";
-    double gscale = 0;
-    for (int k = 0; k < 12; ++k)
-      for (double v : ref.grad[k]) gscale = std::max(gscale, std::fabs(v));
-    for (int k = 0; k < 12; ++k) {
-      const double e = rel_err(got.grad[k], ref.grad[k], &zero, gscale);
-      EXPECT_LE(e, bound) << what << ": grad_" << test::kNames[k] << (zero ? " (reference exactly 0)" : "")
-                          << " (seed " << seed << ")";
-      if (e > worst) {
-        worst = e;
-        worst_name = std::string("grad_") + test::kNames[k];
+    bool redraw = false;
+    for (const auto& [loop, label] : loops) {
+      const LoopScope scope(loop);
+      const std::string wl = what + label;
+      const GpuResult got = run_gpu<T>(p);
+      const int ties = compare_selection(cs.dims, pd, ref.saved, got.sel, wl);
+      if (ties < 0) return;  // failures recorded
+      if (ties > 0) {
+        std::printf("  %s: near-tie in the selection, redrawing (seed %llu)\n", wl.c_str(),
+                    static_cast<unsigned long long>(seed));
+        redraw = true;
+        break;
       }
+      double worst = 0;
+      std::string worst_name;
+      bool zero = false;
+      const double e_out = rel_err(got.out, ref.out, &zero);
+      EXPECT_LE(e_out, bound) << wl << ": out (seed " << seed << ")";
+      worst = e_out;
+      worst_name = "out";
+      double gscale = 0;
+      for (int k = 0; k < 12; ++k)
+        for (double v : ref.grad[k]) gscale = std::max(gscale, std::fabs(v));
+      for (int k = 0; k < 12; ++k) {
+        const double e = rel_err(got.grad[k], ref.grad[k], &zero, gscale);
+        EXPECT_LE(e, bound) << wl << ": grad_" << test::kNames[k] << (zero ? " (reference exactly 0)" : "")
+                            << " (seed " << seed << ")";
+        if (e > worst) {
+          worst = e;
+          worst_name = std::string("grad_") + test::kNames[k];
+        }
+      }
+      std::printf("  %-37s %s worst %.2e (%s), bound %.0e\n", wl.c_str(), cs.dims.str().c_str(), worst,
+                  worst_name.c_str(), bound);
     }
-    std::printf("  %-28s %s worst %.2e (%s), bound %.0e\n", what.c_str(),
-                cs.dims.str().c_str(), worst, worst_name.c_str(), bound);
-    return;
+    if (!redraw) return;
   }
   ADD_FAILURE() << what << ": near-ties in 3 draws in a row";
 }
@@ -352,6 +376,22 @@ TEST(NsaCuda, DeterministicSplitLists) {
   const NsaDims dm = make_dims(1, 2048, 16, 1, 64, 32, 16, 64, 16, 512);
   const Problem<float> p = test::random_problem<float>(dm, base_seed() + 11);
   EXPECT_TRUE(bit_equal(run_gpu<bf16>(p), run_gpu<bf16>(p)));
+}
+
+// The inverted selection loop: the same bits from run to run, and whether its (b, g) pairs
+// run in one pass or one pass each (inverted_pass_bytes). Block 0, chosen by every position,
+// has 1024 x 2 rows: 8 blocks of the kernel.
+TEST(NsaCuda, DeterministicInvertedLoop) {
+  if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
+  const NsaDims dm = make_dims(2, 1024, 4, 2, 64, 32, 16, 64, 8, 128);
+  const Problem<float> p = test::random_problem<float>(dm, base_seed() + 13);
+  const LoopScope scope(cuda::SelectionRowLoop::kInverted);
+  const GpuResult one = run_gpu<bf16>(p);
+  EXPECT_TRUE(bit_equal(one, run_gpu<bf16>(p)));
+  cuda::set_inverted_pass_bytes(1);  // one (b, g) pair per pass
+  const GpuResult passes = run_gpu<bf16>(p);
+  cuda::set_inverted_pass_bytes(std::int64_t(1) << 30);
+  EXPECT_TRUE(bit_equal(one, passes));
 }
 
 // Activation gradients are assigned (the initial contents do not matter), parameter

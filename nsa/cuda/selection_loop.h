@@ -1,0 +1,74 @@
+// Which loop the selection branch's row side runs on CUDA (bf16, tensor cores). Plain C++:
+// the trainer's log names the choice without the CUDA headers.
+//
+//   union     (nsa/cuda/attention_tc.cuh, row_kernel): a block of 64 rows owns 64 / h
+//             consecutive positions x the h heads of a group and streams the union of those
+//             positions' selected blocks; a row skips the keys it did not choose, but the
+//             block's products cover the whole union (the wgmma products are block-wide). At
+//             h = 16 the union of 4 positions' blocks is ~2.4x the pairs they chose (T = 8192,
+//             random selections), at h = 1 (64 positions) ~7-10x.
+//   inverted  (nsa/cuda/select_inv.cuh): per selected block, the rows that chose it (the
+//             inverse index the key side uses), 64 at a time: no union, but each row's result
+//             comes in n partial softmax states (o, lse per slot of its selection row, fp32)
+//             written to memory and merged per row in slot order (a fixed order: deterministic).
+//             The partials cost n x the output in traffic, which pays where the union is large
+//             (small h).
+// auto takes the inverted loop where h <= kInvertedMaxHeads and there are at least
+// kInvertedMinSelBlocks selection blocks (T >= 16384 at l' = 64), and the selected block fits
+// its shared memory (l' <= 256): measured on an H100 with bench_nsa_gpu --sel-loop both
+// (docs/performance.md, "the inverted selection loop"; random inputs, whose neighbouring
+// positions choose unrelated blocks): the inverted loop was faster at h = 1, 2, 4 from
+// T = 16384 on (64k, h = 1: 560 -> 367 ms fwd + bwd), slower at T = 8192 and at h >= 8 below
+// 64k (paper 8192, h = 16: 14.2 -> 18.9 ms; 125M: 4.6 -> 6.6).
+// Tests and benchmarks force either loop with set_selection_row_loop (process-wide; the
+// default is auto). Either loop computes the same function within the parity bounds; their
+// bits differ.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "nsa/nsa.h"
+
+namespace nsatron::nsa::cuda {
+
+enum class SelectionRowLoop : int { kAuto = 0, kUnion = 1, kInverted = 2 };
+
+// Auto takes the inverted loop up to this many heads per group, from this many selection blocks.
+constexpr std::int64_t kInvertedMaxHeads = 4;
+constexpr std::int64_t kInvertedMinSelBlocks = 256;
+// Largest selection block (l') the inverted loop holds in shared memory (4 tiles of 64 keys).
+constexpr std::int64_t kInvertedMaxSelBlock = 256;
+
+inline std::atomic<int>& selection_row_loop_setting() {
+  static std::atomic<int> v{int(SelectionRowLoop::kAuto)};
+  return v;
+}
+inline void set_selection_row_loop(SelectionRowLoop loop) { selection_row_loop_setting().store(int(loop)); }
+inline SelectionRowLoop selection_row_loop() { return SelectionRowLoop(selection_row_loop_setting().load()); }
+
+// Bytes of partial states the inverted loop runs at a time (its (b, g) pairs go in passes of
+// as many as fit, at least one): 1 GiB by default; tests set it small to run several passes.
+inline std::atomic<std::int64_t>& inverted_pass_bytes_setting() {
+  static std::atomic<std::int64_t> v{std::int64_t(1) << 30};
+  return v;
+}
+inline void set_inverted_pass_bytes(std::int64_t bytes) { inverted_pass_bytes_setting().store(bytes); }
+inline std::int64_t inverted_pass_bytes() { return inverted_pass_bytes_setting().load(); }
+
+// Whether the bf16 selection row side of `dims` runs the inverted loop under the current setting.
+inline bool selection_inverted(const NsaDims& dims) {
+  if (dims.sel_block > kInvertedMaxSelBlock) return false;
+  switch (selection_row_loop()) {
+    case SelectionRowLoop::kUnion: return false;
+    case SelectionRowLoop::kInverted: return true;
+    default: return dims.heads_per_group() <= kInvertedMaxHeads && dims.num_sel_blocks() >= kInvertedMinSelBlocks;
+  }
+}
+// The loop's name for the run log.
+inline std::string selection_loop_name(const NsaDims& dims) {
+  return selection_inverted(dims) ? "inverted loop (per selected block, partials merged in slot order)"
+                                  : "union of the blocks of 64 / h positions";
+}
+
+}  // namespace nsatron::nsa::cuda
