@@ -159,15 +159,19 @@ __host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n, int 
 // One warp, one position t: the final scores of blocks [ja, jb) in its ring (slot j & mask)
 // are cleared, and those of its candidates (1..bt-2, when the top-n takes fewer than all of
 // them) are merged into its list (lv, lj: the *lc best so far under ranks_before, best first,
-// at most take of them). The list lives in lanes [0, cnt) while the warp merges; the new
-// candidates come 32 at a time (one per lane), and those that rank before a full list's last
-// entry are inserted one by one, in lane order: a candidate's place is the number of entries
-// that rank before it (one ballot), the entries from there on move up one lane, and a full
-// list drops its last. Most tiles bring no survivor, or one (a position's list is full after
-// its first tiles, and a later candidate joins it with probability ~take / the candidates seen
-// so far), so a tile costs a ballot or two per position (before: every merge ranked all 32
-// lanes against each other, 32 shuffle pairs). The order is strict (ties go to the smaller
-// block), so the list is the top-n of all candidates at once, whatever the insertion order.
+// at most take of them). The candidates come 32 at a time (one per lane); those that rank
+// before a full list's last entry (all, while the list is not full) survive. Few survivors
+// (kInsertMax or fewer: the usual case once the list is full, as a candidate joins the best
+// take of k seen with probability ~take / k) are inserted one by one with the list held in
+// lanes: a survivor's place is the number of entries that rank before it (one ballot), the
+// entries from there on move up one lane, and a full list drops its last. More (the first
+// tiles, whose candidates all survive) go through rank rounds: the list in lanes [0, cnt) and
+// the next 32 - cnt candidates after it, each item's rank among the round's items its new place
+// (the first take stay). (Insertion alone: 64k h = 1 forward 223 -> 195 ms, but the short
+// sequences, whose tiles are mostly first tiles, slowed: 8192 h = 1 11.6 -> 13.3 ms.) The order
+// is strict (ties go to the smaller block), so the list is the top-n of all candidates at once,
+// whatever the order of the merges.
+constexpr int kInsertMax = 4;
 __device__ inline void stream_topn(const Geo& g, int t, int ja, int jb, float* ring, int mask, float* lv,
                                    int* lj, int* lc, int lane) {
   const int bt = t / g.ls;
@@ -176,8 +180,6 @@ __device__ inline void stream_topn(const Geo& g, int t, int ja, int jb, float* r
   const bool merging = take > 0 && take < ncand;
   const int c_hi = min(jb, bt - 1);  // candidates: [max(ja, 1), c_hi)
   int cnt = *lc;
-  float iv = lane < cnt ? lv[lane] : -INFINITY;  // the list: lanes [0, cnt), best first
-  int ij = lane < cnt ? lj[lane] : INT_MAX;
   for (int c0 = ja; c0 < jb; c0 += 32) {
     const int j = c0 + lane;
     const bool mine = j < jb;
@@ -188,34 +190,68 @@ __device__ inline void stream_topn(const Geo& g, int t, int ja, int jb, float* r
       if (v != v) v = -INFINITY;
     }
     if (!merging) continue;
-    float wv = __shfl_sync(0xffffffffu, iv, max(cnt - 1, 0));  // the list's last entry
-    int wj = __shfl_sync(0xffffffffu, ij, max(cnt - 1, 0));
-    unsigned m = __ballot_sync(0xffffffffu,
-                               mine && j >= 1 && j < c_hi && (cnt < take || ranks_before(v, j, wv, wj)));
-    while (m) {  // warp-uniform
-      const int src = __ffs(m) - 1;
-      m &= m - 1;
-      const float cv = __shfl_sync(0xffffffffu, v, src);
-      const int cj = __shfl_sync(0xffffffffu, j, src);
-      if (cnt == take && !ranks_before(cv, cj, wv, wj)) continue;  // the list got better
-      const int place = __popc(__ballot_sync(0xffffffffu, lane < cnt && ranks_before(iv, ij, cv, cj)));
-      const float uv = __shfl_up_sync(0xffffffffu, iv, 1);
-      const int uj = __shfl_up_sync(0xffffffffu, ij, 1);
-      if (lane > place) {
-        iv = uv;
-        ij = uj;
-      } else if (lane == place) {
-        iv = cv;
-        ij = cj;
+    float wv = cnt > 0 ? lv[cnt - 1] : 0.f;  // the list's last entry
+    int wj = cnt > 0 ? lj[cnt - 1] : INT_MAX;
+    unsigned m = __ballot_sync(0xffffffffu, mine && j >= 1 && j < c_hi && (cnt < take || ranks_before(v, j, wv, wj)));
+    if (m == 0u) continue;
+    if (__popc(m) <= kInsertMax) {  // insertion, the list in lanes
+      float iv = lane < cnt ? lv[lane] : -INFINITY;
+      int ij = lane < cnt ? lj[lane] : INT_MAX;
+      while (m) {  // warp-uniform
+        const int src = __ffs(m) - 1;
+        m &= m - 1u;
+        const float cv = __shfl_sync(0xffffffffu, v, src);
+        const int cj = c0 + src;
+        if (cnt == take && !ranks_before(cv, cj, wv, wj)) continue;  // the list got better
+        const int place = __popc(__ballot_sync(0xffffffffu, lane < cnt && ranks_before(iv, ij, cv, cj)));
+        const float uv = __shfl_up_sync(0xffffffffu, iv, 1);
+        const int uj = __shfl_up_sync(0xffffffffu, ij, 1);
+        if (lane > place) {
+          iv = uv;
+          ij = uj;
+        } else if (lane == place) {
+          iv = cv;
+          ij = cj;
+        }
+        cnt = min(cnt + 1, take);
+        wv = __shfl_sync(0xffffffffu, iv, cnt - 1);
+        wj = __shfl_sync(0xffffffffu, ij, cnt - 1);
       }
-      cnt = min(cnt + 1, take);
-      wv = __shfl_sync(0xffffffffu, iv, cnt - 1);
-      wj = __shfl_sync(0xffffffffu, ij, cnt - 1);
+      __syncwarp();  // every lane has read the list
+      if (lane < cnt) {
+        lv[lane] = iv;
+        lj[lane] = ij;
+      }
+      __syncwarp();
+      continue;
     }
-  }
-  if (lane < cnt) {
-    lv[lane] = iv;
-    lj[lane] = ij;
+    for (int off = 0; off < 32;) {  // rank rounds: the list, then 32 - cnt candidates
+      const int room = 32 - cnt;      // >= 8: take <= n - 1 <= 23
+      const int src = off + (lane - cnt);
+      const bool has = lane >= cnt && src < 32;
+      const float cv = __shfl_sync(0xffffffffu, v, has ? src : 0);
+      bool valid = has && ((m >> src) & 1u);
+      const float lwv = cnt > 0 ? lv[cnt - 1] : 0.f;
+      const int lwj = cnt > 0 ? lj[cnt - 1] : INT_MAX;
+      if (valid && cnt == take) valid = ranks_before(cv, c0 + src, lwv, lwj);
+      float iv = cv;
+      int ij = valid ? c0 + src : INT_MAX;
+      if (lane < cnt) iv = lv[lane], ij = lj[lane];
+      if (__any_sync(0xffffffffu, ij != INT_MAX && lane >= cnt)) {
+        int rank = 0;
+        for (int o = 0; o < 32; ++o) {
+          const float ov = __shfl_sync(0xffffffffu, iv, o);
+          const int oj = __shfl_sync(0xffffffffu, ij, o);
+          rank += oj != INT_MAX && ij != INT_MAX && ranks_before(ov, oj, iv, ij) ? 1 : 0;
+        }
+        const int items = __popc(__ballot_sync(0xffffffffu, ij != INT_MAX));
+        __syncwarp();  // every lane has read the list
+        if (ij != INT_MAX && rank < take) lv[rank] = iv, lj[rank] = ij;
+        cnt = min(take, items);
+        __syncwarp();
+      }
+      off += room;
+    }
   }
   if (lane == 0) *lc = cnt;
   __syncwarp();
