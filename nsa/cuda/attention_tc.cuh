@@ -345,6 +345,87 @@ __device__ __forceinline__ void pack_a(std::uint32_t (&xa)[4], const float (*x)[
   xa[3] = pack2(x[2 * k2 + 1][2], x[2 * k2 + 1][3]);
 }
 
+// A thread's two row sums (rows lane/4 and lane/4 + 8) over the 4 threads that hold each row,
+// in the fixed order of the xor tree.
+__device__ __forceinline__ void quad_row_sums(float (&x)[2]) {
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    x[h2] += __shfl_xor_sync(0xffffffffu, x[h2], 1);
+    x[h2] += __shfl_xor_sync(0xffffffffu, x[h2], 2);
+  }
+}
+
+// S += Q K^T for a warp's 16 rows over a tile of KT keys and, with BWD and with_dp,
+// dP += dO V^T: A fragments qa (and oa) of the rows, DP / 16 of 16 dims each in mma.sync's
+// layout; K and V as KPARTS parts of wgmma.cuh tiles KT x DP, KT * DP apart (the products of
+// the smallest part first). On sm_90a one warpgroup product per 16 dims and part (every warp
+// of the block calls it together); SPLIT_S computes S as two N = 32 products (the row
+// kernels' forward at padded D = 64: see kSplitS there). Elsewhere mma.sync with ldmatrix
+// fragments of the tiles.
+template <int DP, int KT, int KPARTS, bool BWD, bool SPLIT_S, int NQ, int NO, int NDP>
+__device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[NDP][4], std::uint32_t (&qa)[NQ][4],
+                                            std::uint32_t (&oa)[NO][4], const bf16* Kt, const bf16* Vt,
+                                            bool with_dp, int lane) {
+#if NSATRON_WGMMA
+  wg::pin(qa);
+  if constexpr (BWD) {
+    wg::pin(oa);
+    wg::pin(dp);
+  }
+  wg::pin(s);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < DP / 16; ++kk)
+#pragma unroll
+    for (int p = KPARTS - 1; p >= 0; --p) {  // smallest part first
+      if constexpr (SPLIT_S) {  // keys 0..31 and 32..63 as two N = 32 products
+        const char* kt = reinterpret_cast<const char*>(Kt + p * KT * DP);
+        wg::mma_rs_n32_at<0, 0>(s, qa[kk], wg::kmajor_desc<DP, KT>(kt, kk));
+        wg::mma_rs_n32_at<0, 4>(s, qa[kk], wg::kmajor_desc<DP, KT>(kt + wg::row_group_offset<DP>(32), kk));
+      } else {
+        wg::mma<KT, 0>(s, qa[kk], wg::kmajor_desc<DP, KT>(Kt + p * KT * DP, kk));
+      }
+    }
+  if constexpr (BWD) {
+    if (with_dp) {
+#pragma unroll
+      for (int kk = 0; kk < DP / 16; ++kk)
+#pragma unroll
+        for (int p = KPARTS - 1; p >= 0; --p)
+          wg::mma<KT, 0>(dp, oa[kk], wg::kmajor_desc<DP, KT>(Vt + p * KT * DP, kk));
+    }
+  }
+  wg::commit();
+  wg::wait(s);
+  if constexpr (BWD) wg::pin(dp);
+#else
+#pragma unroll
+  for (int kk = 0; kk < DP / 16; ++kk) {
+#pragma unroll
+    for (int np = 0; np < KT / 16; ++np) {
+#pragma unroll
+      for (int p = KPARTS - 1; p >= 0; --p) {  // smallest part first
+        std::uint32_t kb[4];
+        tile_frag_bt<DP, KT>(kb, Kt + p * KT * DP, np * 16, kk * 16, lane);
+        mma(s[2 * np], qa[kk], kb[0], kb[1]);
+        mma(s[2 * np + 1], qa[kk], kb[2], kb[3]);
+      }
+      if constexpr (BWD) {
+        if (with_dp) {
+#pragma unroll
+          for (int p = KPARTS - 1; p >= 0; --p) {
+            std::uint32_t vb[4];
+            tile_frag_bt<DP, KT>(vb, Vt + p * KT * DP, np * 16, kk * 16, lane);
+            mma(dp[2 * np], oa[kk], vb[0], vb[1]);
+            mma(dp[2 * np + 1], oa[kk], vb[2], vb[3]);
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
 // acc += X Y for a warp's 16 rows: X [16][KT] fp32 in the accumulator layout (rounded to bf16
 // here), Y [KT][DP] bf16 in shared memory as PARTS parts (smallest first): TILE false, rows of
 // STR elements, parts KT * STR apart; TILE true, wgmma.cuh tiles (STR = DP), parts KT * DP
@@ -688,86 +769,24 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           if constexpr (BWD) dp[n][e] = 0.f;
         }
       const bool with_dp = BWD && (phase > 0 || BR == kCmp);
-#if NSATRON_WGMMA
-      // The forward at padded D = 64 computes S as two N = 32 products: as one N = 64 product
-      // (the same instruction shape as its O += P V) its outputs were wrong on every seed
-      // (selection and window, out errors 0.1-0.2), while S alone or P V alone on wgmma, the
-      // other D, the backward and the unit tests of both shapes were right; the cause was not
-      // found (docs/performance.md, 2026-11-26). The split form passes every parity case.
+      // The forward at padded D = 64 computes S as two N = 32 products on sm_90a: as one N = 64
+      // product (the same instruction shape as its O += P V) its outputs were wrong on every
+      // seed (selection and window, out errors 0.1-0.2), while S alone or P V alone on wgmma,
+      // the other D, the backward and the unit tests of both shapes were right; the cause was
+      // not found (docs/performance.md, 2026-11-26). The split form passes every parity case.
       constexpr bool kSplitS = DP == 64 && !BWD;
-      // S = Q K^T (and dP = dO V^T): one warpgroup product per 16 dims and part.
-      {
-        std::uint32_t qa[BWD ? DP / 16 : 1][4], oa[BWD ? DP / 16 : 1][4];
-        if constexpr (BWD) {
+      // S = Q K^T (and dP = dO V^T); the backward's fragments per tile, the forward's kept.
+      if constexpr (BWD) {
+        std::uint32_t qa[DP / 16][4], oa[DP / 16][4];
 #pragma unroll
-          for (int kk = 0; kk < DP / 16; ++kk) {
-            frag_a<STR>(qa[kk], Qs, kk * 16, lane);
-            frag_a<STR>(oa[kk], Os, kk * 16, lane);
-          }
-          wg::pin(qa);
-          wg::pin(oa);
-          wg::pin(dp);
-        } else {
-          wg::pin(qf);
+        for (int kk = 0; kk < DP / 16; ++kk) {
+          frag_a<STR>(qa[kk], Qs, kk * 16, lane);
+          frag_a<STR>(oa[kk], Os, kk * 16, lane);
         }
-        wg::pin(s);
-        wg::fence();
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; ++kk)
-#pragma unroll
-          for (int p = kKParts - 1; p >= 0; --p) {  // smallest part first
-            if constexpr (kSplitS) {  // keys 0..31 and 32..63 as two N = 32 products
-              const char* kt = reinterpret_cast<const char*>(Kt + p * KT * DP);
-              wg::mma_rs_n32_at<0, 0>(s, BWD ? qa[kk] : qf[kk], wg::kmajor_desc<DP, KT>(kt, kk));
-              wg::mma_rs_n32_at<0, 4>(s, BWD ? qa[kk] : qf[kk],
-                                      wg::kmajor_desc<DP, KT>(kt + wg::row_group_offset<DP>(32), kk));
-            } else {
-              wg::mma<KT, 0>(s, BWD ? qa[kk] : qf[kk], wg::kmajor_desc<DP, KT>(Kt + p * KT * DP, kk));
-            }
-          }
-        if constexpr (BWD) {
-          if (with_dp) {
-#pragma unroll
-            for (int kk = 0; kk < DP / 16; ++kk)
-#pragma unroll
-              for (int p = kKParts - 1; p >= 0; --p)
-                wg::mma<KT, 0>(dp, oa[kk], wg::kmajor_desc<DP, KT>(Vt + p * KT * DP, kk));
-          }
-        }
-        wg::commit();
-        wg::wait(s);
-        if constexpr (BWD) wg::pin(dp);
+        tile_scores<DP, KT, kKParts, true, kSplitS>(s, dp, qa, oa, Kt, Vt, with_dp, lane);
+      } else {
+        tile_scores<DP, KT, kKParts, false, kSplitS>(s, dp, qf, qf, Kt, Vt, false, lane);
       }
-#else
-#pragma unroll
-      for (int kk = 0; kk < DP / 16; ++kk) {
-        std::uint32_t qa[4], oa[4];
-        if constexpr (BWD) {
-          frag_a<STR>(qa, Qs, kk * 16, lane);
-          frag_a<STR>(oa, Os, kk * 16, lane);
-        }
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-          const std::uint32_t* qq = BWD ? qa : qf[kk];
-#pragma unroll
-          for (int p = kKParts - 1; p >= 0; --p) {  // smallest part first
-            std::uint32_t kb[4];
-            tile_frag_bt<DP, KT>(kb, Kt + p * KT * DP, np * 16, kk * 16, lane);
-            mma(s[2 * np], qq, kb[0], kb[1]);
-            mma(s[2 * np + 1], qq, kb[2], kb[3]);
-          }
-          if (with_dp) {
-#pragma unroll
-            for (int p = kKParts - 1; p >= 0; --p) {
-              std::uint32_t vb[4];
-              tile_frag_bt<DP, KT>(vb, Vt + p * KT * DP, np * 16, kk * 16, lane);
-              mma(dp[2 * np], oa, vb[0], vb[1]);
-              mma(dp[2 * np + 1], oa, vb[2], vb[3]);
-            }
-          }
-        }
-      }
-#endif
       // Masks (-inf where a row may not see a key) and probabilities (fp32).
       const std::uint32_t mbits[2] = {thread_key_bits(vis[0], gc), thread_key_bits(vis[1], gc)};
       mask_scores(s, mbits);
@@ -800,14 +819,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   }
   cp_wait0();
 
-  // Row sums over the 4 threads of a row (fixed order of the xor tree).
-  if constexpr (!BWD) {
-#pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-      ls[h2] += __shfl_xor_sync(0xffffffffu, ls[h2], 1);
-      ls[h2] += __shfl_xor_sync(0xffffffffu, ls[h2], 2);
-    }
-  }
+  if constexpr (!BWD) quad_row_sums(ls);
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     if (!rv[h2]) continue;

@@ -190,62 +190,16 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) slc_i
           s[n][e] = 0.f;
           if constexpr (BWD) dp[n][e] = 0.f;
         }
-#if NSATRON_WGMMA
       {
-        // At padded D = 64 the forward's S as two N = 32 products (the row kernel's kSplitS).
-        constexpr bool kSplitS = DP == 64 && !BWD;
         std::uint32_t qa[DP / 16][4], oa[BWD ? DP / 16 : 1][4];
 #pragma unroll
         for (int kk = 0; kk < DP / 16; ++kk) {
           frag_a<STR>(qa[kk], Qw, kk * 16, lane);
           if constexpr (BWD) frag_a<STR>(oa[kk], Ow, kk * 16, lane);
         }
-        wg::pin(qa);
-        if constexpr (BWD) {
-          wg::pin(oa);
-          wg::pin(dp);
-        }
-        wg::pin(s);
-        wg::fence();
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; ++kk) {
-          if constexpr (kSplitS) {
-            const char* kt = reinterpret_cast<const char*>(Kt);
-            wg::mma_rs_n32_at<0, 0>(s, qa[kk], wg::kmajor_desc<DP, KT>(kt, kk));
-            wg::mma_rs_n32_at<0, 4>(s, qa[kk], wg::kmajor_desc<DP, KT>(kt + wg::row_group_offset<DP>(32), kk));
-          } else {
-            wg::mma<KT, 0>(s, qa[kk], wg::kmajor_desc<DP, KT>(Kt, kk));
-          }
-        }
-        if constexpr (BWD) {
-#pragma unroll
-          for (int kk = 0; kk < DP / 16; ++kk) wg::mma<KT, 0>(dp, oa[kk], wg::kmajor_desc<DP, KT>(Vt, kk));
-        }
-        wg::commit();
-        wg::wait(s);
-        if constexpr (BWD) wg::pin(dp);
+        // (at padded D = 64 the forward's S as two N = 32 products, as the row kernel's)
+        tile_scores<DP, KT, 1, BWD, DP == 64 && !BWD>(s, dp, qa, oa, Kt, Vt, BWD, lane);
       }
-#else
-#pragma unroll
-      for (int kk = 0; kk < DP / 16; ++kk) {
-        std::uint32_t qa[4], oa[4];
-        frag_a<STR>(qa, Qw, kk * 16, lane);
-        if constexpr (BWD) frag_a<STR>(oa, Ow, kk * 16, lane);
-#pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-          std::uint32_t kb[4];
-          tile_frag_bt<DP, KT>(kb, Kt, np * 16, kk * 16, lane);
-          mma(s[2 * np], qa, kb[0], kb[1]);
-          mma(s[2 * np + 1], qa, kb[2], kb[3]);
-          if constexpr (BWD) {
-            std::uint32_t vb[4];
-            tile_frag_bt<DP, KT>(vb, Vt, np * 16, kk * 16, lane);
-            mma(dp[2 * np], oa, vb[0], vb[1]);
-            mma(dp[2 * np + 1], oa, vb[2], vb[3]);
-          }
-        }
-      }
-#endif
       const std::uint32_t mbits[2] = {thread_key_bits(vis[0], gc), thread_key_bits(vis[1], gc)};
       mask_scores(s, mbits);
       if constexpr (BWD) {
@@ -265,13 +219,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) slc_i
     }
 
     // The partial states at the rows' slots.
-    if constexpr (!BWD) {
-#pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) {
-        ls[h2] += __shfl_xor_sync(0xffffffffu, ls[h2], 1);
-        ls[h2] += __shfl_xor_sync(0xffffffffu, ls[h2], 2);
-      }
-    }
+    if constexpr (!BWD) quad_row_sums(ls);
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
       if (rt[h2] < 0 || slot[h2] < 0) continue;
