@@ -331,6 +331,10 @@ const std::vector<Case>& cases() {
       // (The case above, h = 1, takes the ring too: 128 positions instead of 32.)
       {"streamed top-n, h=2", make_dims(1, 6000, 2, 1, 32, 8, 8, 8, 12, 64)},
       {"streamed top-n, h=4, n=4", make_dims(1, 11000, 4, 1, 32, 8, 8, 8, 4, 64)},
+      // Selection blocks of 2 and 4 key tiles (the inverted loop holds up to 4 in shared memory;
+      // the union loop's 64-aligned tiles then meet each block's middle).
+      {"l'=128, h=1, D=64", make_dims(1, 1500, 2, 2, 64, 32, 16, 128, 6, 100)},
+      {"l'=256, h=3, ragged T", make_dims(2, 1100, 6, 2, 32, 32, 16, 256, 3, 64)},
   };
   return c;
 }
