@@ -660,9 +660,22 @@ void launch_inverse_index(const Geo& g, const std::int32_t* sel, std::uint32_t* 
   check_launch("tc::inv_fill_kernel");
 }
 
+bool slc_inverted_fits(const Geo& g) {
+  const int nsub = (g.ls + tc::kInvKT - 1) / tc::kInvKT;
+  if (nsub > tc::kInvMaxSub || std::int64_t(g.T) * g.h + tc::kInvRows * tc::kInvChunks >= (std::int64_t(1) << 31))
+    return false;
+  std::size_t bytes = 0;
+  switch (padded_dim(g.D)) {
+    case 32: bytes = tc::inv_smem_bytes<32, true>(nsub); break;
+    case 64: bytes = tc::inv_smem_bytes<64, true>(nsub); break;
+    default: bytes = tc::inv_smem_bytes<128, true>(nsub); break;
+  }
+  return bytes <= std::size_t(smem_optin());
+}
+
 void launch_slc_inverted(const Geo& g, bool backward, const RowArgs& a, const SlcInvIndex& ix, cudaStream_t s) {
   check_grid_z(g);
-  if (g.ls > kInvertedMaxSelBlock) throw std::logic_error("launch_slc_inverted: l' above kInvertedMaxSelBlock");
+  if (!slc_inverted_fits(g)) throw std::logic_error("launch_slc_inverted: the shape does not fit (slc_inverted_fits)");
   switch (padded_dim(g.D)) {
     case 32: backward ? tc::slc_inv_launch<32, true>(g, a, ix, s) : tc::slc_inv_launch<32, false>(g, a, ix, s); break;
     case 64: backward ? tc::slc_inv_launch<64, true>(g, a, ix, s) : tc::slc_inv_launch<64, false>(g, a, ix, s); break;

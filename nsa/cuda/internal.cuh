@@ -355,8 +355,9 @@ void launch_inverse_index(const Geo& g, const std::int32_t* sel, std::uint32_t* 
 // attention.cu (select_inv.cuh): the selection branch's row side as the inverted loop (bf16
 // only; selection_loop.h says when). The partial states of a pass of slc_inv_bg_per_pass(g)
 // (b, g) pairs: part slc_inv_part_floats(g) floats, part_lse slc_inv_lse_floats(g); nblk
-// B*G*NB ints and choff B*G*NB + 1 ints of scratch; off, pos: launch_inverse_index's. The
-// partial states of a pass fit inverted_pass_bytes() (1 GiB unless a test sets it).
+// B*G*NB ints and choff B*G*NB + 1 ints of scratch; off, pos: launch_inverse_index's. A pass
+// takes as many (b, g) pairs as fit inverted_pass_bytes() (1 GiB unless a test sets it), at
+// least one (selection_loop.h bounds one pair's bytes where auto chooses the loop).
 inline int slc_inv_bg_per_pass(const Geo& g) {
   const std::int64_t per_bg = std::max<std::int64_t>(1, std::int64_t(g.T) * g.h * g.n * (g.D + 1) * 4);
   const std::int64_t bg = std::int64_t(g.B) * g.G;
@@ -374,6 +375,9 @@ struct SlcInvIndex {
   float* part;
   float* part_lse;
 };
+// Whether the device can run the inverted loop at g: l' within kInvMaxSub 64-key tiles whose
+// shared memory (the backward's, the larger) fits the device's opt-in limit, and T h < 2^31.
+bool slc_inverted_fits(const Geo& g);
 // Forward (backward false): writes a.o (fp32) and a.lse of the selection branch from a.tcq,
 // a.tck, a.tcv, a.sel. Backward: dq (a.dq, += when a.accumulate) from a.tcq, a.tcdo, a.tck,
 // a.tcv, a.lse_in, a.dot_in and a.gate.

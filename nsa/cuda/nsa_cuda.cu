@@ -470,7 +470,7 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
   a.o = o_sw;
   a.lse = lse + BTH;
-  if (std::is_same_v<T, bf16> && selection_inverted(dims))
+  if (std::is_same_v<T, bf16> && selection_inverted(dims) && slc_inverted_fits(g))
     launch_slc_inverted(g, false, a, slc_inverted_scratch(g, ws, inverse_index(g, ws, sel, stream), stream), stream);
   else
     launch_row<T>(g, kSlc, false, a, stream);
@@ -557,7 +557,9 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   // bf16: the inverse selection index, for the selection key side and (where the selection
   // row side runs the inverted loop) its dq.
   const bool need_slc = grads.k_slc || grads.v_slc;
-  const bool slc_inverted = std::is_same_v<T, bf16> && selection_inverted(dims) && grads.q;
+  // (the setting is read once: the selection's row side below runs one loop or the other)
+  const bool inverted_loop = std::is_same_v<T, bf16> && selection_inverted(dims) && slc_inverted_fits(g);
+  const bool slc_inverted = inverted_loop && grads.q;
   InverseIndex inv{};
   if (std::is_same_v<T, bf16> && (need_slc || slc_inverted)) inv = inverse_index(g, ws, saved.sel_blocks, stream);
   {
@@ -593,7 +595,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       if (br == kWin && dq_fused) a.dq_final = grads.q;  // the last branch finishes dq
       if (br == kSlc && slc_inverted)
         launch_slc_inverted(g, true, a, slc_inverted_scratch(g, ws, inv, stream), stream);
-      else if (br != kSlc || !std::is_same_v<T, bf16> || !selection_inverted(dims))
+      else if (br != kSlc || !inverted_loop)
         launch_row<T>(g, br, true, a, stream);  // (the inverted loop without dq: nothing to do)
     }
     win_tck = a.tck;

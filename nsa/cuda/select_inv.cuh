@@ -259,9 +259,9 @@ __global__ void inv_merge_kernel(Geo g, InvArgs a, int nbg, float* __restrict__ 
     const std::int64_t row = (std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd;
     const std::int32_t* selrow = a.sel + ((std::int64_t(b) * g.T + t) * g.G + gi) * g.n;
     const float* prow = a.part + pr * g.n * g.D;
-    auto valid = [&](int e) {
+    auto valid = [&](int e) {  // as launch_inverse_index marks its entries
       const int jb = selrow[e];
-      return jb >= 0 && jb * g.ls <= t;
+      return jb >= 0 && jb < g.NB && jb * g.ls <= t;
     };
     float accv[kMaxCols] = {0.f, 0.f, 0.f, 0.f};
     if constexpr (!BWD) {

@@ -13,13 +13,14 @@
 //             written to memory and merged per row in slot order (a fixed order: deterministic).
 //             The partials cost n x the output in traffic, which pays where the union is large
 //             (small h).
-// auto takes the inverted loop where h <= kInvertedMaxHeads and there are at least
-// kInvertedMinSelBlocks selection blocks (T >= 16384 at l' = 64), and the selected block fits
-// its shared memory (l' <= 256): measured on an H100 with bench_nsa_gpu --sel-loop both
-// (docs/performance.md, "the inverted selection loop"; random inputs, whose neighbouring
-// positions choose unrelated blocks): the inverted loop was faster at h = 1, 2, 4 from
-// T = 16384 on (64k, h = 1: 560 -> 367 ms fwd + bwd), slower at T = 8192 and at h >= 8 below
-// 64k (paper 8192, h = 16: 14.2 -> 18.9 ms; 125M: 4.6 -> 6.6).
+// auto takes the inverted loop where h <= kInvertedMaxHeads, T >= kInvertedMinT, l' is between
+// 64 and kInvertedMaxSelBlock (whole 64-key tiles, held in shared memory), and one (b, g) pair's
+// partial states fit kInvertedMaxPairBytes: measured on an H100 at l' = 64 with bench_nsa_gpu
+// --sel-loop both (docs/performance.md, "the inverted selection loop"; random inputs, whose
+// neighbouring positions choose unrelated blocks): the inverted loop was faster at h = 1, 2, 4
+// from T = 16384 on (64k, h = 1: 560 -> 367 ms fwd + bwd), slower at T = 8192 and at h >= 8
+// below 64k (paper 8192, h = 16: 14.2 -> 18.9 ms; 125M: 4.6 -> 6.6). The CUDA code also keeps
+// the union where the device's shared memory cannot hold the inverted loop's tiles.
 // Tests and benchmarks force either loop with set_selection_row_loop (process-wide; the
 // default is auto). Either loop computes the same function within the parity bounds; their
 // bits differ.
@@ -34,11 +35,16 @@ namespace nsatron::nsa::cuda {
 
 enum class SelectionRowLoop : int { kAuto = 0, kUnion = 1, kInverted = 2 };
 
-// Auto takes the inverted loop up to this many heads per group, from this many selection blocks.
+// Auto takes the inverted loop up to this many heads per group, from this sequence length.
 constexpr std::int64_t kInvertedMaxHeads = 4;
-constexpr std::int64_t kInvertedMinSelBlocks = 256;
+constexpr std::int64_t kInvertedMinT = 16384;
 // Largest selection block (l') the inverted loop holds in shared memory (4 tiles of 64 keys).
 constexpr std::int64_t kInvertedMaxSelBlock = 256;
+// Auto's bound on one (b, g) pair's partial states, T h n (D + 1) fp32 (the smallest pass).
+constexpr std::int64_t kInvertedMaxPairBytes = std::int64_t(4) << 30;
+inline std::int64_t inverted_pair_bytes(const NsaDims& dims) {
+  return dims.T * dims.heads_per_group() * dims.sel_count * (dims.D + 1) * 4;
+}
 
 inline std::atomic<int>& selection_row_loop_setting() {
   static std::atomic<int> v{int(SelectionRowLoop::kAuto)};
@@ -48,7 +54,8 @@ inline void set_selection_row_loop(SelectionRowLoop loop) { selection_row_loop_s
 inline SelectionRowLoop selection_row_loop() { return SelectionRowLoop(selection_row_loop_setting().load()); }
 
 // Bytes of partial states the inverted loop runs at a time (its (b, g) pairs go in passes of
-// as many as fit, at least one): 1 GiB by default; tests set it small to run several passes.
+// as many as fit, at least one, so a pass takes max(this, one pair's bytes)): 1 GiB by default;
+// tests set it small to run several passes.
 inline std::atomic<std::int64_t>& inverted_pass_bytes_setting() {
   static std::atomic<std::int64_t> v{std::int64_t(1) << 30};
   return v;
@@ -56,13 +63,16 @@ inline std::atomic<std::int64_t>& inverted_pass_bytes_setting() {
 inline void set_inverted_pass_bytes(std::int64_t bytes) { inverted_pass_bytes_setting().store(bytes); }
 inline std::int64_t inverted_pass_bytes() { return inverted_pass_bytes_setting().load(); }
 
-// Whether the bf16 selection row side of `dims` runs the inverted loop under the current setting.
+// Whether the bf16 selection row side of `dims` runs the inverted loop under the current
+// setting (the CUDA code then also checks the device's shared memory).
 inline bool selection_inverted(const NsaDims& dims) {
   if (dims.sel_block > kInvertedMaxSelBlock) return false;
   switch (selection_row_loop()) {
     case SelectionRowLoop::kUnion: return false;
     case SelectionRowLoop::kInverted: return true;
-    default: return dims.heads_per_group() <= kInvertedMaxHeads && dims.num_sel_blocks() >= kInvertedMinSelBlocks;
+    default:
+      return dims.heads_per_group() <= kInvertedMaxHeads && dims.T >= kInvertedMinT && dims.sel_block >= 64 &&
+             inverted_pair_bytes(dims) <= kInvertedMaxPairBytes;
   }
 }
 // The loop's name for the run log.
