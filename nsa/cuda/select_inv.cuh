@@ -13,12 +13,12 @@
 //   backward  S = Q K^T, dP = dO V^T, p = exp(scale s - lse) with the merged lse of the
 //             forward, dS / scale = p (dP - do . o_c) (do . o_c from branch_dot_kernel), and
 //             the partial A_e = sum_s dS/scale k_s at the row's slot.
-// A merge kernel then makes each row's result from its valid slots (sel >= 0, j l' <= t) in
+// A merge kernel then makes each row's result from its valid slots (0 <= j < NB, j l' <= t) in
 // slot order: forward M = max lse_e, w_e = exp(lse_e - M), o = sum w_e o_e / sum w_e, lse =
 // M + ln sum w_e; backward dq (+)= scale sigmoid(gate_slc) sum_e A_e. Every sum has a fixed
 // order: deterministic.
 // The partials are B T H n (D + 1) floats; launch_slc_inverted runs the (b, g) units in passes
-// of slc_inv_bg_per_pass(g) (b, g) pairs so that they fit inverted_pass_bytes().
+// of slc_inv_bg_per_pass(g) (b, g) pairs: as many as fit inverted_pass_bytes(), at least one.
 // Included inside namespace nsatron::nsa::cuda::detail::{anonymous} of attention.cu.
 #pragma once
 
