@@ -399,12 +399,13 @@ TEST(NsaCuda, DeterministicInvertedLoop) {
 }
 
 // Activation gradients are assigned (the initial contents do not matter), parameter
-// gradients accumulated; null pointers skip outputs without changing the others.
-TEST(NsaCuda, GradientConvention) {
-  if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
+// gradients accumulated; null pointers skip outputs without changing the others. In T's
+// storage: a bf16 buffer holds its initial contents rounded to bf16.
+template <class T>
+void check_gradient_convention() {
   const NsaDims dm = make_dims(1, 300, 4, 2, 32, 16, 8, 32, 4, 40);
   const Problem<float> p = test::random_problem<float>(dm, base_seed() + 11);
-  const GpuResult base = run_gpu<float>(p);
+  const GpuResult base = run_gpu<T>(p);
   std::array<std::vector<float>, 12> init;
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
@@ -412,9 +413,15 @@ TEST(NsaCuda, GradientConvention) {
     init[k].resize(p.x[k].size());
     for (auto& v : init[k]) v = nd(rng);
   }
+  auto stored = [&](int k) {  // init[k] as its buffer holds it
+    std::vector<float> v = init[k];
+    if (k < 8)
+      for (auto& e : v) e = float(T(e));
+    return v;
+  };
   RunOptions opt;
   opt.init = &init;
-  const GpuResult acc = run_gpu<float>(p, opt);
+  const GpuResult acc = run_gpu<T>(p, opt);
   for (int k = 0; k < 12; ++k) {
     if (k < 8) {
       EXPECT_EQ(acc.grad[k], base.grad[k]) << "activation grad_" << test::kNames[k] << " assigned";
@@ -429,11 +436,37 @@ TEST(NsaCuda, GradientConvention) {
   some.want.fill(false);
   some.want[0] = some.want[7] = some.want[11] = true;
   some.init = &init;
-  const GpuResult part = run_gpu<float>(p, some);
+  const GpuResult part = run_gpu<T>(p, some);
   for (int k = 0; k < 12; ++k) {
     if (k == 0 || k == 7) EXPECT_EQ(part.grad[k], base.grad[k]) << test::kNames[k];
     else if (k == 11) EXPECT_EQ(part.grad[k], acc.grad[k]) << test::kNames[k];
-    else EXPECT_EQ(part.grad[k], init[k]) << test::kNames[k] << " untouched";
+    else EXPECT_EQ(part.grad[k], stored(k)) << test::kNames[k] << " untouched";
+  }
+  // Everything but q: the others as with q, q untouched.
+  RunOptions no_q;
+  no_q.want.fill(true);
+  no_q.want[0] = false;
+  no_q.init = &init;
+  const GpuResult without_q = run_gpu<T>(p, no_q);
+  for (int k = 0; k < 12; ++k) {
+    if (k == 0) EXPECT_EQ(without_q.grad[k], stored(k)) << "q untouched";
+    else EXPECT_EQ(without_q.grad[k], acc.grad[k]) << test::kNames[k];
+  }
+}
+
+TEST(NsaCuda, GradientConvention) {
+  if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
+  check_gradient_convention<float>();
+}
+
+// The same in bf16, with each loop of the selection row side (the inverted loop's backward
+// computes only dq: without it, nothing).
+TEST(NsaCuda, GradientConventionBf16) {
+  if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
+  for (const auto loop : {cuda::SelectionRowLoop::kUnion, cuda::SelectionRowLoop::kInverted}) {
+    const LoopScope scope(loop);
+    SCOPED_TRACE(loop == cuda::SelectionRowLoop::kUnion ? "union" : "inverted");
+    check_gradient_convention<bf16>();
   }
 }
 
