@@ -65,28 +65,28 @@ ModelDims ModelDims::from_config(const RunConfig& c) {
 }
 
 
+nsa::NsaDims ModelDims::core_dims(std::int64_t B, std::int64_t T) const {
+  nsa::NsaDims d;
+  d.B = B;
+  d.T = T;
+  d.H = H;
+  d.G = G;
+  d.D = D;
+  d.cmp_block = cmp_block;
+  d.cmp_stride = cmp_stride;
+  d.sel_block = sel_block;
+  d.sel_count = sel_count;
+  d.window = window;
+  d.rope_theta = rope_theta;
+  return d;
+}
+
 namespace {
 
 template <class F> void dispatch_real(DType t, F&& f) {
   if (t == DType::F32) return f(float{});
   if (t == DType::F64) return f(double{});
   throw std::invalid_argument("the CPU model computes in fp32 or fp64, not " + std::string(dtype_name(t)));
-}
-
-nsa::NsaDims core_dims(const ModelDims& m, std::int64_t B, std::int64_t T) {
-  nsa::NsaDims d;
-  d.B = B;
-  d.T = T;
-  d.H = m.H;
-  d.G = m.G;
-  d.D = m.D;
-  d.cmp_block = m.cmp_block;
-  d.cmp_stride = m.cmp_stride;
-  d.sel_block = m.sel_block;
-  d.sel_count = m.sel_count;
-  d.window = m.window;
-  d.rope_theta = m.rope_theta;
-  return d;
 }
 
 nsa::DenseDims dense_dims(const ModelDims& m, std::int64_t B, std::int64_t T) {
@@ -443,13 +443,13 @@ void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o
   TIMED("nsa core forward");
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   if (device_ == Device::CUDA) {
-    a.nsa_saved = nsa_core_forward_cuda(core_dims(local_, B, T), a, W, o, save);
+    a.nsa_saved = nsa_core_forward_cuda(local_.core_dims(B, T), a, W, o, save);
     return;
   }
   dispatch_real(dtype_, [&](auto tag) {
     using Real = decltype(tag);
     auto saved = save ? std::make_unique<nsa::NsaSaved<Real>>() : nullptr;
-    nsa::nsa_forward<Real>(core_dims(local_, B, T), core_inputs<Real>(a, W), o.data<Real>(), saved.get());
+    nsa::nsa_forward<Real>(local_.core_dims(B, T), core_inputs<Real>(a, W), o.data<Real>(), saved.get());
     if (saved) a.nsa_saved = hold_saved(std::move(saved));
   });
 }
@@ -465,7 +465,7 @@ void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, co
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
   if (device_ == Device::CUDA) {
-    nsa_core_backward_cuda(core_dims(local_, B, T), a, W, G, d_o, dparts);
+    nsa_core_backward_cuda(local_.core_dims(B, T), a, W, G, d_o, dparts);
     return;
   }
   dispatch_real(dtype_, [&](auto tag) {
@@ -475,7 +475,7 @@ void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, co
                            dparts[6]->data<Real>(), dparts[7]->data<Real>(), G("attn/cmp_wk").data<Real>(),
                            G("attn/cmp_wv").data<Real>(), G("attn/cmp_pk").data<Real>(), G("attn/cmp_pv").data<Real>()};
     const auto& saved = *static_cast<const nsa::NsaSaved<Real>*>(a.nsa_saved.get());
-    nsa::nsa_backward<Real>(core_dims(local_, B, T), core_inputs<Real>(a, W), saved, d_o.data<Real>(), gr);
+    nsa::nsa_backward<Real>(local_.core_dims(B, T), core_inputs<Real>(a, W), saved, d_o.data<Real>(), gr);
   });
 }
 

@@ -69,6 +69,7 @@
 #include "core/config/config.h"
 #include "core/model/layer_activations.h"
 #include "core/model/params.h"
+#include "nsa/nsa.h"
 
 namespace nsatron {
 
@@ -93,9 +94,13 @@ struct ModelDims {
   }
   // Elements per row of the fused projection p = xn wqkv^T and of its gradient dp: the G groups'
   // G * group_width() columns, padded to a multiple of 64 so that every row starts 16-byte aligned
-  // (cuBLASLt's fast kernels; e.g. 1572 -> 1600 at the 125M config). The pad columns are never
-  // read or written (linear's y_pitch / dy_pitch, split_columns' PackedColumns).
+  // (cuBLASLt's fast kernels; e.g. 1572 -> 1600 at the 125M config). On the CPU the pad columns
+  // are neither read nor written (linear's y_pitch / dy_pitch); on CUDA the projection's
+  // products run over the whole pitch and the join writes dp's pad zero
+  // (NsaTransformer::projection_forward / projection_backward).
   std::int64_t projection_pitch() const { return (G * group_width() + 63) / 64 * 64; }
+  // The NSA core's shape for B sequences of T tokens: these heads and the NSA fields.
+  nsa::NsaDims core_dims(std::int64_t B, std::int64_t T) const;
   // Training FLOPs per token at sequence length T (forward + backward = 3x forward), for MFU
   // and study planning: 6 * (matrix parameters, the LM head included, embedding lookup
   // excluded) plus the attention core: 12 * H * D * K(T) per layer, K(T) the mean number of

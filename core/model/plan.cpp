@@ -90,17 +90,7 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
   if (z.dense) {
     z.saved = N * m.H * s;  // dense_core_forward's lse: fp32 on CUDA, the compute dtype on the CPU
   } else {
-    nsa::NsaDims c;
-    c.B = p.micro_batch;
-    c.T = p.seq_len;
-    c.H = m.H;
-    c.G = m.G;
-    c.D = m.D;
-    c.cmp_block = m.cmp_block;
-    c.cmp_stride = m.cmp_stride;
-    c.sel_block = m.sel_block;
-    c.sel_count = m.sel_count;
-    c.window = m.window;
+    const nsa::NsaDims c = m.core_dims(p.micro_batch, p.seq_len);
     if (cuda) {
       // NsaSavedCuda (nsa/cuda/nsa_cuda.cu, saved_layout): fp32 compressed K and V [B, Nc, G, D],
       // int32 selected blocks [B, T, G, n], fp32 lse [3, B, T, H], and for bf16 the selection and

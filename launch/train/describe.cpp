@@ -144,18 +144,9 @@ std::string attention_impl(const Run& run, const char* nsa, const char* dense) {
                                                 : std::string("nsa core     ") + nsa;
 }
 
-// The loop the CUDA selection row side runs at this model's shape (nsa/cuda/selection_loop.h):
-// it depends on the heads per group, the sequence length, the head dimension and the selection
-// block and count.
+// The loop the CUDA selection row side runs at this model's shape (nsa/cuda/selection_loop.h).
 std::string selection_loop(const Run& run) {
-  nsa::NsaDims d;
-  d.T = run.cfg.train.seq_len;
-  d.H = run.dims.H;
-  d.G = run.dims.G;
-  d.D = run.dims.D;
-  d.sel_block = run.dims.sel_block;
-  d.sel_count = run.dims.sel_count;
-  return nsa::cuda::selection_loop_name(d);
+  return nsa::cuda::selection_loop_name(run.dims.core_dims(run.cfg.train.micro_batch, run.cfg.train.seq_len));
 }
 
 // The "# implementations" section's device, matmul, nsa core, other ops, recompute and

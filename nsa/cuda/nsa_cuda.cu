@@ -312,6 +312,13 @@ InverseIndex inverse_index(const Geo& g, Workspace& ws, const std::int32_t* sel,
   return {off, pos};
 }
 
+// Whether the selection row side runs the inverted loop: bf16, chosen by selection_loop.h for
+// these dims, and within what the device holds.
+template <class T>
+bool inverted_loop(const NsaDims& dims, const Geo& g) {
+  return std::is_same_v<T, bf16> && selection_inverted(dims) && slc_inverted_fits(g);
+}
+
 // The selection row side's inverted loop (selection_loop.h): its index and partial states.
 SlcInvIndex slc_inverted_scratch(const Geo& g, Workspace& ws, const InverseIndex& ix, cudaStream_t stream) {
   const std::int64_t U = std::int64_t(g.B) * g.G * g.NB;
@@ -470,7 +477,7 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
   a.o = o_sw;
   a.lse = lse + BTH;
-  if (std::is_same_v<T, bf16> && selection_inverted(dims) && slc_inverted_fits(g))
+  if (inverted_loop<T>(dims, g))
     launch_slc_inverted(g, false, a, slc_inverted_scratch(g, ws, inverse_index(g, ws, sel, stream), stream), stream);
   else
     launch_row<T>(g, kSlc, false, a, stream);
@@ -558,8 +565,8 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   // row side runs the inverted loop) its dq.
   const bool need_slc = grads.k_slc || grads.v_slc;
   // (the setting is read once: the selection's row side below runs one loop or the other)
-  const bool inverted_loop = std::is_same_v<T, bf16> && selection_inverted(dims) && slc_inverted_fits(g);
-  const bool slc_inverted = inverted_loop && grads.q;
+  const bool inverted = inverted_loop<T>(dims, g);
+  const bool slc_inverted = inverted && grads.q;
   InverseIndex inv{};
   if (std::is_same_v<T, bf16> && (need_slc || slc_inverted)) inv = inverse_index(g, ws, saved.sel_blocks, stream);
   {
@@ -595,7 +602,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       if (br == kWin && dq_fused) a.dq_final = grads.q;  // the last branch finishes dq
       if (br == kSlc && slc_inverted)
         launch_slc_inverted(g, true, a, slc_inverted_scratch(g, ws, inv, stream), stream);
-      else if (br != kSlc || !inverted_loop)
+      else if (br != kSlc || !inverted)
         launch_row<T>(g, br, true, a, stream);  // (the inverted loop without dq: nothing to do)
     }
     win_tck = a.tck;
