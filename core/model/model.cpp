@@ -320,9 +320,9 @@ Tensor NsaTransformer::weight(const std::string& name) const {
 // (split_or_gather's join writes them), so the used columns get the same sums as over the
 // used extent alone. The CPU runs the products over the used columns.
 void NsaTransformer::projection_forward(const Tensor& xn, const Tensor& w, Tensor& p) const {
-  const std::int64_t pitch = local_.projection_pitch(), used = w.dim(0);
   TIMED("matmul");
-  if (device_ != Device::CUDA || pitch == used) return linear_forward(xn, w, nullptr, p, pitch);
+  if (device_ != Device::CUDA || !local_.projection_padded())
+    return linear_forward(xn, w, nullptr, p, local_.projection_pitch());
   const Tensor wp = padded_projection(w);
   linear_forward(xn, wp, nullptr, p);
 }
@@ -331,7 +331,7 @@ void NsaTransformer::projection_backward(const Tensor& dp, const Tensor& xn, con
                                          Tensor& dw) const {
   const std::int64_t pitch = local_.projection_pitch(), used = w.dim(0);
   TIMED("matmul");
-  if (device_ != Device::CUDA || pitch == used)
+  if (device_ != Device::CUDA || !local_.projection_padded())
     return linear_backward(dp, xn, w, {.dx = &dxn, .dw = &dw, .dy_pitch = pitch});
   const Tensor wp = padded_projection(w);
   Tensor dwp = Tensor::zeros({pitch, w.dim(1)}, dw.dtype(), device_);

@@ -99,6 +99,8 @@ struct ModelDims {
   // products run over the whole pitch and the join writes dp's pad zero
   // (NsaTransformer::projection_forward / projection_backward).
   std::int64_t projection_pitch() const { return (G * group_width() + 63) / 64 * 64; }
+  // Whether the pitch has pad columns (then the CUDA products run over padded rows).
+  bool projection_padded() const { return projection_pitch() != G * group_width(); }
   // The NSA core's shape for B sequences of T tokens: these heads and the NSA fields.
   nsa::NsaDims core_dims(std::int64_t B, std::int64_t T) const;
   // Training FLOPs per token at sequence length T (forward + backward = 3x forward), for MFU

@@ -78,7 +78,7 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
   z.x = N * m.C * e;
   z.row = N * s;
   z.packed = N * m.projection_pitch() * e;
-  if (cuda && m.projection_pitch() != m.G * m.group_width()) {
+  if (cuda && m.projection_padded()) {  // as NsaTransformer::projection_forward
     z.wpad = m.projection_pitch() * m.C * e;
     z.dwpad = m.projection_pitch() * m.C * 4;
   }
