@@ -164,6 +164,17 @@ __device__ inline void write_selection_row(std::int32_t* out, int* chosen, int t
   for (; k < n; ++k) out[k] = -1;
 }
 
+// write_selection_row by a warp (n <= 32): lane x < take holds the chosen candidate cj (distinct
+// blocks, in any order); its place among them is the number of smaller ones.
+__device__ inline void warp_write_selection_row(std::int32_t* out, int cj, int take, int bt, int n, int lane) {
+  int rank = 0;
+  for (int o = 0; o < take; ++o) rank += __shfl_sync(0xffffffffu, cj, o) < cj ? 1 : 0;
+  if (lane < take) out[1 + rank] = cj;
+  if (lane == 0) out[0] = 0;
+  if (lane == take) out[take + 1] = bt - 1, out[take + 2] = bt;
+  if (lane >= take + 3 && lane < n) out[lane] = -1;
+}
+
 // RoPE element dd of a row x (T or float) at a position whose table row is cs:
 // y[i] = x[i] c - x[i+half] s, y[i+half] = x[i+half] c + x[i] s.
 template <class X>

@@ -110,7 +110,7 @@ struct CmpSelArgs {
 };
 
 struct CmpSelSmem {  // byte offsets of the dynamic shared memory of cmp_select_kernel
-  std::size_t q, qinv, k, kinv, v, ps, s, lv, lj, lc, chosen, total;
+  std::size_t q, qinv, k, kinv, v, ps, s, lv, lj, pos, chosen, total;
 };
 
 // Streaming top-n (see cmp_select_kernel): the block scores of a 64-key tile touch at most
@@ -129,7 +129,7 @@ __host__ __device__ inline int cmp_select_ring(const Geo& g) {
 // The q, key and value parts are tiles laid out as wgmma.cuh says (rows of DP, 128-byte
 // swizzle at DP = 64, 128; each 1024-byte aligned).
 template <int DP>
-__host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n, int ring) {
+__host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n, int h, int ring) {
   constexpr int KT = 64, ROWS = 16 * kCmpSelWarps, VP = cmp_kv_parts(DP);
   auto up = [](std::size_t x) { return (x + 1023) / 1024 * 1024; };
   CmpSelSmem L;
@@ -140,121 +140,155 @@ __host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n, int 
   L.v = up(L.kinv + 2 * KT * 4);                       // [2 stages][VP parts] tiles KT x DP bf16
   const std::size_t vbytes = std::size_t(2) * VP * KT * DP * 2;
   // pass 1 reuses the value tiles' space for p [ROWS][KT + 1] and the head sums [P][KT], fp32
-  const std::size_t psbytes = (std::size_t(ROWS) * (KT + 1) + std::size_t(P) * KT) * 4;
+  // (none streamed at h = 1, where p is its position's sum: 32 KB that let the StreamPos in)
+  const bool head_sums = !(ring > 0 && h == 1);
+  const std::size_t psbytes = (std::size_t(ROWS) * (KT + 1) + (head_sums ? std::size_t(P) * KT : 0)) * 4;
   L.ps = L.v;
   L.s = L.v + (vbytes > psbytes ? vbytes : psbytes);   // [P][NB] fp32 block scores, or
   // with a ring: [P][ring] fp32 scores, then per position the list's scores [P][n] fp32, its
-  // blocks [P][n] int and its length [P] int
+  // blocks [P][n] int and its StreamPos [P] (16-byte aligned)
   const int width = ring > 0 ? ring : (NB > 0 ? NB : 1);
   L.lv = L.s + std::size_t(P) * width * 4;
   L.lj = L.lv + (ring > 0 ? std::size_t(P) * n * 4 : 0);
-  L.lc = L.lj + (ring > 0 ? std::size_t(P) * n * 4 : 0);
-  L.total = L.lc + (ring > 0 ? std::size_t(P) * 4 : 0);
+  L.pos = ring > 0 ? (L.lj + std::size_t(P) * n * 4 + 15) / 16 * 16 : L.lj;
+  L.total = L.pos + (ring > 0 ? std::size_t(P) * 32 : 0);  // sizeof(StreamPos)
   // [kCmpSelWarps][n] int, used after the key loop: in pass 1's space (at least 16 KB)
   L.chosen = L.ps;
   if (std::size_t(kCmpSelWarps) * n * 4 > psbytes) L.chosen = L.total, L.total += std::size_t(kCmpSelWarps) * n * 4;
   return L;
 }
 
-// One warp, one position t: the final scores of blocks [ja, jb) in its ring (slot j & mask)
-// are cleared, and those of its candidates (1..bt-2, when the top-n takes fewer than all of
-// them) are merged into its list (lv, lj: the *lc best so far under ranks_before, best first,
-// at most take of them). The candidates come 32 at a time (one per lane); those that rank
-// before a full list's last entry (all, while the list is not full) survive. Few survivors
-// (kInsertMax or fewer: the usual case once the list is full, as a candidate joins the best
-// take of k seen with probability ~take / k) are inserted one by one with the list held in
-// lanes: a survivor's place is the number of entries that rank before it (one ballot), the
-// entries from there on move up one lane, and a full list drops its last. More (the first
-// tiles, whose candidates all survive) go through rank rounds: the list in lanes [0, cnt) and
-// the next 32 - cnt candidates after it, each item's rank among the round's items its new place
-// (the first take stay). (Insertion alone: 64k h = 1 forward 223 -> 195 ms, but the short
-// sequences, whose tiles are mostly first tiles, slowed: 8192 h = 1 11.6 -> 13.3 ms.) The order
-// is strict (ties go to the smaller block), so the list is the top-n of all candidates at once,
-// whatever the order of the merges.
-constexpr int kInsertMax = 4;
-__device__ inline void stream_topn(const Geo& g, int t, int ja, int jb, float* ring, int mask, float* lv,
-                                   int* lj, int* lc, int lane) {
+// A streamed position's constants and its list's length (one 16-byte load): computed once per
+// block, as each merge recomputed them with integer divisions (a tenth of the kernel at h = 1).
+struct alignas(16) StreamPos {
+  int cnt;    // entries in its list
+  int take;   // the top-n's size where it merges (0 < take < its candidates), else 0
+  int c_end;  // its candidates are the blocks [1, c_end) (c_end = b_t - 1)
+  int vis;    // compressed blocks it sees
+  float wv;   // the list's last entry (where cnt > 0): the score and block a candidate
+  int wj;     // must rank before once the list is full
+  int pad[2];
+};
+__device__ inline StreamPos stream_pos(const Geo& g, int t) {
   const int bt = t / g.ls;
   int ncand = 0;
   const int take = selection_take(g, bt, ncand);
-  const bool merging = take > 0 && take < ncand;
-  const int c_hi = min(jb, bt - 1);  // candidates: [max(ja, 1), c_hi)
-  int cnt = *lc;
-  for (int c0 = ja; c0 < jb; c0 += 32) {
-    const int j = c0 + lane;
-    const bool mine = j < jb;
-    float v = -INFINITY;
-    if (mine) {
-      v = ring[j & mask];
-      ring[j & mask] = 0.f;
-      if (v != v) v = -INFINITY;
-    }
-    if (!merging) continue;
+  return StreamPos{0, take > 0 && take < ncand ? take : 0, bt - 1, visible_blocks(g, t), 0.f, INT_MAX, {0, 0}};
+}
+
+// One warp, one position: merges the survivors m of a chunk of candidates (lane x holds block
+// c0 + x with final score v, NaN already -inf; a survivor ranks before a full list's last entry,
+// or the list is not full) into its list (lv, lj: the cnt best so far under ranks_before, best
+// first, at most take of them). Few survivors (kInsertMax or fewer: the usual case once the list
+// is full, as a candidate joins the best take of k seen with probability ~take / k) are inserted
+// one by one with the list held in lanes: a survivor's place is the number of entries that rank
+// before it (one ballot), the entries from there on move up one lane, and a full list drops its
+// last. More (the first tiles, whose candidates all survive) go through rank rounds: the list in
+// lanes [0, cnt) and the next 32 - cnt candidates after it, each item's rank among the round's
+// items its new place (the first take stay). (Insertion alone: 64k h = 1 forward 223 -> 195 ms,
+// but the short sequences, whose tiles are mostly first tiles, slowed: 8192 h = 1 11.6 -> 13.3
+// ms.) The order is strict (ties go to the smaller block), so the list is the top-n of all
+// candidates at once, whatever the order of the merges.
+constexpr int kInsertMax = 4;
+__device__ inline void merge_survivors(unsigned m, float v, int c0, float* lv, int* lj, int& cnt, int take,
+                                       int lane) {
+  if (__popc(m) <= kInsertMax) {  // insertion, the list in lanes
     float wv = cnt > 0 ? lv[cnt - 1] : 0.f;  // the list's last entry
     int wj = cnt > 0 ? lj[cnt - 1] : INT_MAX;
-    unsigned m = __ballot_sync(0xffffffffu, mine && j >= 1 && j < c_hi && (cnt < take || ranks_before(v, j, wv, wj)));
-    if (m == 0u) continue;
-    if (__popc(m) <= kInsertMax) {  // insertion, the list in lanes
-      float iv = lane < cnt ? lv[lane] : -INFINITY;
-      int ij = lane < cnt ? lj[lane] : INT_MAX;
-      while (m) {  // warp-uniform
-        const int src = __ffs(m) - 1;
-        m &= m - 1u;
-        const float cv = __shfl_sync(0xffffffffu, v, src);
-        const int cj = c0 + src;
-        if (cnt == take && !ranks_before(cv, cj, wv, wj)) continue;  // the list got better
-        const int place = __popc(__ballot_sync(0xffffffffu, lane < cnt && ranks_before(iv, ij, cv, cj)));
-        const float uv = __shfl_up_sync(0xffffffffu, iv, 1);
-        const int uj = __shfl_up_sync(0xffffffffu, ij, 1);
-        if (lane > place) {
-          iv = uv;
-          ij = uj;
-        } else if (lane == place) {
-          iv = cv;
-          ij = cj;
-        }
-        cnt = min(cnt + 1, take);
-        wv = __shfl_sync(0xffffffffu, iv, cnt - 1);
-        wj = __shfl_sync(0xffffffffu, ij, cnt - 1);
+    float iv = lane < cnt ? lv[lane] : -INFINITY;
+    int ij = lane < cnt ? lj[lane] : INT_MAX;
+    while (m) {  // warp-uniform
+      const int src = __ffs(m) - 1;
+      m &= m - 1u;
+      const float cv = __shfl_sync(0xffffffffu, v, src);
+      const int cj = c0 + src;
+      if (cnt == take && !ranks_before(cv, cj, wv, wj)) continue;  // the list got better
+      const int place = __popc(__ballot_sync(0xffffffffu, lane < cnt && ranks_before(iv, ij, cv, cj)));
+      const float uv = __shfl_up_sync(0xffffffffu, iv, 1);
+      const int uj = __shfl_up_sync(0xffffffffu, ij, 1);
+      if (lane > place) {
+        iv = uv;
+        ij = uj;
+      } else if (lane == place) {
+        iv = cv;
+        ij = cj;
       }
-      __syncwarp();  // every lane has read the list
-      if (lane < cnt) {
-        lv[lane] = iv;
-        lj[lane] = ij;
-      }
-      __syncwarp();
-      continue;
+      cnt = min(cnt + 1, take);
+      wv = __shfl_sync(0xffffffffu, iv, cnt - 1);
+      wj = __shfl_sync(0xffffffffu, ij, cnt - 1);
     }
-    for (int off = 0; off < 32;) {  // rank rounds: the list, then 32 - cnt candidates
-      const int room = 32 - cnt;      // >= 8: take <= n - 1 <= 23
-      const int src = off + (lane - cnt);
-      const bool has = lane >= cnt && src < 32;
-      const float cv = __shfl_sync(0xffffffffu, v, has ? src : 0);
-      bool valid = has && ((m >> src) & 1u);
-      const float lwv = cnt > 0 ? lv[cnt - 1] : 0.f;
-      const int lwj = cnt > 0 ? lj[cnt - 1] : INT_MAX;
-      if (valid && cnt == take) valid = ranks_before(cv, c0 + src, lwv, lwj);
-      float iv = cv;
-      int ij = valid ? c0 + src : INT_MAX;
-      if (lane < cnt) iv = lv[lane], ij = lj[lane];
-      if (__any_sync(0xffffffffu, ij != INT_MAX && lane >= cnt)) {
-        int rank = 0;
-        for (int o = 0; o < 32; ++o) {
-          const float ov = __shfl_sync(0xffffffffu, iv, o);
-          const int oj = __shfl_sync(0xffffffffu, ij, o);
-          rank += oj != INT_MAX && ij != INT_MAX && ranks_before(ov, oj, iv, ij) ? 1 : 0;
-        }
-        const int items = __popc(__ballot_sync(0xffffffffu, ij != INT_MAX));
-        __syncwarp();  // every lane has read the list
-        if (ij != INT_MAX && rank < take) lv[rank] = iv, lj[rank] = ij;
-        cnt = min(take, items);
-        __syncwarp();
-      }
-      off += room;
+    __syncwarp();  // every lane has read the list
+    if (lane < cnt) {
+      lv[lane] = iv;
+      lj[lane] = ij;
     }
+    __syncwarp();
+    return;
   }
-  if (lane == 0) *lc = cnt;
-  __syncwarp();
+  for (int off = 0; off < 32;) {  // rank rounds: the list, then 32 - cnt candidates
+    const int room = 32 - cnt;      // >= 8: take <= n - 1 <= 23
+    const int src = off + (lane - cnt);
+    const bool has = lane >= cnt && src < 32;
+    const float cv = __shfl_sync(0xffffffffu, v, has ? src : 0);
+    bool valid = has && ((m >> src) & 1u);
+    const float lwv = cnt > 0 ? lv[cnt - 1] : 0.f;
+    const int lwj = cnt > 0 ? lj[cnt - 1] : INT_MAX;
+    if (valid && cnt == take) valid = ranks_before(cv, c0 + src, lwv, lwj);
+    float iv = cv;
+    int ij = valid ? c0 + src : INT_MAX;
+    if (lane < cnt) iv = lv[lane], ij = lj[lane];
+    if (__any_sync(0xffffffffu, ij != INT_MAX && lane >= cnt)) {
+      const int span = min(32, cnt + 32 - off);  // lanes past it hold no item
+      int rank = 0;
+      for (int o = 0; o < span; ++o) {
+        const float ov = __shfl_sync(0xffffffffu, iv, o);
+        const int oj = __shfl_sync(0xffffffffu, ij, o);
+        rank += oj != INT_MAX && ij != INT_MAX && ranks_before(ov, oj, iv, ij) ? 1 : 0;
+      }
+      const int items = __popc(__ballot_sync(0xffffffffu, ij != INT_MAX));
+      __syncwarp();  // every lane has read the list
+      if (ij != INT_MAX && rank < take) lv[rank] = iv, lj[rank] = ij;
+      cnt = min(take, items);
+      __syncwarp();
+    }
+    off += room;
+  }
+}
+
+// One warp, one position (sp): its chunk's blocks c0 + lane that are final (fin) have their
+// scores v taken from the ring (NaN as -inf) and their slots cleared; returns the candidates
+// among them that survive (rank before a full list's last entry).
+__device__ __forceinline__ unsigned take_final(const StreamPos& sp, float* ring, int mask, int c0, bool fin,
+                                               int lane, float& v) {
+  const int j = c0 + lane;
+  v = -INFINITY;
+  if (fin) {
+    v = ring[j & mask];
+    ring[j & mask] = 0.f;
+    if (v != v) v = -INFINITY;
+  }
+  return __ballot_sync(0xffffffffu, sp.take > 0 && fin && j >= 1 && j < sp.c_end &&
+                                        (sp.cnt < sp.take || ranks_before(v, j, sp.wv, sp.wj)));
+}
+// Merges the survivors m of take_final into the position's list and records its new length
+// and last entry (in sp and, by lane 0, in *spp).
+__device__ __forceinline__ void merge_final(unsigned m, float v, int c0, StreamPos& sp, StreamPos* spp, float* lv,
+                                            int* lj, int lane) {
+  merge_survivors(m, v, c0, lv, lj, sp.cnt, sp.take, lane);
+  sp.wv = lv[sp.cnt - 1];
+  sp.wj = lj[sp.cnt - 1];
+  if (lane == 0) *spp = sp;
+}
+// One warp, one position (its StreamPos *spp): the final blocks [ja, jb) in its ring (slot
+// j & mask), 32 at a time.
+__device__ inline void stream_topn(int ja, int jb, float* ring, int mask, float* lv, int* lj, StreamPos* spp,
+                                   int lane) {
+  StreamPos sp = *spp;
+  for (int c0 = ja; c0 < jb; c0 += 32) {
+    float v;
+    const unsigned m = take_final(sp, ring, mask, c0, c0 + lane < jb, lane, v);
+    if (m != 0u) merge_final(m, v, c0, sp, spp, lv, lj, lane);
+  }
 }
 
 // At D <= 64 two blocks fit an SM (shared memory), which needs <= 128 registers.
@@ -270,7 +304,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   char* sm = reinterpret_cast<char*>(smem4);
-  const CmpSelSmem L = cmp_select_smem<DP>(P, g.NB, g.n, ring);
+  const CmpSelSmem L = cmp_select_smem<DP>(P, g.NB, g.n, g.h, ring);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   __half* Qs = reinterpret_cast<__half*>(sm + L.q);      // [2 parts] tiles ROWS x DP
   float* qinv = reinterpret_cast<float*>(sm + L.qinv);   // [ROWS]
@@ -282,7 +316,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   float* Sb = reinterpret_cast<float*>(sm + L.s);        // [P][NB], or [P][ring]
   float* Lv = reinterpret_cast<float*>(sm + L.lv);       // ring: [P][n] the lists' scores,
   int* Lj = reinterpret_cast<int*>(sm + L.lj);           // blocks (best first)
-  int* Lc = reinterpret_cast<int*>(sm + L.lc);           // and lengths [P]
+  StreamPos* Lp = reinterpret_cast<StreamPos*>(sm + L.pos);  // and StreamPos [P]
   const int sb_stride = ring > 0 ? ring : g.NB;
   const int sb_mask = ring > 0 ? ring - 1 : -1;          // slot of block j: j & sb_mask
   int* chosen = reinterpret_cast<int*>(sm + L.chosen) + warp * g.n;
@@ -298,7 +332,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   };
   for (int idx = tid; idx < P * sb_stride; idx += blockDim.x) Sb[idx] = 0.f;
   if constexpr (STREAMED)
-    for (int idx = tid; idx < P; idx += blockDim.x) Lc[idx] = 0;
+    for (int idx = tid; idx < npos; idx += blockDim.x) Lp[idx] = stream_pos(g, t_first + idx);
 
   // Stage the warp's 16 rotated query rows, scaled, as fp16 hi + lo: the global loads of 8 rows
   // are issued before the first row's reduction (one memory latency per 8 rows, not per row).
@@ -527,7 +561,12 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       // thread recomputed them with four integer divisions) and the warps take the positions
       // in turn. The same products summed in the same order either way. (By lane in the full
       // instantiation too, the paper shapes' 8 positions per block ran 2-5% slower:
-      // docs/performance.md, change 26.)
+      // docs/performance.md, change 26.) Streamed, the blocks no later tile touches are final:
+      // [j_lo, the next tile's j_lo) (the last tile: through j_hi); their ring slots are cleared
+      // and each position's candidates among them merged into its list (stream_topn) after
+      // the sums (by lane: by the warp that summed the position, with no block barrier; in the
+      // sums' own loop, a ballot per position, they ran 14% slower: the sums of successive
+      // positions no longer overlapped).
       constexpr int kMaxOverlap = 8;
       const int jl = j_lo + lane;
       int i0 = 0, ic = 0;
@@ -541,13 +580,14 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         }
         by_lane = nj <= 32 && __all_sync(0xffffffffu, ic <= kMaxOverlap);
       }
-      if (by_lane) {
+      const int j_end = k == nsteps - 1 ? j_hi + 1 : min(g.NB, ((s0 + KT) * g.d) / g.ls);
+      if (by_lane) {  // streamed only
         float w[kMaxOverlap];
 #pragma unroll
         for (int m = 0; m < kMaxOverlap; ++m) w[m] = m < ic ? overlap_weight(g, i0 + m, jl) : 0.f;
         if (lane < nj)
           for (int pl = warp; pl < npos; pl += kCmpSelWarps) {
-            const int ie = min(ic, visible_blocks(g, t_first + pl) - i0);
+            const int ie = min(ic, Lp[pl].vis - i0);
             const float* pr = Pr + pl * prs + (i0 - s0);
             float sum = 0.f;
 #pragma unroll
@@ -568,16 +608,22 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
           Sb[pl * sb_stride + (j & sb_mask)] += sum;
         }
       }
-      if constexpr (STREAMED) {
-        // The blocks no later tile touches are final: [j_lo, the next tile's j_lo) (the last
-        // tile: through j_hi). Each position's warp merges its candidates among them into
-        // its list and clears their ring slots.
-        const bool last = k == nsteps - 1;
-        const int j_end = last ? j_hi + 1 : min(g.NB, ((s0 + KT) * g.d) / g.ls);
+      if (STREAMED && by_lane) {  // each position's merges by the warp that summed it; the
+        __syncwarp();              // final blocks fit the lanes: two positions' survivors are
+        const bool fin = jl < j_end;  // found before either merges (their loads overlap)
+        for (int pl = warp; pl < npos; pl += 2 * kCmpSelWarps) {
+          const int pl2 = pl + kCmpSelWarps;
+          StreamPos sp0 = Lp[pl], sp1 = pl2 < npos ? Lp[pl2] : StreamPos{};
+          float v0, v1;
+          const unsigned m0 = take_final(sp0, Sb + pl * ring, ring - 1, j_lo, fin, lane, v0);
+          const unsigned m1 = take_final(sp1, Sb + (pl2 < npos ? pl2 : pl) * ring, ring - 1, j_lo, fin && pl2 < npos, lane, v1);
+          if (m0 != 0u) merge_final(m0, v0, j_lo, sp0, Lp + pl, Lv + pl * g.n, Lj + pl * g.n, lane);
+          if (m1 != 0u) merge_final(m1, v1, j_lo, sp1, Lp + pl2, Lv + pl2 * g.n, Lj + pl2 * g.n, lane);
+        }
+      } else if (STREAMED) {  // after every thread's sums
         __syncthreads();
         for (int pl = warp; pl < npos; pl += kCmpSelWarps)
-          stream_topn(g, t_first + pl, j_lo, j_end, Sb + pl * ring, ring - 1, Lv + pl * g.n,
-                      Lj + pl * g.n, Lc + pl, lane);
+          stream_topn(j_lo, j_end, Sb + pl * ring, ring - 1, Lv + pl * g.n, Lj + pl * g.n, Lp + pl, lane);
       }
     }
     __syncthreads();  // stage k & 1 is refilled by issue(k + 2); Ps is rewritten
@@ -603,11 +649,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       continue;
     }
     if constexpr (STREAMED) {  // the streamed list holds the take best (all candidates merged)
-      if (lane == 0) {
-        for (int x = 0; x < take; ++x) chosen[x] = Lj[pl * g.n + x];
-        write_selection_row(out, chosen, take, bt, g.n);
-      }
-      __syncwarp();
+      warp_write_selection_row(out, lane < take ? Lj[pl * g.n + lane] : INT_MAX, take, bt, g.n, lane);
       continue;
     }
     float* S = Sb + pl * g.NB;
@@ -664,7 +706,7 @@ CmpSelLayout cmp_select_layout(const Geo& g, int optin) {
   if (g.h > 16 * kCmpSelWarps) return {};
   auto positions = [&](int ring) {
     for (int P = (16 * kCmpSelWarps) / g.h; P >= 1; P /= 2)
-      if (cmp_select_smem<DP>(P, g.NB, g.n, ring).total <= std::size_t(optin)) return P;
+      if (cmp_select_smem<DP>(P, g.NB, g.n, g.h, ring).total <= std::size_t(optin)) return P;
     return 0;
   };
   const int full = positions(0), ring = cmp_select_ring(g);
@@ -675,7 +717,7 @@ CmpSelLayout cmp_select_layout(const Geo& g, int optin) {
 template <int DP>
 std::size_t cmp_select_bytes(const Geo& g, int optin) {
   const CmpSelLayout L = cmp_select_layout<DP>(g, optin);
-  return L.P > 0 ? cmp_select_smem<DP>(L.P, g.NB, g.n, L.ring).total : 0;
+  return L.P > 0 ? cmp_select_smem<DP>(L.P, g.NB, g.n, g.h, L.ring).total : 0;
 }
 
 template <int DP>
