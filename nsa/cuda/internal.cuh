@@ -109,6 +109,11 @@ __device__ __forceinline__ float overlap_weight(const Geo& g, int i, int j) {
   const int jb = j * g.ls, je = jb + g.ls - 1, first = i * g.d, last = first + g.l - 1;
   return float((min(last, je) - max(first, jb) + 1) / g.d);
 }
+// overlap_weight without a division: L = l / d and S = l' / d (whole numbers), the blocks'
+// bounds in units of d (block i: [i, i + L), block j: [j S, (j + 1) S)). The same value.
+__device__ __forceinline__ float overlap_weight_units(int i, int j, int L, int S) {
+  return float(min(i + L, (j + 1) * S) - max(i, j * S));
+}
 // The top-n order: score v1 of block j1 ranks before v2 of j2 (score descending, index
 // ascending; j2 == INT_MAX: no candidate yet). Callers map NaN to -inf first.
 __device__ __forceinline__ bool ranks_before(float v1, int j1, float v2, int j2) {

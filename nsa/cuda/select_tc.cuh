@@ -317,6 +317,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   float* Lv = reinterpret_cast<float*>(sm + L.lv);       // ring: [P][n] the lists' scores,
   int* Lj = reinterpret_cast<int*>(sm + L.lj);           // blocks (best first)
   StreamPos* Lp = reinterpret_cast<StreamPos*>(sm + L.pos);  // and StreamPos [P]
+  const int l_units = g.l / g.d, ls_units = g.ls / g.d;  // the overlap weights' bounds (streamed)
   const int sb_stride = ring > 0 ? ring : g.NB;
   const int sb_mask = ring > 0 ? ring - 1 : -1;          // slot of block j: j & sb_mask
   int* chosen = reinterpret_cast<int*>(sm + L.chosen) + warp * g.n;
@@ -584,7 +585,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       if (by_lane) {  // streamed only
         float w[kMaxOverlap];
 #pragma unroll
-        for (int m = 0; m < kMaxOverlap; ++m) w[m] = m < ic ? overlap_weight(g, i0 + m, jl) : 0.f;
+        for (int m = 0; m < kMaxOverlap; ++m) w[m] = m < ic ? overlap_weight_units(i0 + m, jl, l_units, ls_units) : 0.f;
         if (lane < nj)
           for (int pl = warp; pl < npos; pl += kCmpSelWarps) {
             const int ie = min(ic, Lp[pl].vis - i0);
