@@ -169,15 +169,21 @@ __device__ inline void write_selection_row(std::int32_t* out, int* chosen, int t
   for (; k < n; ++k) out[k] = -1;
 }
 
-// write_selection_row by a warp (n <= 32): lane x < take holds the chosen candidate cj (distinct
-// blocks, in any order); its place among them is the number of smaller ones.
-__device__ inline void warp_write_selection_row(std::int32_t* out, int cj, int take, int bt, int n, int lane) {
-  int rank = 0;
-  for (int o = 0; o < take; ++o) rank += __shfl_sync(0xffffffffu, cj, o) < cj ? 1 : 0;
-  if (lane < take) out[1 + rank] = cj;
+// write_selection_row by a warp, where take <= 32: the lanes with `has` hold the chosen
+// candidates cj (distinct blocks), each with its place among them (ascending order).
+__device__ inline void warp_write_selection_row_at(std::int32_t* out, bool has, int cj, int place, int take, int bt,
+                                                   int n, int lane) {
+  if (has) out[1 + place] = cj;
   if (lane == 0) out[0] = 0;
   if (lane == take) out[take + 1] = bt - 1, out[take + 2] = bt;
-  if (lane >= take + 3 && lane < n) out[lane] = -1;
+  for (int k = take + 3 + lane; k < n; k += 32) out[k] = -1;
+}
+// The same where lane x < take holds the chosen candidate cj, in any order: its place is the
+// number of smaller ones.
+__device__ inline void warp_write_selection_row(std::int32_t* out, int cj, int take, int bt, int n, int lane) {
+  int place = 0;
+  for (int o = 0; o < take; ++o) place += __shfl_sync(0xffffffffu, cj, o) < cj ? 1 : 0;
+  warp_write_selection_row_at(out, lane < take, cj, place, take, bt, n, lane);
 }
 
 // RoPE element dd of a row x (T or float) at a position whose table row is cs:

@@ -335,6 +335,37 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   if constexpr (STREAMED)
     for (int idx = tid; idx < npos; idx += blockDim.x) Lp[idx] = stream_pos(g, t_first + idx);
 
+  const int key_end = visible_blocks(g, t_last);
+  const int ntiles = (key_end + KT - 1) / KT;
+  const int nsteps = 2 * ntiles;
+  const std::int64_t rows_kv = std::int64_t(g.B) * g.N * g.G;
+  const std::int64_t base = std::int64_t(b) * g.N * g.G + gi;
+  auto issue = [&](int k) {  // step k into stage k & 1
+    if (k < nsteps) {
+      const int s0 = (k % ntiles) * KT;
+      const int cnt = min(KT, key_end - s0);
+      __half* kd = Ks + (k & 1) * 2 * KT * DP;
+      bf16* vd = Vs + (k & 1) * VP * KT * DP;
+      const bool values = k < ntiles;
+      for (int idx = tid; idx < KT * CH; idx += kCmpSelWarps * 32) {
+        const int kk = idx / CH, ch = idx % CH;
+        const bool ok = kk < cnt;
+        const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch * 8 : 0;
+        const int to = wg::tile_offset<DP, KT>(kk, ch);
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          const std::int64_t po = ok ? p * rows_kv * DP + off : 0;
+          cp16(reinterpret_cast<char*>(kd + p * KT * DP) + to, a.kparts + po, ok);
+          if (values && p < VP) cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, a.vparts + po, ok);
+        }
+      }
+      for (int kk = tid; kk < KT; kk += kCmpSelWarps * 32)
+        kinv[(k & 1) * KT + kk] = kk < cnt ? a.kinv[base + std::int64_t(s0 + kk) * g.G] : 0.f;
+    }
+    cp_commit();
+  };
+  issue(0);  // the first key tile's copies run under the query staging
+
   // Stage the warp's 16 rotated query rows, scaled, as fp16 hi + lo: the global loads of 8 rows
   // are issued before the first row's reduction (one memory latency per 8 rows, not per row).
   constexpr int kQC = (DP + 63) / 64, kQRows = 8;
@@ -395,36 +426,6 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     rowg[h2] = (std::int64_t(b) * g.T + rt[h2]) * g.H + gi * g.h + (rv[h2] ? hd : 0);
     rinv[h2] = qinv[i];
   }
-  const int key_end = visible_blocks(g, t_last);
-  const int ntiles = (key_end + KT - 1) / KT;
-  const int nsteps = 2 * ntiles;
-  const std::int64_t rows_kv = std::int64_t(g.B) * g.N * g.G;
-  const std::int64_t base = std::int64_t(b) * g.N * g.G + gi;
-  auto issue = [&](int k) {  // step k into stage k & 1
-    if (k < nsteps) {
-      const int s0 = (k % ntiles) * KT;
-      const int cnt = min(KT, key_end - s0);
-      __half* kd = Ks + (k & 1) * 2 * KT * DP;
-      bf16* vd = Vs + (k & 1) * VP * KT * DP;
-      const bool values = k < ntiles;
-      for (int idx = tid; idx < KT * CH; idx += kCmpSelWarps * 32) {
-        const int kk = idx / CH, ch = idx % CH;
-        const bool ok = kk < cnt;
-        const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch * 8 : 0;
-        const int to = wg::tile_offset<DP, KT>(kk, ch);
-#pragma unroll
-        for (int p = 0; p < 2; ++p) {
-          const std::int64_t po = ok ? p * rows_kv * DP + off : 0;
-          cp16(reinterpret_cast<char*>(kd + p * KT * DP) + to, a.kparts + po, ok);
-          if (values && p < VP) cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, a.vparts + po, ok);
-        }
-      }
-      for (int kk = tid; kk < KT; kk += kCmpSelWarps * 32)
-        kinv[(k & 1) * KT + kk] = kk < cnt ? a.kinv[base + std::int64_t(s0 + kk) * g.G] : 0.f;
-    }
-    cp_commit();
-  };
-
   const float sl2 = g.scale * kLog2e;
   float m2[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f}, lrow2[2] = {0.f, 0.f};
   float acc[DT][4];
@@ -433,7 +434,6 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 
-  issue(0);
   for (int k = 0; k < nsteps; ++k) {
     const bool pass1 = k >= ntiles;
     if (k == ntiles) {  // end of pass 0: full row sums, lse (exp2 domain)
@@ -665,12 +665,8 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         rank += ranks_before(ov, 1 + o, v, 1 + lane) ? 1 : 0;
       }
       const unsigned best = __ballot_sync(0xffffffffu, valid && rank < take);
-      if (lane == 0) {
-        int c = 0;
-        for (unsigned m = best; m; m &= m - 1) chosen[c++] = 1 + __ffs(m) - 1;
-        write_selection_row(out, chosen, take, bt, g.n);
-      }
-      __syncwarp();
+      warp_write_selection_row_at(out, (best >> lane) & 1u, 1 + lane, __popc(best & ((1u << lane) - 1u)), take, bt,
+                                  g.n, lane);
       continue;
     }
     for (int round = 0; round < take; ++round) {
@@ -684,7 +680,12 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       }
       __syncwarp();
     }
-    if (lane == 0) write_selection_row(out, chosen, take, bt, g.n);
+    if (take <= 32) {  // chosen[] by lanes, each placed by rank (lane 0 sorted them: 2.5% of
+      __syncwarp();    // the kernel at T = 8192, h = 16)
+      warp_write_selection_row(out, lane < take ? chosen[lane] : INT_MAX, take, bt, g.n, lane);
+    } else if (lane == 0) {
+      write_selection_row(out, chosen, take, bt, g.n);
+    }
     __syncwarp();
   }
 }
