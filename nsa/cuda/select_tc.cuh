@@ -565,9 +565,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       // docs/performance.md, change 26.) Streamed, the blocks no later tile touches are final:
       // [j_lo, the next tile's j_lo) (the last tile: through j_hi); their ring slots are cleared
       // and each position's candidates among them merged into its list (stream_topn) after
-      // the sums (by lane: by the warp that summed the position, with no block barrier; in the
-      // sums' own loop, a ballot per position, they ran 14% slower: the sums of successive
-      // positions no longer overlapped).
+      // the sums (by lane: by the warp that summed the position, with no block barrier).
       constexpr int kMaxOverlap = 8;
       const int jl = j_lo + lane;
       int i0 = 0, ic = 0;
