@@ -174,8 +174,7 @@ __device__ inline void write_selection_row(std::int32_t* out, int* chosen, int t
 __device__ inline void warp_write_selection_row_at(std::int32_t* out, bool has, int cj, int place, int take, int bt,
                                                    int n, int lane) {
   if (has) out[1 + place] = cj;
-  if (lane == 0) out[0] = 0;
-  if (lane == take) out[take + 1] = bt - 1, out[take + 2] = bt;
+  if (lane == 0) out[0] = 0, out[take + 1] = bt - 1, out[take + 2] = bt;  // take may be 32
   for (int k = take + 3 + lane; k < n; k += 32) out[k] = -1;
 }
 // The same where lane x < take holds the chosen candidate cj, in any order: its place is the

@@ -158,8 +158,9 @@ __host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n, int 
   return L;
 }
 
-// A streamed position's constants and its list's length (one 16-byte load): computed once per
-// block, as each merge recomputed them with integer divisions (a tenth of the kernel at h = 1).
+// A streamed position's constants and its list's length and last entry (two 16-byte loads):
+// computed once per block, as each merge recomputed them with integer divisions (a tenth of the
+// kernel at h = 1).
 struct alignas(16) StreamPos {
   int cnt;    // entries in its list
   int take;   // the top-n's size where it merges (0 < take < its candidates), else 0
@@ -169,6 +170,7 @@ struct alignas(16) StreamPos {
   int wj;     // must rank before once the list is full
   int pad[2];
 };
+static_assert(sizeof(StreamPos) == 32, "cmp_select_smem counts 32 bytes per position");
 __device__ inline StreamPos stream_pos(const Geo& g, int t) {
   const int bt = t / g.ls;
   int ncand = 0;

@@ -335,6 +335,10 @@ const std::vector<Case>& cases() {
       // the union loop's 64-aligned tiles then meet each block's middle).
       {"l'=128, h=1, D=64", make_dims(1, 1500, 2, 2, 64, 32, 16, 128, 6, 100)},
       {"l'=256, h=3, ragged T", make_dims(2, 1100, 6, 2, 32, 32, 16, 256, 3, 64)},
+      // n = 35: the fused kernel's full layout takes 32 blocks where a position has more than 32
+      // candidates (b_t >= 35 of 50 blocks; the argmax rounds, then the row written by 32 lanes
+      // with the forced blocks after them) and fewer below (the rank path).
+      {"n=35, take 32 by lanes", make_dims(1, 400, 4, 2, 32, 8, 8, 8, 35, 64)},
   };
   return c;
 }
