@@ -380,7 +380,7 @@ void launch_inverse_index(const Geo& g, const std::int32_t* sel, std::uint32_t* 
 // takes as many (b, g) pairs as fit inverted_pass_bytes() (1 GiB unless a test sets it), at
 // least one (selection_loop.h bounds one pair's bytes where auto chooses the loop).
 inline int slc_inv_bg_per_pass(const Geo& g) {
-  const std::int64_t per_bg = std::max<std::int64_t>(1, std::int64_t(g.T) * g.h * g.n * (g.D + 1) * 4);
+  const std::int64_t per_bg = std::max<std::int64_t>(1, inverted_pair_bytes(g.T, g.h, g.n, g.D));
   const std::int64_t bg = std::int64_t(g.B) * g.G;
   return int(std::max<std::int64_t>(1, std::min<std::int64_t>(bg, inverted_pass_bytes() / per_bg)));
 }

@@ -42,8 +42,12 @@ constexpr std::int64_t kInvertedMinT = 16384;
 constexpr std::int64_t kInvertedMaxSelBlock = 256;
 // Auto's bound on one (b, g) pair's partial states, T h n (D + 1) fp32 (the smallest pass).
 constexpr std::int64_t kInvertedMaxPairBytes = std::int64_t(4) << 30;
+// (launch_slc_inverted's passes are sized by the same count.)
+inline std::int64_t inverted_pair_bytes(std::int64_t T, std::int64_t h, std::int64_t n, std::int64_t D) {
+  return T * h * n * (D + 1) * 4;
+}
 inline std::int64_t inverted_pair_bytes(const NsaDims& dims) {
-  return dims.T * dims.heads_per_group() * dims.sel_count * (dims.D + 1) * 4;
+  return inverted_pair_bytes(dims.T, dims.heads_per_group(), dims.sel_count, dims.D);
 }
 
 inline std::atomic<int>& selection_row_loop_setting() {
