@@ -932,10 +932,10 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
 // mma.sync, per 16-row sub-batch a warp computes the same:
 //   S^T = K Q^T, dP^T = V dO^T (fp32 accumulate), p = exp(scale s - lse) (fp32),
 //   dV += (g p)^T dO (g p rounded to bf16),
-//   dK += dS^T Q with dS = p (g dP - delta) split into bf16 hi + lo parts, dS_hi Q + dS_lo Q
-//         (the rounding of dS would otherwise add ~2^-9 relative per term), and at DP = 32
-//         Q too (key_q_parts): + dS_hi Q_lo (with both roundings grad_k reached 1.04e-2 of the
-//         bf16 bound 1e-2 at D=6),
+//   dK += dS^T Q with dS = p (g dP - delta): at DP = 32 split into bf16 hi + lo parts,
+//         dS_hi Q + dS_lo Q, and Q too (key_q_parts): + dS_hi Q_lo (with both roundings grad_k
+//         reached 1.04e-2 of the bf16 bound 1e-2 at D=6); above, dS rounded to bf16 once
+//         (key_ds_parts, internal.cuh, says what it costs in accuracy),
 // skipping sub-batches whose positions cannot see its keys. A selection list of more than
 // kRS rows is split over blocks (grid y) of kRS rows each, whose fp32 partial sums are added
 // in split order by the unit's last block (see the epilogue): balance, block 0 is chosen by
@@ -1208,7 +1208,8 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
 #endif
       // p and dS / scale per (key, row). Where every row of a 16-row sub-batch sees every
       // key of the warp (rows in ascending position order), no mask.
-      std::uint32_t pa[NM][4], ea[NM][4], el[NM][4];
+      constexpr int kDSP = key_ds_parts(DP);
+      std::uint32_t pa[NM][4], ea[NM][4], el[kDSP == 2 ? NM : 1][4];
 #pragma unroll
       for (int m = 0; m < NM; ++m) {
         const int r0 = rb + 16 * m;
@@ -1243,15 +1244,22 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
         else
           probs(std::true_type{});
         pack_a<NN>(pa[m], st, m);
-        split2(dpt[2 * m][0], dpt[2 * m][1], ea[m][0], el[m][0]);
-        split2(dpt[2 * m][2], dpt[2 * m][3], ea[m][1], el[m][1]);
-        split2(dpt[2 * m + 1][0], dpt[2 * m + 1][1], ea[m][2], el[m][2]);
-        split2(dpt[2 * m + 1][2], dpt[2 * m + 1][3], ea[m][3], el[m][3]);
+        if constexpr (kDSP == 2) {  // dS as hi + lo
+          split2(dpt[2 * m][0], dpt[2 * m][1], ea[m][0], el[m][0]);
+          split2(dpt[2 * m][2], dpt[2 * m][3], ea[m][1], el[m][1]);
+          split2(dpt[2 * m + 1][0], dpt[2 * m + 1][1], ea[m][2], el[m][2]);
+          split2(dpt[2 * m + 1][2], dpt[2 * m + 1][3], ea[m][3], el[m][3]);
+        } else {  // dS rounded to bf16
+          ea[m][0] = pack2(dpt[2 * m][0], dpt[2 * m][1]);
+          ea[m][1] = pack2(dpt[2 * m][2], dpt[2 * m][3]);
+          ea[m][2] = pack2(dpt[2 * m + 1][0], dpt[2 * m + 1][1]);
+          ea[m][3] = pack2(dpt[2 * m + 1][2], dpt[2 * m + 1][3]);
+        }
       }
 #if NSATRON_WGMMA
       wg::pin(pa);
       wg::pin(ea);
-      wg::pin(el);
+      if constexpr (kDSP == 2) wg::pin(el);
       wg::pin(dV);
       wg::pin(dK);
       wg::fence();
@@ -1259,7 +1267,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       for (int m = 0; m < NM; ++m) {
         wg::mma<DP, 1>(dV, pa[m], wg::mnmajor_desc<DP, kRB>(Or, m));
         wg::mma<DP, 1>(dK, ea[m], wg::mnmajor_desc<DP, kRB>(Qr, m));
-        wg::mma<DP, 1>(dK, el[m], wg::mnmajor_desc<DP, kRB>(Qr, m));
+        if constexpr (kDSP == 2) wg::mma<DP, 1>(dK, el[m], wg::mnmajor_desc<DP, kRB>(Qr, m));
         if constexpr (kQP == 2) wg::mma<DP, 1>(dK, ea[m], wg::mnmajor_desc<DP, kRB>(Lr, m));
       }
       wg::commit();
@@ -1277,8 +1285,10 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
           mma(dV[2 * jp + 1], pa[m], xo[2], xo[3]);
           mma(dK[2 * jp], ea[m], xq[0], xq[1]);
           mma(dK[2 * jp + 1], ea[m], xq[2], xq[3]);
-          mma(dK[2 * jp], el[m], xq[0], xq[1]);
-          mma(dK[2 * jp + 1], el[m], xq[2], xq[3]);
+          if constexpr (kDSP == 2) {
+            mma(dK[2 * jp], el[m], xq[0], xq[1]);
+            mma(dK[2 * jp + 1], el[m], xq[2], xq[3]);
+          }
           if constexpr (kQP == 2) {
             std::uint32_t xl[4];
             tile_frag_b<DP, kRB>(xl, Lc, rb + 16 * m, jp * 16, lane);

@@ -445,5 +445,10 @@ int smem_optin();       // the current device's opt-in shared memory limit of on
 // Parts of the rotated q in the tensor-core key side's dK += dS^T Q: bf16 hi + lo (2) at
 // DP = 32, where with one part grad_k reached 1.04e-2 of the 1e-2 bound (D = 6); one above.
 constexpr int key_q_parts(int DP) { return DP <= 32 ? 2 : 1; }
+// Parts of dS in the key side's dK += dS^T Q: bf16 hi + lo (2) at DP = 32; one above, as flash
+// attention rounds it (one product of the five per row group less: backward -3% at the paper's
+// 8192, -4% at 125M; the parity cases' worst grad_k rose from 4.8e-3 to 5.5e-3 at D = 128 and
+// 4.6e-3 to 5.9e-3 at D = 48, against the 1e-2 bound: docs/performance.md, 2026-11-27).
+constexpr int key_ds_parts(int DP) { return DP <= 32 ? 2 : 1; }
 
 }  // namespace nsatron::nsa::cuda::detail
