@@ -8,8 +8,9 @@
 // in shared memory (tiles of 64 keys, wgmma.cuh layout) and serve all its batches. Per batch:
 //   forward   S = Q K^T, the softmax over the block's keys s <= t (online over its tiles, as
 //             the row kernel), O = P V; the batch writes each row's partial state
-//             o_e = O / l and lse_e = ln 2 m2 + ln l (fp32) at the row's slot e, the index of
-//             j in its selection row (sel[b, t, g, e] == j);
+//             o_e = O / l (bf16: half the bytes written and merged) and lse_e = ln 2 m2 +
+//             ln l (fp32) at the row's slot e, the index of j in its selection row
+//             (sel[b, t, g, e] == j);
 //   backward  S = Q K^T, dP = dO V^T, p = exp(scale s - lse) with the merged lse of the
 //             forward, dS / scale = p (dP - do . o_c) (do . o_c from branch_dot_kernel), and
 //             the partial A_e = sum_s dS/scale k_s at the row's slot.
@@ -47,7 +48,7 @@ struct InvArgs {
   const int* choff;   // exclusive prefix of the blocks per unit ([U + 1])
   int u0, u1;         // this pass's units [u0, u1) = (b, g) pairs [bg0, bg0 + nbg) x NB
   int bg0;
-  float* part;        // [pass rows][n][D]: o_e (forward) or A_e (backward)
+  float* part;        // [pass rows][n][D]: o_e (forward, bf16: half the space) or A_e (backward, fp32)
   float* part_lse;    // forward: [pass rows][n]
   const float* lse_in;  // backward: the selection branch's lse [B, T, H]
   const float* dot_in;  // backward: do . o_slc [B, T, H]
@@ -226,13 +227,17 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) slc_i
       const int i = warp * 16 + gr + 8 * h2;
       const std::int64_t pr =
           ((std::int64_t(bg - a.bg0) * g.T + rt[h2]) * g.h + rinfo[kInvRows + i]) * g.n + slot[h2];
-      float* dst = a.part + pr * g.D;
       const float inv = BWD ? 1.f : (ls[h2] > 0.f ? 1.f / ls[h2] : 0.f);
 #pragma unroll
       for (int jj = 0; jj < DT; ++jj) {
         const int dd = jj * 8 + gc * 2;
-        if (dd < g.D)
-          *reinterpret_cast<float2*>(dst + dd) = make_float2(acc[jj][2 * h2] * inv, acc[jj][2 * h2 + 1] * inv);
+        if (dd >= g.D) continue;
+        const float x0 = acc[jj][2 * h2] * inv, x1 = acc[jj][2 * h2 + 1] * inv;
+        if constexpr (BWD)
+          *reinterpret_cast<float2*>(a.part + pr * g.D + dd) = make_float2(x0, x1);
+        else  // a slot's output rounded once to bf16 (the merge sums n of them in fp32)
+          *reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<bf16*>(a.part) + pr * g.D + dd) =
+              __floats2bfloat162_rn(x0, x1);
       }
       if constexpr (!BWD)
         if (gc == 0)
@@ -258,7 +263,8 @@ __global__ void inv_merge_kernel(Geo g, InvArgs a, int nbg, float* __restrict__ 
     const int b = bg / g.G, gi = bg % g.G;
     const std::int64_t row = (std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd;
     const std::int32_t* selrow = a.sel + ((std::int64_t(b) * g.T + t) * g.G + gi) * g.n;
-    const float* prow = a.part + pr * g.n * g.D;
+    const float* prow = a.part + pr * g.n * g.D;                              // backward
+    const bf16* prow16 = reinterpret_cast<const bf16*>(a.part) + pr * g.n * g.D;  // forward
     auto valid = [&](int e) {  // as launch_inverse_index marks its entries
       const int jb = selrow[e];
       return jb >= 0 && jb < g.NB && jb * g.ls <= t;
@@ -276,7 +282,7 @@ __global__ void inv_merge_kernel(Geo g, InvArgs a, int nbg, float* __restrict__ 
 #pragma unroll
         for (int cc = 0; cc < kMaxCols; ++cc) {
           const int dd = lane + 32 * cc;
-          if (dd < g.D) accv[cc] += w * prow[std::int64_t(e) * g.D + dd];
+          if (dd < g.D) accv[cc] += w * __bfloat162float(prow16[std::int64_t(e) * g.D + dd]);
         }
       }
       const float inv = L > 0.f ? 1.f / L : 0.f;
