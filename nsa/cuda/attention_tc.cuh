@@ -1051,6 +1051,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       cp16(reinterpret_cast<char*>(Vs + p * kKB * DP) + to, vp + po, ok);
     }
   }
+  int next_t = 0;  // selection: see issue
   auto issue = [&](int i) {
     if (i < nbatch) {
       const int st = i % S;
@@ -1068,6 +1069,8 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       constexpr int kIt = kRB * CH / (kKeyWarps * 32), kRpw = 32 / CH, kRowStep = kKeyWarps * kRpw;
       static_assert(kRB * CH % (kKeyWarps * 32) == 0 && 32 % CH == 0 && kIt * kRpw <= 32,
                     "whole passes over the chunks, rows owned by one lane each");
+      // (Selection: the list entry of the lane's row in batch i + 1 is loaded here, a batch
+      // ahead of its use; loaded at its use, its wait was ~4% of the key side's stall samples.)
       int own_t = -1;
       std::int64_t own_row = 0;
       if (lane < kIt * kRpw) {  // the row this lane resolves
@@ -1075,9 +1078,11 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
         if (rho < nrows) {
           int pi, hd;
           g.hdiv.divmod(rho, pi, hd);
-          own_t = BR == kSlc ? list[pi] : p0 + pi;
+          own_t = BR == kSlc ? (i == 0 ? list[pi] : next_t) : p0 + pi;
           own_row = (std::int64_t(b) * g.T + own_t) * g.H + gi * g.h + hd;
         }
+        if constexpr (BR == kSlc)
+          if (rho + kRB < nrows) next_t = list[g.hdiv.div(rho + kRB)];
       }
       const int ch = lane % CH;
 #pragma unroll
@@ -1370,6 +1375,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
     __threadfence();
     for (int idx = tid; idx < kKB * DP; idx += blockDim.x) {
       float sk = 0.f, sv = 0.f;
+#pragma unroll 4  // the loads of four splits issued together, the adds in split order
       for (int sp = 0; sp < nsplit; ++sp) {
         const float* Q2 = part(sp);
         sk += __ldcg(Q2 + idx);
@@ -1381,21 +1387,47 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
     if (tid == 0) *ticket = 0;  // ready for the next backward
   }
   __syncthreads();
+  // dK rotated back (rope_back_pair) and both stored: one RoPE pair (i, i + D/2) per thread
+  // and step, both elements from the pair's (cos, sin), the table loads of kEpi steps issued
+  // before their uses (one element per step, each load waited for alone, was ~8% of the window
+  // key side's stall samples at D = 128).
+  constexpr int HP = DP / 2, kEpi = 4;  // pairs per key (those from g.half on are padding)
   const int cnt = s1 - s0;
-  for (int idx = tid; idx < cnt * DP; idx += blockDim.x) {
-    const int kk = idx / DP, dd = idx % DP;
-    if (dd >= g.D) continue;
-    const int s = s0 + kk;
-    const int pos = BR == kCmp ? s * g.d + g.l - 1 : s;  // RoPE position of the key
-    const float dk = rope_back_elem(Tk + kk * FS, dd, g.half, a.rope + std::int64_t(pos) * g.half);
-    if constexpr (BR == kCmp) {  // fp32 [B,N,G,D]: the compression backward takes them on
-      const std::int64_t o = ((std::int64_t(b) * g.N + s) * g.G + gi) * g.D + dd;
-      static_cast<float*>(a.dk)[o] = dk;
-      static_cast<float*>(a.dv)[o] = Tv[kk * FS + dd];
-    } else {
-      const std::int64_t o = ((std::int64_t(b) * g.T + s) * g.G + gi) * g.D + dd;
-      static_cast<bf16*>(a.dk)[o] = __float2bfloat16_rn(dk);
-      static_cast<bf16*>(a.dv)[o] = __float2bfloat16_rn(Tv[kk * FS + dd]);
+  for (int base = tid; base < cnt * HP; base += kEpi * kKeyWarps * 32) {
+    float2 r[kEpi];
+#pragma unroll
+    for (int u = 0; u < kEpi; ++u) {
+      const int idx = base + u * kKeyWarps * 32, kk = idx / HP, i = idx % HP;
+      const int s = s0 + kk;
+      const int pos = BR == kCmp ? s * g.d + g.l - 1 : s;  // RoPE position of the key
+      r[u] = idx < cnt * HP && i < g.half ? a.rope[std::int64_t(pos) * g.half + i] : make_float2(0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kEpi; ++u) {
+      const int idx = base + u * kKeyWarps * 32, kk = idx / HP, i = idx % HP;
+      if (idx >= cnt * HP || i >= g.half) continue;
+      const float* y = Tk + kk * FS;
+      const float* v = Tv + kk * FS;
+      const float dk0 = rope_back_pair(y[i], y[i + g.half], r[u], true);
+      const float dk1 = rope_back_pair(y[i + g.half], y[i], r[u], false);
+      const int s = s0 + kk;
+      if constexpr (BR == kCmp) {  // fp32 [B,N,G,D]: the compression backward takes them on
+        const std::int64_t o = ((std::int64_t(b) * g.N + s) * g.G + gi) * g.D + i;
+        float* dk = static_cast<float*>(a.dk) + o;
+        float* dv = static_cast<float*>(a.dv) + o;
+        dk[0] = dk0;
+        dk[g.half] = dk1;
+        dv[0] = v[i];
+        dv[g.half] = v[i + g.half];
+      } else {
+        const std::int64_t o = ((std::int64_t(b) * g.T + s) * g.G + gi) * g.D + i;
+        bf16* dk = static_cast<bf16*>(a.dk) + o;
+        bf16* dv = static_cast<bf16*>(a.dv) + o;
+        dk[0] = __float2bfloat16_rn(dk0);
+        dk[g.half] = __float2bfloat16_rn(dk1);
+        dv[0] = __float2bfloat16_rn(v[i]);
+        dv[g.half] = __float2bfloat16_rn(v[i + g.half]);
+      }
     }
   }
 }

@@ -58,30 +58,41 @@ __host__ __device__ __forceinline__ int row_group_offset(int r0) {
 }
 
 #if NSATRON_WGMMA
-// swizzle: 0 none, 1 the 128-byte swizzle (bits 62-63).
-__device__ __forceinline__ std::uint64_t make_desc(const void* smem, std::uint32_t lbo,
-                                                   std::uint32_t sbo, std::uint64_t swizzle) {
-  const auto addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  return std::uint64_t((addr & 0x3FFFFu) >> 4) | (std::uint64_t((lbo >> 4) & 0x3FFFu) << 16) |
-         (std::uint64_t((sbo >> 4) & 0x3FFFu) << 32) | (swizzle << 62);
+// A tile's start address as the descriptor holds it: its shared-window address (below 2^18:
+// a block's shared memory on sm_90 is at most 227 KB) in 16-byte units.
+__device__ __forceinline__ std::uint32_t desc_addr(const void* smem) {
+  return (static_cast<std::uint32_t>(__cvta_generic_to_shared(smem)) & 0x3FFFFu) >> 4;
+}
+// The descriptor of the matrix at byte off of the tile whose desc_addr is a16. LBO, SBO: the
+// leading and stride byte offsets; SW: 0 no swizzle, 1 the 128-byte swizzle (bits 62-63). The
+// fields other than the address are constants and the address (a16 + off / 16 < 2^14, bits
+// 0-13) a sum, so the descriptors of one tile's k steps cost an add each once the compiler has
+// the tile's a16. (Built from the pointer each time, masks and shifts included, their lines
+// held ~8% of the row backward's stall samples at D = 128; built this way the kernel was only
+// ~1% faster: docs/performance.md, 2026-11-27.)
+template <std::uint32_t LBO, std::uint32_t SBO, std::uint32_t SW>
+__device__ __forceinline__ std::uint64_t desc_at(std::uint32_t a16, std::uint32_t off) {
+  constexpr std::uint32_t hi = ((SBO >> 4) & 0x3FFFu) | (SW << 30);
+  constexpr std::uint32_t lo = ((LBO >> 4) & 0x3FFFu) << 16;
+  return (std::uint64_t(hi) << 32) | (a16 + (off >> 4) + lo);
 }
 // K-major B (rows are its N, dims its K), dims kk * 16 ..: no swizzle, LBO 128 B between the
 // two 8-dim core matrices, SBO DP 16 B between 8-row groups; swizzled, the k step's 32 bytes
 // within the 128-byte rows of its half (the hardware applies the XOR), SBO 1024 B.
 template <int DP, int R>
 __device__ __forceinline__ std::uint64_t kmajor_desc(const void* tile, int kk) {
-  const char* t = static_cast<const char*>(tile);
-  if constexpr (DP == 32) return make_desc(t + kk * 256, 128u, DP * 16u, 0);
-  else return make_desc(t + (kk >> 2) * (R * 128) + (kk & 3) * 32, 16u, 1024u, 1);
+  const std::uint32_t a16 = desc_addr(tile);
+  if constexpr (DP == 32) return desc_at<128u, DP * 16u, 0>(a16, kk * 256);
+  else return desc_at<16u, 1024u, 1>(a16, (kk >> 2) * (R * 128) + (kk & 3) * 32);
 }
 // MN-major B (rows are its K, dims its N), rows kr * 16 ..: no swizzle, LBO DP 16 B between the
 // two 8-row halves, SBO 128 B between 8-dim groups; swizzled, LBO R 128 B between the 64-dim
 // halves, SBO 1024 B between 8-row groups.
 template <int DP, int R>
 __device__ __forceinline__ std::uint64_t mnmajor_desc(const void* tile, int kr) {
-  const char* t = static_cast<const char*>(tile);
-  if constexpr (DP == 32) return make_desc(t + kr * 2 * DP * 16, DP * 16u, 128u, 0);
-  else return make_desc(t + kr * 2048, R * 128u, 1024u, 1);
+  const std::uint32_t a16 = desc_addr(tile);
+  if constexpr (DP == 32) return desc_at<DP * 16u, 128u, 0>(a16, kr * 2 * DP * 16);
+  else return desc_at<R * 128u, 1024u, 1>(a16, kr * 2048);
 }
 
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
