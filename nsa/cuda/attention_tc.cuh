@@ -344,6 +344,15 @@ __device__ __forceinline__ void pack_a(std::uint32_t (&xa)[4], const float (*x)[
   xa[2] = pack2(x[2 * k2 + 1][0], x[2 * k2 + 1][1]);
   xa[3] = pack2(x[2 * k2 + 1][2], x[2 * k2 + 1][3]);
 }
+// The same fragment as bf16 hi (xh, as pack_a) + lo (xl, the rounding residuals) parts.
+template <int NT>
+__device__ __forceinline__ void pack_a_parts(std::uint32_t (&xh)[4], std::uint32_t (&xl)[4], const float (*x)[4],
+                                             int k2) {
+  split2(x[2 * k2][0], x[2 * k2][1], xh[0], xl[0]);
+  split2(x[2 * k2][2], x[2 * k2][3], xh[1], xl[1]);
+  split2(x[2 * k2 + 1][0], x[2 * k2 + 1][1], xh[2], xl[2]);
+  split2(x[2 * k2 + 1][2], x[2 * k2 + 1][3], xh[3], xl[3]);
+}
 
 // A thread's two row sums (rows lane/4 and lane/4 + 8) over the 4 threads that hold each row,
 // in the fixed order of the xor tree.
@@ -426,27 +435,35 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
 #endif
 }
 
-// acc += X Y for a warp's 16 rows: X [16][KT] fp32 in the accumulator layout (rounded to bf16
-// here), Y [KT][DP] bf16 in shared memory as PARTS parts (smallest first): TILE false, rows of
-// STR elements, parts KT * STR apart; TILE true, wgmma.cuh tiles (STR = DP), parts KT * DP
-// apart, and on sm_90a the product is one warpgroup product (every warp of the block calls it
-// together; wgmma.cuh).
-template <int NT, int DT, int STR, int KT, int PARTS, bool TILE = false>
+// acc += X Y for a warp's 16 rows: X [16][KT] fp32 in the accumulator layout, rounded to bf16
+// here (XPARTS 1) or split into bf16 hi + lo (XPARTS 2: X_hi Y + X_lo Y, ~16 significant
+// bits of X), Y [KT][DP] bf16 in shared memory as PARTS parts (smallest first): TILE false,
+// rows of STR elements, parts KT * STR apart; TILE true, wgmma.cuh tiles (STR = DP), parts
+// KT * DP apart, and on sm_90a the product is one warpgroup product (every warp of the block
+// calls it together; wgmma.cuh).
+template <int NT, int DT, int STR, int KT, int PARTS, bool TILE = false, int XPARTS = 1>
 __device__ __forceinline__ void acc_add_product(float (&acc)[DT][4], const float (*x)[4], const bf16* y,
                                                 int lane) {
+  static_assert(XPARTS == 1 || XPARTS == 2, "X as one or two bf16 parts");
 #if NSATRON_WGMMA
   if constexpr (TILE) {
-    std::uint32_t xa[NT / 2][4];
+    std::uint32_t xa[NT / 2][4], xl[XPARTS == 2 ? NT / 2 : 1][4];
 #pragma unroll
-    for (int k2 = 0; k2 < NT / 2; ++k2) pack_a<NT>(xa[k2], x, k2);
+    for (int k2 = 0; k2 < NT / 2; ++k2) {
+      if constexpr (XPARTS == 2) pack_a_parts<NT>(xa[k2], xl[k2], x, k2);
+      else pack_a<NT>(xa[k2], x, k2);
+    }
     wg::pin(acc);
     wg::pin(xa);
+    if constexpr (XPARTS == 2) wg::pin(xl);
     wg::fence();
 #pragma unroll
     for (int k2 = 0; k2 < NT / 2; ++k2)
 #pragma unroll
-      for (int p = PARTS - 1; p >= 0; --p)
+      for (int p = PARTS - 1; p >= 0; --p) {
+        if constexpr (XPARTS == 2) wg::mma<DT * 8, 1>(acc, xl[k2], wg::mnmajor_desc<STR, KT>(y + p * KT * STR, k2));
         wg::mma<DT * 8, 1>(acc, xa[k2], wg::mnmajor_desc<STR, KT>(y + p * KT * STR, k2));
+      }
     wg::commit();
     wg::wait(acc);
     return;
@@ -455,8 +472,9 @@ __device__ __forceinline__ void acc_add_product(float (&acc)[DT][4], const float
   constexpr int PSTR = KT * STR;  // elements between parts (STR = DP for tiles)
 #pragma unroll
   for (int k2 = 0; k2 < NT / 2; ++k2) {
-    std::uint32_t xa[4];
-    pack_a<NT>(xa, x, k2);
+    std::uint32_t xa[4], xl[4];
+    if constexpr (XPARTS == 2) pack_a_parts<NT>(xa, xl, x, k2);
+    else pack_a<NT>(xa, x, k2);
 #pragma unroll
     for (int jp = 0; jp < DT / 2; ++jp)
 #pragma unroll
@@ -466,6 +484,10 @@ __device__ __forceinline__ void acc_add_product(float (&acc)[DT][4], const float
           tile_frag_b<STR, KT>(xb, y + p * PSTR, k2 * 16, jp * 16, lane);
         else
           frag_b<STR>(xb, y + p * PSTR, k2 * 16, jp * 16, lane);
+        if constexpr (XPARTS == 2) {
+          mma(acc[2 * jp], xl, xb[0], xb[1]);
+          mma(acc[2 * jp + 1], xl, xb[2], xb[3]);
+        }
         mma(acc[2 * jp], xa, xb[0], xb[1]);
         mma(acc[2 * jp + 1], xa, xb[2], xb[3]);
       }
@@ -810,7 +832,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           }
       }
       if constexpr (BWD) {
-        if (pass2) acc_add_product<NT, DT, DP, KT, kKParts, true>(acc, dp, Kt, lane);  // acc += dS K
+        if (pass2)  // acc += dS K (dS in row_ds_parts(DP) parts)
+          acc_add_product<NT, DT, DP, KT, kKParts, true, row_ds_parts(DP)>(acc, dp, Kt, lane);
       } else {
         acc_add_product<NT, DT, DP, KT, kKParts, true>(acc, s, Vt, lane);  // acc += P V
       }

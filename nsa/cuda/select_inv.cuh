@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) slc_i
             const float p = ex2(fmaf(s[n][e], sl2, -lrow2[h2]));
             dp[n][e] = p * (dp[n][e] - dot[h2]);  // dS / scale
           }
-        acc_add_product<NT, DT, DP, KT, 1, true>(acc, dp, Kt, lane);  // acc += dS K
+        acc_add_product<NT, DT, DP, KT, 1, true, row_ds_parts(DP)>(acc, dp, Kt, lane);  // acc += dS K
       } else {
         online_softmax_tile<NT, DT>(s, sl2, m2, ls, acc);
         acc_add_product<NT, DT, DP, KT, 1, true>(acc, s, Vt, lane);  // acc += P V
