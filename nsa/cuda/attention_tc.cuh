@@ -16,7 +16,8 @@
 //   forward   S = Q K^T, online softmax in fp32 (exp2 domain), O += P V (P rounded to bf16),
 //             O / l and lse = m + log(l) written as the fp32 kernel does;
 //   backward  one pass over the keys for dq: S = Q K^T, dP = dO V^T, p = exp(scale s - lse),
-//             dS = p (dP - lsum) in fp32, rounded to bf16, A += dS K; dq (+)= scale g A, with
+//             dS = p (dP - lsum) in fp32, rounded to bf16 (hi + lo at padded D = 32,
+//             row_ds_parts), A += dS K; dq (+)= scale g A, with
 //             lsum = do . o_c per row from the saved fp32 branch output (RowArgs::dot_in).
 //             Without dot_in (dense attention, whose output is bf16) a first pass computes
 //             lsum += p dP (fp32) over the same tiles and writes delta = g lsum and dgate;
@@ -1237,7 +1238,8 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       // p and dS / scale per (key, row). Where every row of a 16-row sub-batch sees every
       // key of the warp (rows in ascending position order), no mask.
       constexpr int kDSP = key_ds_parts(DP);
-      std::uint32_t pa[NM][4], ea[NM][4], el[kDSP == 2 ? NM : 1][4];
+      std::uint32_t pa[NM][4], ea[NM][4];
+      [[maybe_unused]] std::uint32_t el[kDSP == 2 ? NM : 1][4];  // dS_lo (kDSP == 2)
 #pragma unroll
       for (int m = 0; m < NM; ++m) {
         const int r0 = rb + 16 * m;

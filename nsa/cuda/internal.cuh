@@ -451,8 +451,10 @@ constexpr int key_q_parts(int DP) { return DP <= 32 ? 2 : 1; }
 // 4.6e-3 to 5.9e-3 at D = 48, against the 1e-2 bound: docs/performance.md, 2026-11-27).
 constexpr int key_ds_parts(int DP) { return DP <= 32 ? 2 : 1; }
 // Parts of dS in the row side's dq += dS K: bf16 hi + lo (2) at DP = 32, one above. With one
-// part, dense attention's dq exceeded the 1e-2 bound at D = 2 and 32 on 2 of 30 seeds (its dS
-// terms cancel: sum_j dS_j = 0; the key side's split at DP = 32 is for the same reason).
+// part, dense attention's dq exceeded the 1e-2 bound at D = 32 on one seed of 30 (1.1e-2; 4.3e-3
+// with two) and came nearer it at D = 2 (its dS terms cancel: sum_j dS_j = 0; the key side's
+// split at DP = 32 is for the same reason). D = 2's remaining excess is the scores': see
+// docs/performance.md, 2026-11-27 (second session).
 constexpr int row_ds_parts(int DP) { return DP <= 32 ? 2 : 1; }
 
 }  // namespace nsatron::nsa::cuda::detail

@@ -48,7 +48,8 @@ struct InvArgs {
   const int* choff;   // exclusive prefix of the blocks per unit ([U + 1])
   int u0, u1;         // this pass's units [u0, u1) = (b, g) pairs [bg0, bg0 + nbg) x NB
   int bg0;
-  float* part;        // [pass rows][n][D]: o_e (forward, bf16: half the space) or A_e (backward, fp32)
+  float* part;        // [pass rows][n][D]: o_e (forward, bf16: the first half of the space,
+                      // which stays sized for the backward's fp32) or A_e (backward, fp32)
   float* part_lse;    // forward: [pass rows][n]
   const float* lse_in;  // backward: the selection branch's lse [B, T, H]
   const float* dot_in;  // backward: do . o_slc [B, T, H]
