@@ -6,7 +6,10 @@
 #   - the D=6 case over many seeds (the shape nearest its bound): how many exceed it;
 #   - bench_nsa_gpu on the 125M and paper shapes, reference then working tree;
 #   - with NCU set, the per-kernel times (ncu, bench/ncu_table.py) of both at 125M and T = 8192;
-#   - with DENSE set, the working tree's test_dense_cuda (dense attention on the same kernels).
+#   - with DENSE set, the working tree's test_dense_cuda (dense attention on the same kernels);
+#     with DENSE_SEEDS=N as well, its bf16 comparison on seeds 1..N for both trees (how many
+#     fail: its inputs are fresh each run, and a rounding that exceeds the bound on a few
+#     seeds shows only this way; docs/performance.md, 2026-11-27, second session).
 # Usage: scripts/gpu_compare.sh [REF]. REF: a commit, or a tar of one (the device's copy of the
 # repository may lack this session's commits: `git archive COMMIT -o .ref.tar`, carry it).
 # Env: SEEDS (default "11 555 222 9"), D6_SEEDS (default 40), BENCH (default "--shapes
@@ -29,7 +32,7 @@ fi
 [ -d .carry ] && cp -r .carry "$refdir/"
 configure() {  # the two trees build at the same time (half the cores each)
   local targets="test_nsa_cuda bench_nsa_gpu"
-  [ -n "${DENSE:-}" ] && [ "$2" = new ] && targets="$targets test_dense_cuda"
+  [ -n "${DENSE:-}" ] && { [ "$2" = new ] || [ -n "${DENSE_SEEDS:-}" ]; } && targets="$targets test_dense_cuda"
   [ -f "$1/tests/nsa_cuda/test_wgmma.cu" ] && targets="$targets test_wgmma"
   cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90a} \
     -DNSATRON_TOMLPP_DIR="$1/.carry/include" >"$OUT/configure_$2.log" 2>&1 &&
@@ -70,6 +73,16 @@ done | tee -a "$OUT/compare.log"
 if [ -n "${DENSE:-}" ]; then  # dense attention runs the same row and key kernels
   build-gpu/tests/nsa_cuda/test_dense_cuda 2>&1 | grep -E "^\[  (FAILED|PASSED) |seed|Failure" |
     tee -a "$OUT/compare.log"
+  if [ -n "${DENSE_SEEDS:-}" ]; then
+    for v in ref new; do
+      n=0
+      for s in $(seq 1 "$DENSE_SEEDS"); do
+        DENSE_CUDA_SEED=$s "$(bin $v tests/nsa_cuda/test_dense_cuda)" --gtest_filter='*Bf16MatchesCpu' \
+          >/tmp/nsatron_dense.log 2>&1 || { n=$((n + 1)); grep -E "^dq|^dk|^dv|^out|^lse" /tmp/nsatron_dense.log | head -2; }
+      done
+      echo "dense bf16 $v: $n of $DENSE_SEEDS seeds failed"
+    done | tee -a "$OUT/compare.log"
+  fi
 fi
 if [ -n "${NCU:-}" ]; then  # per-kernel times, ms per call
   for v in ref new; do
