@@ -1274,17 +1274,8 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
         else
           probs(std::true_type{});
         pack_a<NN>(pa[m], st, m);
-        if constexpr (kDSP == 2) {  // dS as hi + lo
-          split2(dpt[2 * m][0], dpt[2 * m][1], ea[m][0], el[m][0]);
-          split2(dpt[2 * m][2], dpt[2 * m][3], ea[m][1], el[m][1]);
-          split2(dpt[2 * m + 1][0], dpt[2 * m + 1][1], ea[m][2], el[m][2]);
-          split2(dpt[2 * m + 1][2], dpt[2 * m + 1][3], ea[m][3], el[m][3]);
-        } else {  // dS rounded to bf16
-          ea[m][0] = pack2(dpt[2 * m][0], dpt[2 * m][1]);
-          ea[m][1] = pack2(dpt[2 * m][2], dpt[2 * m][3]);
-          ea[m][2] = pack2(dpt[2 * m + 1][0], dpt[2 * m + 1][1]);
-          ea[m][3] = pack2(dpt[2 * m + 1][2], dpt[2 * m + 1][3]);
-        }
+        if constexpr (kDSP == 2) pack_a_parts<NN>(ea[m], el[m], dpt, m);  // dS as hi + lo
+        else pack_a<NN>(ea[m], dpt, m);                                     // dS rounded to bf16
       }
 #if NSATRON_WGMMA
       wg::pin(pa);
@@ -1435,24 +1426,17 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       const float* v = Tv + kk * FS;
       const float dk0 = rope_back_pair(y[i], y[i + g.half], r[u], true);
       const float dk1 = rope_back_pair(y[i + g.half], y[i], r[u], false);
+      // [B, NK, G, D]: fp32 for the compression (its backward takes them on), else bf16
+      using Out = std::conditional_t<BR == kCmp, float, bf16>;
+      const std::int64_t NK = BR == kCmp ? g.N : g.T;
       const int s = s0 + kk;
-      if constexpr (BR == kCmp) {  // fp32 [B,N,G,D]: the compression backward takes them on
-        const std::int64_t o = ((std::int64_t(b) * g.N + s) * g.G + gi) * g.D + i;
-        float* dk = static_cast<float*>(a.dk) + o;
-        float* dv = static_cast<float*>(a.dv) + o;
-        dk[0] = dk0;
-        dk[g.half] = dk1;
-        dv[0] = v[i];
-        dv[g.half] = v[i + g.half];
-      } else {
-        const std::int64_t o = ((std::int64_t(b) * g.T + s) * g.G + gi) * g.D + i;
-        bf16* dk = static_cast<bf16*>(a.dk) + o;
-        bf16* dv = static_cast<bf16*>(a.dv) + o;
-        dk[0] = __float2bfloat16_rn(dk0);
-        dk[g.half] = __float2bfloat16_rn(dk1);
-        dv[0] = __float2bfloat16_rn(v[i]);
-        dv[g.half] = __float2bfloat16_rn(v[i + g.half]);
-      }
+      const std::int64_t o = ((std::int64_t(b) * NK + s) * g.G + gi) * g.D + i;
+      Out* dk = static_cast<Out*>(a.dk) + o;
+      Out* dv = static_cast<Out*>(a.dv) + o;
+      dk[0] = stf<Out>(dk0);
+      dk[g.half] = stf<Out>(dk1);
+      dv[0] = stf<Out>(v[i]);
+      dv[g.half] = stf<Out>(v[i + g.half]);
     }
   }
 }
