@@ -111,13 +111,8 @@ void compare(const DenseDims& d, DType dtype, std::uint64_t seed) {
   const double bound = dtype == DType::BF16 ? kBf16Bound : kFp32Bound;
   const Inputs in = random_inputs(d, dtype, seed);
   const Outputs gpu = run_gpu(in, dtype);
-  Outputs ref = run_cpu(in);
-  if (dtype == DType::BF16) {  // the backward's reference from the output the GPU's backward read
-    const Outputs given = run_cpu(in, &gpu.out);
-    ref.dq = given.dq;
-    ref.dk = given.dk;
-    ref.dv = given.dv;
-  }
+  // bf16: the backward's reference from the output the GPU's backward read (out, lse: the CPU's)
+  const Outputs ref = run_cpu(in, dtype == DType::BF16 ? &gpu.out : nullptr);
   const double grad_scale = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
   const char* names[5] = {"out", "lse", "dq", "dk", "dv"};
   const std::vector<double>* r[5] = {&ref.out, &ref.lse, &ref.dq, &ref.dk, &ref.dv};
