@@ -206,8 +206,20 @@ struct RowCfg {
 };
 
 struct RowSmem {  // byte offsets of the dynamic shared memory of row_kernel
-  std::size_t q, o, k, v, kmask, selp, tbits, total;
+  std::size_t q, ql, o, k, v, kmask, selp, tbits, total;
 };
+// Parts of each key and value tile of the row kernel: the compression backward's fp32 keys and
+// values at padded D = 32 (cmp_kv_parts), the window branch's rotated keys at padded D = 32
+// (win_score_parts); one otherwise. Every product with them is the sum of the parts' products.
+template <int DP, int BR, bool BWD>
+constexpr int row_kv_parts() {
+  return BR == kCmp ? (BWD ? cmp_kv_parts(DP) : 1) : (BR == kWin ? win_score_parts(DP) : 1);
+}
+// Parts of the rotated queries in the row kernel's scores (win_score_parts).
+template <int DP, int BR>
+constexpr int row_q_parts() {
+  return BR == kWin ? win_score_parts(DP) : 1;
+}
 template <int DP, int BR, bool BWD>
 __host__ __device__ inline RowSmem row_smem(int n, int ntw) {
   using C = RowCfg<DP>;
@@ -215,9 +227,10 @@ __host__ __device__ inline RowSmem row_smem(int n, int ntw) {
   RowSmem L;
   const std::size_t rows = std::size_t(16 * kRowWarps) * C::STR * 2;
   const std::size_t tile = std::size_t(2) * C::KT * DP * 2;  // tiles laid out as wgmma.cuh says
-  constexpr int kKParts = BR == kCmp && BWD ? cmp_kv_parts(DP) : 1;
+  constexpr int kKParts = row_kv_parts<DP, BR, BWD>();
   L.q = 0;
-  L.o = L.q + rows;
+  L.ql = L.q + rows;  // the queries' residuals (row_q_parts == 2)
+  L.o = L.ql + (row_q_parts<DP, BR>() == 2 ? rows : 0);
   L.k = L.o + (BWD ? rows : 0);
   L.v = L.k + tile * kKParts;
   L.kmask = L.v + tile * kKParts;
@@ -436,6 +449,34 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
 #endif
 }
 
+// S += Q_lo K_hi for a warp's 16 rows over a tile of KT keys: the rotated queries' bf16
+// rounding residuals (ql, fragments as tile_scores' qa) against the keys' first (hi) part at
+// Kt, the third product of the scores' parts (win_score_parts). Its own product group (wgmma:
+// waited for before it returns).
+template <int DP, int KT, int NQ>
+__device__ __forceinline__ void scores_add_qlo(float (&s)[KT / 8][4], std::uint32_t (&ql)[NQ][4], const bf16* Kt,
+                                               int lane) {
+#if NSATRON_WGMMA
+  wg::pin(ql);
+  wg::pin(s);
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < DP / 16; ++kk) wg::mma<KT, 0>(s, ql[kk], wg::kmajor_desc<DP, KT>(Kt, kk));
+  wg::commit();
+  wg::wait(s);
+#else
+#pragma unroll
+  for (int kk = 0; kk < DP / 16; ++kk)
+#pragma unroll
+    for (int np = 0; np < KT / 16; ++np) {
+      std::uint32_t kb[4];
+      tile_frag_bt<DP, KT>(kb, Kt, np * 16, kk * 16, lane);
+      mma(s[2 * np], ql[kk], kb[0], kb[1]);
+      mma(s[2 * np + 1], ql[kk], kb[2], kb[3]);
+    }
+#endif
+}
+
 // acc += X Y for a warp's 16 rows: X [16][KT] fp32 in the accumulator layout, rounded to bf16
 // here (XPARTS 1) or split into bf16 hi + lo (XPARTS 2: X_hi Y + X_lo Y, ~16 significant
 // bits of X), Y [KT][DP] bf16 in shared memory as PARTS parts (smallest first): TILE false,
@@ -529,10 +570,8 @@ template <int DP, int BR, bool BWD>
 __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_kernel(Geo g, RowArgs a, int ntw) {
   using C = RowCfg<DP>;
   constexpr int kRowsPerBlock = 16 * kRowWarps, kMaxPos = kRowsPerBlock;
-  // Parts of each key and value (compression backward at padded D = 32: the fp32 compressed
-  // keys and values as bf16 hi + lo, every product with them is the sum of the parts'
-  // products; cmp_kv_parts).
-  constexpr int kKParts = BR == kCmp && BWD ? cmp_kv_parts(DP) : 1;
+  constexpr int kKParts = row_kv_parts<DP, BR, BWD>();
+  constexpr int kQParts = row_q_parts<DP, BR>();  // 2: S += Q_lo K_hi too (win_score_parts)
   constexpr int KT = C::KT, STR = C::STR, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
@@ -540,6 +579,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   const RowSmem L = row_smem<DP, BR, BWD>(g.n, ntw);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   bf16* Qs = reinterpret_cast<bf16*>(sm + L.q) + warp * 16 * STR;
+  bf16* Qls = reinterpret_cast<bf16*>(sm + L.ql) + warp * 16 * STR;  // kQParts == 2 only
   bf16* Os = reinterpret_cast<bf16*>(sm + L.o) + warp * 16 * STR;  // backward: d_out rows
   bf16* Ks = reinterpret_cast<bf16*>(sm + L.k);  // [2][parts] wgmma.cuh tiles of KT x DP
   bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);  // [2][parts] wgmma.cuh tiles of KT x DP
@@ -575,6 +615,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       const bool ok = row_of(warp * 16 + i, t, hd);
       const std::int64_t off = ok ? ((std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd) * DP + ch * 8 : 0;
       cp16(Qs + i * STR + ch * 8, qsrc + off, ok);
+      if constexpr (kQParts == 2) cp16(Qls + i * STR + ch * 8, static_cast<const bf16*>(a.tcql) + off, ok);
       if constexpr (BWD) cp16(Os + i * STR + ch * 8, osrc + off, ok);
     }
     cp_commit();
@@ -707,13 +748,16 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       if (a.dot_in) dot[h2] = rv[h2] ? a.dot_in[rowg[h2]] : 0.f;
     }
   }
-  std::uint32_t qf[BWD ? 1 : DP / 16][4];
+  std::uint32_t qf[BWD ? 1 : DP / 16][4], qlf[!BWD && kQParts == 2 ? DP / 16 : 1][4];
   issue(0);
   if constexpr (!BWD) {  // the forward keeps its query fragments in registers
     cp_wait1();  // the queries' group
     __syncwarp();
 #pragma unroll
-    for (int kk = 0; kk < DP / 16; ++kk) frag_a<STR>(qf[kk], Qs, kk * 16, lane);
+    for (int kk = 0; kk < DP / 16; ++kk) {
+      frag_a<STR>(qf[kk], Qs, kk * 16, lane);
+      if constexpr (kQParts == 2) frag_a<STR>(qlf[kk], Qls, kk * 16, lane);
+    }
   }
   __syncthreads();  // the masks of step 0 (the loop reads a step's masks before its barrier)
   int s0_cur = s0_next;
@@ -807,8 +851,15 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           frag_a<STR>(oa[kk], Os, kk * 16, lane);
         }
         tile_scores<DP, KT, kKParts, true, kSplitS>(s, dp, qa, oa, Kt, Vt, with_dp, lane);
+        if constexpr (kQParts == 2) {
+          std::uint32_t ql[DP / 16][4];
+#pragma unroll
+          for (int kk = 0; kk < DP / 16; ++kk) frag_a<STR>(ql[kk], Qls, kk * 16, lane);
+          scores_add_qlo<DP, KT>(s, ql, Kt, lane);
+        }
       } else {
         tile_scores<DP, KT, kKParts, false, kSplitS>(s, dp, qf, qf, Kt, Vt, false, lane);
+        if constexpr (kQParts == 2) scores_add_qlo<DP, KT>(s, qlf, Kt, lane);
       }
       // Masks (-inf where a row may not see a key) and probabilities (fp32).
       const std::uint32_t mbits[2] = {thread_key_bits(vis[0], gc), thread_key_bits(vis[1], gc)};
@@ -978,10 +1029,11 @@ constexpr int key_rows() {  // rows per staged batch (RB)
 }
 
 // Parts of each key and value (the compression's fp32 keys and values: bf16 hi + lo at padded
-// D = 32, one bf16 part above; cmp_kv_parts).
+// D = 32, one bf16 part above, cmp_kv_parts; the window branch's rotated keys the same way,
+// win_score_parts).
 template <int DP, int BR>
 constexpr int key_parts() {
-  return BR == kCmp ? cmp_kv_parts(DP) : 1;
+  return BR == kCmp ? cmp_kv_parts(DP) : (BR == kWin ? win_score_parts(DP) : 1);
 }
 
 // Rows of a staged batch computed together (one warpgroup product's N on sm_90a; registers).
@@ -1017,6 +1069,9 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   bf16* Qb = reinterpret_cast<bf16*>(smem4);  // [S] tiles of RB rows
   bf16* Ob = Qb + S * kRB * DP;               // [S] tiles of RB rows
   constexpr int kQP = key_q_parts(DP);       // rotated q as hi (+ lo) parts
+  // The window branch's scores take the q residuals too (win_score_parts): S^T += K_hi Q_lo.
+  constexpr bool kSQ = BR == kWin && win_score_parts(DP) == 2;
+  static_assert(!kSQ || kQP == 2, "the scores' q residuals are the staged ones of dK");
   bf16* Lb = Ob + S * kRB * DP;               // [S] tiles: q residuals (kQP == 2)
   bf16* Ks = Lb + (kQP - 1) * S * kRB * DP;   // [P] tiles of KB keys
   bf16* Vs = Ks + P * kKB * DP;               // [P] tiles of KB keys
@@ -1197,12 +1252,15 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       wg::pin(dpt);
       wg::fence();
 #pragma unroll
-      for (int kk = 0; kk < KS; ++kk)
+      for (int kk = 0; kk < KS; ++kk) {
+        if constexpr (kSQ)  // S^T += K_hi Q_lo (win_score_parts)
+          wg::mma<NR, 0>(st, wg::kmajor_desc<DP, kKB>(Ks, kk), wg::kmajor_desc<DP, kRB>(Lr, kk));
 #pragma unroll
         for (int p = P - 1; p >= 0; --p) {  // smallest part first
           wg::mma<NR, 0>(st, wg::kmajor_desc<DP, kKB>(Ks + p * kKB * DP, kk), wg::kmajor_desc<DP, kRB>(Qr, kk));
           wg::mma<NR, 0>(dpt, wg::kmajor_desc<DP, kKB>(Vs + p * kKB * DP, kk), wg::kmajor_desc<DP, kRB>(Or, kk));
         }
+      }
       wg::commit();
       wg::wait(st);
       wg::pin(dpt);
@@ -1227,6 +1285,14 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
             std::uint32_t qb[4], ob[4];
             tile_frag_bt<DP, kRB>(qb, Qc, rb + 16 * m, kk * 16, lane);
             tile_frag_bt<DP, kRB>(ob, Oc, rb + 16 * m, kk * 16, lane);
+            if constexpr (kSQ) {
+              if (p == 0) {  // S^T += K_hi Q_lo (win_score_parts)
+                std::uint32_t lb[4];
+                tile_frag_bt<DP, kRB>(lb, Lc, rb + 16 * m, kk * 16, lane);
+                mma(st[2 * m], ka, lb[0], lb[1]);
+                mma(st[2 * m + 1], ka, lb[2], lb[3]);
+              }
+            }
             mma(st[2 * m], ka, qb[0], qb[1]);
             mma(st[2 * m + 1], ka, qb[2], qb[3]);
             mma(dpt[2 * m], va, ob[0], ob[1]);

@@ -299,6 +299,7 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   // bf16 tensor-core kernels: padded bf16 copies [B, T, H, padded_dim(D)] of the rotated
   // queries and (backward) of d_out, from which the row kernels stage their rows.
   const void* tcq;
+  const void* tcql;    // the rotated q's bf16 rounding residuals (win_score_parts(DP) == 2), or null
   const void* tcdo;
 };
 // Padded bf16 copy of src [B, NK, G, D] (S = bf16 or float) into dst [B, NK, G, padded_dim(D)],
@@ -456,5 +457,10 @@ constexpr int key_ds_parts(int DP) { return DP <= 32 ? 2 : 1; }
 // split at DP = 32 is for the same reason). D = 2's remaining excess is the scores': see
 // docs/performance.md, 2026-11-27 (second session).
 constexpr int row_ds_parts(int DP) { return DP <= 32 ? 2 : 1; }
+// Parts of the rotated q and k in the window branch's scores (so dense attention's too) at
+// padded D = 32: bf16 hi + lo, s = q_hi k_hi + q_hi k_lo + q_lo k_hi (the values then go as
+// two parts as well, the second zero); one above. With one part, the scores of D = 2 (two
+// terms each) put dense dq above the 1e-2 bound on ~10% of seeds (bench/bf16_error_model.py).
+constexpr int win_score_parts(int DP) { return DP <= 32 ? 2 : 1; }
 
 }  // namespace nsatron::nsa::cuda::detail

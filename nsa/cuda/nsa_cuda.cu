@@ -285,6 +285,7 @@ inline TcRows tc_prepare_rows(const Geo& g, Workspace& ws, const bf16* q, const 
 }
 inline void set_rows(RowArgs& a, const TcRows& r) {
   a.tcq = r.q;
+  a.tcql = r.q_lo;
   a.tcdo = r.dout;
 }
 inline void set_rows(KeyArgs& ka, const TcRows& r) {
@@ -471,7 +472,7 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
     launch_select<T>(g, in.q, rope, kc, lse, sel, stream);
   }
   if constexpr (std::is_same_v<T, bf16>)  // the rotated queries the row kernels stage
-    set_rows(a, tc_prepare_rows(g, ws, in.q, nullptr, rope, BTH, 1, stream));
+    set_rows(a, tc_prepare_rows(g, ws, in.q, nullptr, rope, BTH, win_score_parts(padded_dim(g.D)), stream));
   a.k = in.k_slc;
   a.v = in.v_slc;
   tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
@@ -483,7 +484,8 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
     launch_row<T>(g, kSlc, false, a, stream);
   a.k = in.k_win;
   a.v = in.v_win;
-  tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream);
+  tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream, Workspace::kTcK, Workspace::kTcV,
+                win_score_parts(padded_dim(g.D)));
   a.o = o_sw + on;
   a.lse = lse + 2 * BTH;
   if constexpr (std::is_same_v<T, bf16>) {  // the window branch (the last) writes the gated sum
@@ -598,7 +600,8 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       } else if (br == kSlc)
         tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
       else
-        tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream);
+        tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream, Workspace::kTcK, Workspace::kTcV,
+                win_score_parts(padded_dim(g.D)));
       if (br == kWin && dq_fused) a.dq_final = grads.q;  // the last branch finishes dq
       if (br == kSlc && slc_inverted)
         launch_slc_inverted(g, true, a, slc_inverted_scratch(g, ws, inv, stream), stream);
@@ -729,8 +732,9 @@ void dense_forward(const DenseDims& dims, const T* q, const T* k, const T* v, T*
   a.o = o;
   a.lse = lse;
   if constexpr (std::is_same_v<T, bf16>)
-    set_rows(a, tc_prepare_rows(g, ws, q, nullptr, rope, wd.B * wd.T * wd.H, 1, stream));
-  tc_prepare<T>(g, ws, a, k, v, rope, g.T, stream);
+    set_rows(a, tc_prepare_rows(g, ws, q, nullptr, rope, wd.B * wd.T * wd.H, win_score_parts(padded_dim(g.D)), stream));
+  tc_prepare<T>(g, ws, a, k, v, rope, g.T, stream, Workspace::kTcK, Workspace::kTcV,
+                win_score_parts(padded_dim(g.D)));
   launch_row<T>(g, kWin, false, a, stream);
 }
 
@@ -771,7 +775,8 @@ void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, c
     tc_rows = tc_prepare_rows(g, ws, q, d_out, rope, BTH, key_q_parts(padded_dim(g.D)), stream);
     set_rows(a, tc_rows);
   }
-  tc_prepare<T>(g, ws, a, k, v, rope, g.T, stream);
+  tc_prepare<T>(g, ws, a, k, v, rope, g.T, stream, Workspace::kTcK, Workspace::kTcV,
+                win_score_parts(padded_dim(g.D)));
   const bool dq_fused = std::is_same_v<T, bf16> && dq_final_fused(int(D));
   if (dq_fused) a.dq_final = dq;  // the row kernel finishes dq itself
   launch_row<T>(g, kWin, true, a, stream);
