@@ -997,13 +997,14 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
 // A block owns KB = 64 consecutive keys of one (batch, group) (selection: of one selected
 // block j, in sub-tiles of 64 when l' > 64), one warp per 16 keys (keys are the M dimension
 // of every mma). The rows that see those keys, (position, head) in ascending position then
-// head order, are staged in shared memory RB = 64 at a time (cp.async, kKeyStages = 3 stages, from
+// head order, are staged in shared memory RB = 64 at a time (cp.async, key_stages: 3 or 2, from
 // padded bf16 copies: rotated q and d_out, [B, T, H, DP]); window: positions
 // [s0, min(T, s1 - 1 + w)); selection: the positions that chose j (inverse index, built once
 // per backward by launch_inverse_index: ascending). All tiles (keys, values, rows) are in the
-// layout of wgmma.cuh. On sm_90a the block's 4 warps are one warpgroup and compute 32 rows at
-// a time as warpgroup products (K and V as A operands read from their shared tiles, Q and dO
-// as B; the block skips a 32-row group only when no row of it sees any of its keys); with
+// layout of wgmma.cuh. On sm_90a the block's 4 warps are one warpgroup and compute
+// key_group_rows (64; 32 at D = 32) rows at a time as warpgroup products (K and V as A operands
+// read from their shared tiles, Q and dO as B; the block skips a row group only when no row
+// of it sees any of its keys); with
 // mma.sync, per 16-row sub-batch a warp computes the same:
 //   S^T = K Q^T, dP^T = V dO^T (fp32 accumulate), p = exp(scale s - lse) (fp32),
 //   dV += (g p)^T dO (g p rounded to bf16),
@@ -1025,7 +1026,7 @@ template <int DP>
 constexpr int kKeyPairs = DP <= 64 ? 2 : 1;
 template <int DP>
 constexpr int key_rows() {  // rows per staged batch (RB)
-  return DP > 64 ? 32 : 64;
+  return 64;
 }
 
 // Parts of each key and value (the compression's fp32 keys and values: bf16 hi + lo at padded
@@ -1036,21 +1037,25 @@ constexpr int key_parts() {
   return BR == kCmp ? cmp_kv_parts(DP) : (BR == kWin ? win_score_parts(DP) : 1);
 }
 
-// Rows of a staged batch computed together (one warpgroup product's N on sm_90a; registers).
-constexpr int kKeyGroupRows = 32;
+// Rows of a staged batch computed together (one warpgroup product's N on sm_90a). 64 at D = 64
+// and 128 (one group per batch: 32 took 11-17% longer per key kernel, docs/performance.md
+// 2026-11-27 third session; 158-238 registers, none spilled); 32 at D = 32.
+template <int DP>
+constexpr int key_group_rows() { return DP >= 64 ? 64 : 32; }
 
-// Shared stages of the staged row batches: batch i + 2 is issued while batch i is computed,
-// into the stage batch i - 1 left, so one barrier per batch suffices (with two stages a second
-// barrier, after the batch, kept its stage from being refilled early). Shared memory per block:
-// 68.6 KB at D = 64 (3 blocks per SM), 83.5 KB at D = 128 (2, as the registers allow).
-constexpr int kKeyStages = 3;
+// Shared stages of the staged row batches: batch i + S - 1 is issued while batch i is
+// computed, into the stage batch i - 1 left, so one barrier per batch suffices. S = 3 at
+// D <= 64 (68.6 KB per block at D = 64: 3 blocks per SM), S = 2 at D = 128 (64-row batches:
+// 100 KB, 2 blocks per SM, as the registers allow; three stages would leave one).
+template <int DP>
+constexpr int key_stages() { return DP > 64 ? 2 : 3; }
 
 template <int DP, int BR>
 constexpr std::size_t key_smem_bytes() {  // all bf16 tiles are tiles laid out as wgmma.cuh says
   constexpr int kRB = key_rows<DP>();
   constexpr std::size_t tiles =
-      std::size_t(kKeyStages * (1 + key_q_parts(DP)) * kRB * DP + 2 * key_parts<DP, BR>() * kKB * DP) * 2 +
-      std::size_t(kKeyStages * 4 * kRB) * 4;
+      std::size_t(key_stages<DP>() * (1 + key_q_parts(DP)) * kRB * DP + 2 * key_parts<DP, BR>() * kKB * DP) * 2 +
+      std::size_t(key_stages<DP>() * 4 * kRB) * 4;
   constexpr std::size_t epilogue = std::size_t(2 * kKB * (DP + 4)) * 4;  // fp32 dK, dV
   return tiles > epilogue ? tiles : epilogue;
 }
@@ -1065,7 +1070,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   // Tiles of DP bf16 per row laid out as wgmma.cuh says.
-  constexpr int S = kKeyStages;
+  constexpr int S = key_stages<DP>();
   bf16* Qb = reinterpret_cast<bf16*>(smem4);  // [S] tiles of RB rows
   bf16* Ob = Qb + S * kRB * DP;               // [S] tiles of RB rows
   constexpr int kQP = key_q_parts(DP);       // rotated q as hi (+ lo) parts
@@ -1211,14 +1216,15 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   };
 
   issue(0);  // the key tile joins batch 0's group
-  issue(1);
+  if constexpr (S == 3) issue(1);
   for (int i = 0; i < nbatch; ++i) {
-    cp_wait1();  // batch i's group (batch i + 1's may still be in flight)
+    if constexpr (S == 3) cp_wait1();  // batch i's group (batch i + 1's may still be in flight)
+    else cp_wait0();
 #if NSATRON_WGMMA
     wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
 #endif
-    __syncthreads();  // batch i is visible, and every warp is done with batch i - 1 (whose
-    issue(i + 2);     // stage batch i + 2 takes; its products were waited for in its groups)
+    __syncthreads();     // batch i is visible, and every warp is done with batch i - 1 (whose
+    issue(i + S - 1);    // stage batch i + S - 1 takes; its products were waited for in its groups)
     if (i == 0 && kHoist) {
 #pragma unroll
       for (int p = 0; p < (kHoist ? P : 0); ++p)
@@ -1388,9 +1394,10 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
 #if NSATRON_WGMMA
     // Warpgroup products: every warp takes every group of rows that some row of the block's
     // keys sees (the masks zero the rest).
-    for (int r0 = 0; r0 < kRB; r0 += kKeyGroupRows) {
-      const int st0 = rows_state(td, r0, kKeyGroupRows, s0, s1 - 1);  // the block's keys
-      if (st0 == 1) rows_group(r0, std::integral_constant<int, kKeyGroupRows>{});
+    constexpr int kGR = key_group_rows<DP>();
+    for (int r0 = 0; r0 < kRB; r0 += kGR) {
+      const int st0 = rows_state(td, r0, kGR, s0, s1 - 1);  // the block's keys
+      if (st0 == 1) rows_group(r0, std::integral_constant<int, kGR>{});
       if (st0 == -1) break;
     }
 #else

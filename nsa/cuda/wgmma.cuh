@@ -198,8 +198,8 @@ __device__ __forceinline__ void mma_rs_n128(float (&d)[16][4], const std::uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP));
 }
 
-// d (+)= A B with A [64][16] K-major in shared memory too (a: its descriptor); N = 32, the
-// only shape the kernels use (the key side's 32-row groups).
+// d (+)= A B with A [64][16] K-major in shared memory too (a: its descriptor); N = 32 and 64
+// (the key side's row groups: key_group_rows).
 template <int TNSP>
 __device__ __forceinline__ void mma_ss_n32(float (&d)[4][4], std::uint64_t a, std::uint64_t b,
                                               int scale_d) {
@@ -222,11 +222,31 @@ __device__ __forceinline__ void mma(float (&d)[N / 8][4], const std::uint32_t (&
   else if constexpr (N == 64) mma_rs_n64<TNSP>(d, a, b, scale_d);
   else mma_rs_n128<TNSP>(d, a, b, scale_d);
 }
+template <int TNSP>
+__device__ __forceinline__ void mma_ss_n64(float (&d)[8][4], std::uint64_t a, std::uint64_t b,
+                                              int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP));
+}
+
 template <int N, int TNSP>
 __device__ __forceinline__ void mma(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b,
                                     int scale_d = 1) {
-  static_assert(N == 32, "shared-A products: N = 32 only");
-  mma_ss_n32<TNSP>(d, a, b, scale_d);
+  static_assert(N == 32 || N == 64, "shared-A products: N = 32 or 64");
+  if constexpr (N == 32) mma_ss_n32<TNSP>(d, a, b, scale_d);
+  else mma_ss_n64<TNSP>(d, a, b, scale_d);
 }
 
 // fp16 operands (the compression forward's scaled hi + lo parts), A and B in shared memory.
