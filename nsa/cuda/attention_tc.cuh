@@ -1024,10 +1024,7 @@ constexpr int kRS = kKeyRowSplit;    // selection: rows per split of a block's r
 // 16-row sub-batches a warp of the key side computes together (registers: 2 at DP <= 64).
 template <int DP>
 constexpr int kKeyPairs = DP <= 64 ? 2 : 1;
-template <int DP>
-constexpr int key_rows() {  // rows per staged batch (RB)
-  return 64;
-}
+constexpr int kKeyRows = 64;  // rows per staged batch (RB), every D
 
 // Parts of each key and value (the compression's fp32 keys and values: bf16 hi + lo at padded
 // D = 32, one bf16 part above, cmp_kv_parts; the window branch's rotated keys the same way,
@@ -1052,7 +1049,7 @@ constexpr int key_stages() { return DP > 64 ? 2 : 3; }
 
 template <int DP, int BR>
 constexpr std::size_t key_smem_bytes() {  // all bf16 tiles are tiles laid out as wgmma.cuh says
-  constexpr int kRB = key_rows<DP>();
+  constexpr int kRB = kKeyRows;
   constexpr std::size_t tiles =
       std::size_t(key_stages<DP>() * (1 + key_q_parts(DP)) * kRB * DP + 2 * key_parts<DP, BR>() * kKB * DP) * 2 +
       std::size_t(key_stages<DP>() * 4 * kRB) * 4;
@@ -1062,7 +1059,7 @@ constexpr std::size_t key_smem_bytes() {  // all bf16 tiles are tiles laid out a
 
 template <int DP, int BR>
 __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(Geo g, KeyArgs a, int nsub) {
-  constexpr int DT = DP / 8, KS = DP / 16, CH = DP / 8, kRB = key_rows<DP>();
+  constexpr int DT = DP / 8, KS = DP / 16, CH = DP / 8, kRB = kKeyRows;
   constexpr int P = key_parts<DP, BR>();
   // mma.sync: K, V fragments in registers for the whole block where they fit (sm_90a: the
   // warpgroup products read them from the shared tiles as A operands).
