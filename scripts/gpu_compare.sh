@@ -14,8 +14,9 @@
 # repository may lack this session's commits: `git archive COMMIT -o .ref.tar`, carry it).
 # Env: SEEDS (default "11 555 222 9"), D6_SEEDS (default 40), BENCH (default "--shapes
 # 125m,paper --T 8192,65536 --no-dense"), FULL (set: first all of test_nsa_cuda on the working
-# tree), NCU, DENSE (see above), ARCH (default 90a). The working tree's test_wgmma runs first
-# where it exists. Logs under $OUT (at most 8 files come back from the device tool: the ncu
+# tree), NCU, DENSE (see above), L2 (set: the L2, DRAM and L2-to-SM throughput of each row
+# and key kernel of the working tree at the paper's T = 8192, from ncu), ARCH (default 90a).
+# The working tree's test_wgmma runs first where it exists. Logs under $OUT (at most 8 files come back from the device tool: the ncu
 # logs are summarised into compare.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,3 +95,11 @@ if [ -n "${NCU:-}" ]; then  # per-kernel times, ms per call
     done
   done | tee -a "$OUT/compare.log"
 fi
+if [ -n "${L2:-}" ]; then  # where the row and key kernels' bytes come from (working tree, 8192)
+  ncu --clock-control none -k regex:'^(row_kernel|key_kernel)' --print-summary per-kernel \
+    --metrics gpu__time_duration.sum,lts__t_bytes.sum.per_second,dram__bytes.sum.per_second,l1tex__m_xbar2l1tex_read_bytes.sum.per_second \
+    "$(bin new bench/bench_nsa_gpu)" --shapes paper --T 8192 --reps 1 --no-dense >/tmp/nsatron_l2.log 2>&1
+  echo "== L2 / DRAM throughput per kernel (new, paper 8192)"
+  grep -E "row_kernel|key_kernel|gpu__time_duration|lts__t_bytes|dram__bytes|xbar2l1tex" /tmp/nsatron_l2.log |
+    sed -E 's/ +/ /g' | head -80
+fi | tee -a "$OUT/compare.log"
