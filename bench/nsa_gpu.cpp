@@ -5,7 +5,7 @@
 //
 //   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups]
 //                 [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
-//                 [--sel-loop auto|union|inverted|both]
+//                 [--sel-loop auto|union|inverted|both] [--inputs random|local]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
 // "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); "groups", the GQA
@@ -22,6 +22,13 @@
 // --sel-loop: the selection row side's loop (nsa/cuda/selection_loop.h; bf16): auto (default)
 // as the trainer runs it, union or inverted forced, or both (each shape twice, its name
 // suffixed /u and /i).
+//
+// --inputs: random (default): every input independent, so neighbouring positions choose
+// unrelated blocks (the selection's union loop at its worst: a block of positions streams the
+// union of their choices). local: the queries drift slowly along the positions (per (batch,
+// head, dim) an AR(1) sequence q_t = rho q_{t-1} + sqrt(1 - rho^2) e_t, rho = 0.995: unit
+// variance, correlation ~0.73 over 64 positions), so neighbouring positions choose mostly the
+// same blocks, as trained models' queries tend to; the shape's name is suffixed /L.
 //
 // Dense baseline (unless --no-dense): dense causal attention (RoPE, GQA; nsa/cuda/dense.h,
 // the engine's model.attention = "dense"), which is the NSA window branch with w = T and no
@@ -71,6 +78,32 @@ static void fill(T* dev, std::size_t n, std::uint64_t seed, float scale) {
   }
 }
 
+// The queries of --inputs local: per (batch, head, dim), along the positions, an AR(1)
+// sequence of unit variance (see the header), from the same xorshift stream; [B, T, H*D].
+template <class T>
+static void fill_drifting(T* dev, std::int64_t B, std::int64_t Tn, std::int64_t HD, std::uint64_t seed,
+                          float rho) {
+  std::vector<float> cur(static_cast<std::size_t>(HD));
+  std::vector<T> row(static_cast<std::size_t>(HD));
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto uniform = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return (float((x >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f) * 1.7320508f;  // unit variance
+  };
+  const float fresh = std::sqrt(1.f - rho * rho);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < Tn; ++t) {
+      for (std::int64_t i = 0; i < HD; ++i) {
+        float& c = cur[std::size_t(i)];
+        c = t == 0 ? uniform() : rho * c + fresh * uniform();
+        row[std::size_t(i)] = T(c);
+      }
+      CUDA_CHECK(cudaMemcpy(dev + (b * Tn + t) * HD, row.data(), std::size_t(HD) * sizeof(T), cudaMemcpyHostToDevice));
+    }
+}
+
 struct Shape {
   std::string name;
   NsaDims dims;
@@ -96,7 +129,7 @@ static double median(std::vector<double> v) {
 }
 
 template <class T>
-static void run(const Shape& sh, int reps_arg, bool dense) {
+static void run(const Shape& sh, int reps_arg, bool dense, bool local_inputs) {
   const NsaDims& dm = sh.dims;
   const std::size_t nq = std::size_t(dm.B * dm.T * dm.H * dm.D);
   const std::size_t nk = std::size_t(dm.B * dm.T * dm.G * dm.D);
@@ -115,7 +148,8 @@ static void run(const Shape& sh, int reps_arg, bool dense) {
   for (int k = 0; k < 12; ++k) {
     x[k] = static_cast<T*>(alloc(sizes[k] * sizeof(T)));
     const float sc = (k == 8 || k == 9) ? float(1.0 / std::sqrt(double(dm.cmp_block * dm.D))) : 1.f;
-    fill(x[k], sizes[k], 100 + k, sc);
+    if (k == 0 && local_inputs) fill_drifting(x[k], dm.B, dm.T, dm.H * dm.D, 100, 0.995f);
+    else fill(x[k], sizes[k], 100 + k, sc);
   }
   T* dout = static_cast<T*>(alloc(nq * sizeof(T)));
   fill(dout, nq, 99, 1.f);
@@ -224,7 +258,7 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128}, hs = {1, 2, 4, 6, 8, 16};
   int reps = 0;
   bool dense = true;
-  std::string sel_loop = "auto";
+  std::string sel_loop = "auto", inputs = "random";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -242,14 +276,20 @@ int main(int argc, char** argv) {
     else if (a == "--h") hs = parse_list(val());
     else if (a == "--no-dense") dense = false;
     else if (a == "--sel-loop") sel_loop = val();
+    else if (a == "--inputs") inputs = val();
     else {
       std::fprintf(stderr,
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups] "
                    "[--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
-                   "[--sel-loop auto|union|inverted|both]\n");
+                   "[--sel-loop auto|union|inverted|both] [--inputs random|local]\n");
       return 2;
     }
   }
+  if (inputs != "random" && inputs != "local") {
+    std::fprintf(stderr, "--inputs: random or local, not %s\n", inputs.c_str());
+    return 2;
+  }
+  const bool local_inputs = inputs == "local";
   if (!nsatron::cuda_available()) {
     std::printf("bench_nsa_gpu: %s, nothing to do\n", nsatron::cuda_device_summary().c_str());
     return 0;
@@ -304,9 +344,9 @@ int main(int argc, char** argv) {
   for (const auto& s : shapes)
     for (const auto& [loop, suffix] : loops) {
       cuda::set_selection_row_loop(loop);
-      const Shape named{s.name + suffix, s.dims};
-      if (dtype == "fp32") run<float>(named, reps, dense);
-      else run<cuda::bf16>(named, reps, dense);
+      const Shape named{s.name + suffix + (local_inputs ? "/L" : ""), s.dims};
+      if (dtype == "fp32") run<float>(named, reps, dense, local_inputs);
+      else run<cuda::bf16>(named, reps, dense, local_inputs);
     }
   return 0;
 }
