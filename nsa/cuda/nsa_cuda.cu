@@ -259,6 +259,14 @@ void tc_prepare(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v,
   }
 }
 
+// The window branch's keys and values (dense attention's too), in the parts its scores take
+// (win_score_parts: hi + lo at padded D = 32).
+template <class T, class S>
+void tc_prepare_window(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v, const float2* rope,
+                       cudaStream_t s) {
+  tc_prepare<T>(g, ws, a, k, v, rope, g.T, s, Workspace::kTcK, Workspace::kTcV, win_score_parts(padded_dim(g.D)));
+}
+
 // bf16 tensor-core kernels: padded bf16 copies of q (rotated; with its rounding residuals where
 // q_parts == 2, the key side's key_q_parts(DP)) and of d_out (when given), rows [B, T, H, DP],
 // which the row kernels stage their rows from and the key side its row tiles; d_out is used
@@ -484,8 +492,7 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
     launch_row<T>(g, kSlc, false, a, stream);
   a.k = in.k_win;
   a.v = in.v_win;
-  tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream, Workspace::kTcK, Workspace::kTcV,
-                win_score_parts(padded_dim(g.D)));
+  tc_prepare_window<T>(g, ws, a, in.k_win, in.v_win, rope, stream);
   a.o = o_sw + on;
   a.lse = lse + 2 * BTH;
   if constexpr (std::is_same_v<T, bf16>) {  // the window branch (the last) writes the gated sum
@@ -600,8 +607,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       } else if (br == kSlc)
         tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
       else
-        tc_prepare<T>(g, ws, a, in.k_win, in.v_win, rope, g.T, stream, Workspace::kTcK, Workspace::kTcV,
-                win_score_parts(padded_dim(g.D)));
+        tc_prepare_window<T>(g, ws, a, in.k_win, in.v_win, rope, stream);
       if (br == kWin && dq_fused) a.dq_final = grads.q;  // the last branch finishes dq
       if (br == kSlc && slc_inverted)
         launch_slc_inverted(g, true, a, slc_inverted_scratch(g, ws, inv, stream), stream);
@@ -733,8 +739,7 @@ void dense_forward(const DenseDims& dims, const T* q, const T* k, const T* v, T*
   a.lse = lse;
   if constexpr (std::is_same_v<T, bf16>)
     set_rows(a, tc_prepare_rows(g, ws, q, nullptr, rope, wd.B * wd.T * wd.H, win_score_parts(padded_dim(g.D)), stream));
-  tc_prepare<T>(g, ws, a, k, v, rope, g.T, stream, Workspace::kTcK, Workspace::kTcV,
-                win_score_parts(padded_dim(g.D)));
+  tc_prepare_window<T>(g, ws, a, k, v, rope, stream);
   launch_row<T>(g, kWin, false, a, stream);
 }
 
@@ -775,8 +780,7 @@ void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, c
     tc_rows = tc_prepare_rows(g, ws, q, d_out, rope, BTH, key_q_parts(padded_dim(g.D)), stream);
     set_rows(a, tc_rows);
   }
-  tc_prepare<T>(g, ws, a, k, v, rope, g.T, stream, Workspace::kTcK, Workspace::kTcV,
-                win_score_parts(padded_dim(g.D)));
+  tc_prepare_window<T>(g, ws, a, k, v, rope, stream);
   const bool dq_fused = std::is_same_v<T, bf16> && dq_final_fused(int(D));
   if (dq_fused) a.dq_final = dq;  // the row kernel finishes dq itself
   launch_row<T>(g, kWin, true, a, stream);
