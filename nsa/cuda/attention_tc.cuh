@@ -1026,12 +1026,11 @@ template <int DP>
 constexpr int kKeyPairs = DP <= 64 ? 2 : 1;
 constexpr int kKeyRows = 64;  // rows per staged batch (RB), every D
 
-// Parts of each key and value (the compression's fp32 keys and values: bf16 hi + lo at padded
-// D = 32, one bf16 part above, cmp_kv_parts; the window branch's rotated keys the same way,
-// win_score_parts).
+// Parts of each key and value: those of the row backward's tiles (row_kv_parts), which the
+// key side reads from the same padded copies.
 template <int DP, int BR>
 constexpr int key_parts() {
-  return BR == kCmp ? cmp_kv_parts(DP) : (BR == kWin ? win_score_parts(DP) : 1);
+  return row_kv_parts<DP, BR, true>();
 }
 
 // Rows of a staged batch computed together (one warpgroup product's N on sm_90a). 64 at D = 64
