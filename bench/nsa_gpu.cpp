@@ -57,47 +57,45 @@
 
 using namespace nsatron::nsa;
 
-// Pseudo-random values (xorshift, uniform with unit variance times `scale`), made on the host
-// and copied in chunks.
+// Pseudo-random values on the host: xorshift, uniform in [-sqrt(3), sqrt(3)) (unit variance).
+struct Xorshift {
+  std::uint64_t x;
+  explicit Xorshift(std::uint64_t seed) : x(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  float unit() {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return (float((x >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f) * 1.7320508f;
+  }
+};
+
+// Uniform values of unit variance times `scale`, made on the host and copied in chunks.
 template <class T>
 static void fill(T* dev, std::size_t n, std::uint64_t seed, float scale) {
   const std::size_t chunk = std::size_t(1) << 24;
   std::vector<T> host(std::min(n, chunk));
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  Xorshift rng(seed);
   for (std::size_t off = 0; off < n; off += chunk) {
     const std::size_t m = std::min(chunk, n - off);
-    for (std::size_t i = 0; i < m; ++i) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      // uniform in [-sqrt(3), sqrt(3)): unit variance
-      const float u = float((x >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f;
-      host[i] = T(u * 1.7320508f * scale);
-    }
+    for (std::size_t i = 0; i < m; ++i) host[i] = T(rng.unit() * scale);
     CUDA_CHECK(cudaMemcpy(dev + off, host.data(), m * sizeof(T), cudaMemcpyHostToDevice));
   }
 }
 
 // The queries of --inputs local: per (batch, head, dim), along the positions, an AR(1)
-// sequence of unit variance (see the header), from the same xorshift stream; [B, T, H*D].
+// sequence of unit variance (see the header), from Xorshift; [B, T, H*D].
 template <class T>
 static void fill_drifting(T* dev, std::int64_t B, std::int64_t Tn, std::int64_t HD, std::uint64_t seed,
                           float rho) {
   std::vector<float> cur(static_cast<std::size_t>(HD));
   std::vector<T> row(static_cast<std::size_t>(HD));
-  std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  auto uniform = [&] {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return (float((x >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f) * 1.7320508f;  // unit variance
-  };
+  Xorshift rng(seed);
   const float fresh = std::sqrt(1.f - rho * rho);
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t t = 0; t < Tn; ++t) {
       for (std::int64_t i = 0; i < HD; ++i) {
         float& c = cur[std::size_t(i)];
-        c = t == 0 ? uniform() : rho * c + fresh * uniform();
+        c = t == 0 ? rng.unit() : rho * c + fresh * rng.unit();
         row[std::size_t(i)] = T(c);
       }
       CUDA_CHECK(cudaMemcpy(dev + (b * Tn + t) * HD, row.data(), std::size_t(HD) * sizeof(T), cudaMemcpyHostToDevice));
