@@ -84,6 +84,7 @@ __device__ __forceinline__ void cp4(void* smem, const void* gmem, bool valid) {
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void cp_wait2() { asm volatile("cp.async.wait_group 2;\n" ::); }
 __device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 // A fragments (16 rows x 16 dims at column k0) of a row-major [16][STR] shared array.
@@ -220,22 +221,42 @@ template <int DP, int BR>
 constexpr int row_q_parts() {
   return BR == kWin ? win_score_parts(DP) : 1;
 }
+// Shared stages of the key and value tiles. The forward at padded D = 128 takes three (one
+// barrier per tile, the tile two steps ahead in flight): its query rows are read once, into
+// registers, before the first tile, so they are staged where the third stage's tiles go
+// (row_smem) and its two blocks per SM still fit. The backward reads its rows at every tile
+// (two stages, two barriers per tile); so does every kernel at smaller D, where three stages
+// would cost a block per SM.
+template <int DP, bool BWD>
+constexpr int row_stages() {
+  return !BWD && DP == 128 ? 3 : 2;
+}
 template <int DP, int BR, bool BWD>
 __host__ __device__ inline RowSmem row_smem(int n, int ntw) {
   using C = RowCfg<DP>;
-  constexpr int kMaxPos = 16 * kRowWarps;
+  constexpr int kMaxPos = 16 * kRowWarps, kStages = row_stages<DP, BWD>();
   RowSmem L;
   const std::size_t rows = std::size_t(16 * kRowWarps) * C::STR * 2;
-  const std::size_t tile = std::size_t(2) * C::KT * DP * 2;  // tiles laid out as wgmma.cuh says
+  const std::size_t stage = std::size_t(C::KT) * DP * 2;  // one tile, laid out as wgmma.cuh says
   constexpr int kKParts = row_kv_parts<DP, BR, BWD>();
-  L.q = 0;
-  L.ql = L.q + rows;  // the queries' residuals (row_q_parts == 2)
-  L.o = L.ql + (row_q_parts<DP, BR>() == 2 ? rows : 0);
-  L.k = L.o + (BWD ? rows : 0);
-  L.v = L.k + tile * kKParts;
-  L.kmask = L.v + tile * kKParts;
+  const std::size_t q_bytes = rows * (row_q_parts<DP, BR>() == 2 ? 2 : 1);
+  if constexpr (kStages == 3) {  // [v stages][k stages], the rows from the last k stage on
+    L.v = 0;
+    L.k = L.v + kStages * stage * kKParts;
+    L.q = L.k + (kStages - 1) * stage * kKParts;
+    L.ql = L.q + rows;
+    L.o = L.ql;  // unused (forward)
+    L.kmask = std::max(L.k + kStages * stage * kKParts, L.q + q_bytes);
+  } else {
+    L.q = 0;
+    L.ql = L.q + rows;  // the queries' residuals (row_q_parts == 2)
+    L.o = L.q + q_bytes;
+    L.k = L.o + (BWD ? rows : 0);
+    L.v = L.k + kStages * stage * kKParts;
+    L.kmask = L.v + kStages * stage * kKParts;
+  }
   const bool slc = BR == kSlc;
-  L.selp = L.kmask + (slc ? std::size_t(2) * kMaskParts * kMaxPos * 8 : 0);
+  L.selp = L.kmask + (slc ? std::size_t(kStages) * kMaskParts * kMaxPos * 8 : 0);
   L.tbits = L.selp + (slc ? std::size_t(kMaxPos) * n * 4 : 0);
   L.total = L.tbits + (slc ? std::size_t(ntw) * 4 : 0);
   return L;
@@ -572,7 +593,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   constexpr int kRowsPerBlock = 16 * kRowWarps, kMaxPos = kRowsPerBlock;
   constexpr int kKParts = row_kv_parts<DP, BR, BWD>();
   constexpr int kQParts = row_q_parts<DP, BR>();  // 2: S += Q_lo K_hi too (win_score_parts)
+  constexpr int kStages = row_stages<DP, BWD>();
   constexpr int KT = C::KT, STR = C::STR, NT = KT / 8, DT = DP / 8, CH = DP / 8;
+  auto stage_of = [](int k) { return kStages == 2 ? (k & 1) : int(unsigned(k) % unsigned(kStages)); };
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   char* sm = reinterpret_cast<char*>(smem4);
@@ -581,9 +604,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   bf16* Qs = reinterpret_cast<bf16*>(sm + L.q) + warp * 16 * STR;
   bf16* Qls = reinterpret_cast<bf16*>(sm + L.ql) + warp * 16 * STR;  // kQParts == 2 only
   bf16* Os = reinterpret_cast<bf16*>(sm + L.o) + warp * 16 * STR;  // backward: d_out rows
-  bf16* Ks = reinterpret_cast<bf16*>(sm + L.k);  // [2][parts] wgmma.cuh tiles of KT x DP
-  bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);  // [2][parts] wgmma.cuh tiles of KT x DP
-  auto* kmask = reinterpret_cast<unsigned long long*>(sm + L.kmask);  // slc: [2][parts][kMaxPos]
+  bf16* Ks = reinterpret_cast<bf16*>(sm + L.k);  // [kStages][parts] wgmma.cuh tiles of KT x DP
+  bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);  // [kStages][parts] wgmma.cuh tiles of KT x DP
+  auto* kmask = reinterpret_cast<unsigned long long*>(sm + L.kmask);  // slc: [kStages][parts][kMaxPos]
   int* selp = reinterpret_cast<int*>(sm + L.selp);                    // slc: [kMaxPos][n]
   auto* tbits = reinterpret_cast<std::uint32_t*>(sm + L.tbits);       // slc: [ntw]
   const int b = blockIdx.y / g.G, gi = blockIdx.y % g.G;
@@ -677,7 +700,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // blocks that end before the tiles still to come in this pass (which ascend too).
   int mcur = 0;
   int s0_next = 0;
-  auto issue = [&](int k) {  // step k into stage k & 1
+  auto issue = [&](int k) {  // step k into stage stage_of(k)
     if (k < nsteps) {
       if constexpr (BR == kSlc) {
         issue_tile = next_set_bit(tbits, ntw, issue_j == 0 ? -1 : issue_tile);
@@ -686,8 +709,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       }
       const int s0 = BR == kSlc ? issue_tile * KT : issue_tile;
       const int cnt = min(KT, key_end - s0);
-      bf16* kd = Ks + (k & 1) * kKParts * KT * DP;
-      bf16* vd = Vs + (k & 1) * kKParts * KT * DP;
+      bf16* kd = Ks + stage_of(k) * kKParts * KT * DP;
+      bf16* vd = Vs + stage_of(k) * kKParts * KT * DP;
       const std::int64_t part_stride = std::int64_t(g.B) * NK * g.G * DP;
       // This thread's chunks: chunk kch of keys kk0 + it * kKeyStep; the global and tile
       // offsets advance by constants (the tile layout repeats every 8 rows).
@@ -723,7 +746,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           }
           if (t - s0 < KT - 1) m &= key_bits(0, t - s0 + 1);
         }
-        kmask[((k & 1) * kMaskParts + part) * kMaxPos + p] = m;
+        kmask[(stage_of(k) * kMaskParts + part) * kMaxPos + p] = m;
       }
       s0_next = s0;
       if (++issue_j == ntiles) issue_j = 0;
@@ -750,8 +773,17 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   }
   std::uint32_t qf[BWD ? 1 : DP / 16][4], qlf[!BWD && kQParts == 2 ? DP / 16 : 1][4];
   issue(0);
+  const int s0_first = s0_next;
+  int s0_second = 0;  // three stages: the step after the current one
+  if constexpr (kStages == 3) {
+    issue(1);  // stages 0 and 1 (the rows are in stage 2's place)
+    s0_second = s0_next;
+  }
   if constexpr (!BWD) {  // the forward keeps its query fragments in registers
-    cp_wait1();  // the queries' group
+    if constexpr (kStages == 3)
+      cp_wait2();  // the queries' group
+    else
+      cp_wait1();
     __syncwarp();
 #pragma unroll
     for (int kk = 0; kk < DP / 16; ++kk) {
@@ -760,7 +792,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     }
   }
   __syncthreads();  // the masks of step 0 (the loop reads a step's masks before its barrier)
-  int s0_cur = s0_next;
+  int s0_cur = s0_first;
   for (int k = 0, pass = 0, j_in_pass = 0; k < nsteps; ++k) {
     // Backward phases: 0 softmax statistics and lsum (compression only, the first pass), 1
     // lsum (the others, when no dot_in), 2 dq (the last pass).
@@ -792,10 +824,12 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       }
     }
     const int s0 = s0_cur;
-    issue(k + 1);
-    s0_cur = s0_next;
+    if constexpr (kStages == 2) {  // into the stage step k - 1 read (its closing barrier passed)
+      issue(k + 1);
+      s0_cur = s0_next;
+    }
     // Which keys of the tile each of this thread's rows may see (the selection's masks of
-    // stage k & 1 were written by issue(k), before the previous step's closing barrier).
+    // stage stage_of(k) were written by issue(k), before the previous step's barrier).
     unsigned long long vis[2];
     if constexpr (BR == kSlc) {
 #pragma unroll
@@ -803,7 +837,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         vis[h2] = 0ull;
 #pragma unroll
         for (int part = 0; part < kMaskParts; ++part)
-          vis[h2] |= rv[h2] ? kmask[((k & 1) * kMaskParts + part) * kMaxPos + rp[h2]] : 0ull;
+          vis[h2] |= rv[h2] ? kmask[(stage_of(k) * kMaskParts + part) * kMaxPos + rp[h2]] : 0ull;
       }
     } else if constexpr (BR == kWin) {
 #pragma unroll
@@ -824,9 +858,14 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     __syncthreads();
     const bool sees = warp_sees;  // a warp skips a tile none of its rows may see
 #endif
+    if constexpr (kStages == 3) {  // into the stage step k - 1 read (every warp passed the barrier)
+      issue(k + 2);
+      s0_cur = s0_second;
+      s0_second = s0_next;
+    }
     if (sees) {  // else: nothing to see here
-      const bf16* Kt = Ks + (k & 1) * kKParts * KT * DP;
-      const bf16* Vt = Vs + (k & 1) * kKParts * KT * DP;
+      const bf16* Kt = Ks + stage_of(k) * kKParts * KT * DP;
+      const bf16* Vt = Vs + stage_of(k) * kKParts * KT * DP;
       float s[NT][4], dp[BWD ? NT : 1][4];
 #pragma unroll
       for (int n = 0; n < NT; ++n)
@@ -890,7 +929,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         acc_add_product<NT, DT, DP, KT, kKParts, true>(acc, s, Vt, lane);  // acc += P V
       }
     }
-    __syncthreads();  // stage k & 1 is refilled by issue(k + 2)
+    if constexpr (kStages == 2) __syncthreads();  // stage k & 1 is refilled by issue(k + 2)
   }
   cp_wait0();
 

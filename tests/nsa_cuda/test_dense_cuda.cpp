@@ -146,6 +146,7 @@ const std::vector<DenseDims> kShapes = {
     {1, 300, 4, 2, 64, 10000.0},   // several key tiles
     {1, 257, 8, 2, 128, 10000.0},  // D = 128
     {1, 1000, 4, 2, 64, 10000.0},  // long rows of keys
+    {1, 333, 6, 2, 96, 10000.0},   // D = 96 (padded 128), 3 heads per group
 };
 
 TEST(DenseCuda, Fp32MatchesCpu) {

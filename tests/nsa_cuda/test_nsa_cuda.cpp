@@ -339,6 +339,11 @@ const std::vector<Case>& cases() {
       // candidates (b_t >= 35 of 50 blocks; the argmax rounds, then the row written by 32 lanes
       // with the forced blocks after them) and fewer below (the rank path).
       {"n=35, take 32 by lanes", make_dims(1, 400, 4, 2, 32, 8, 8, 8, 35, 64)},
+      // Padded D = 128 off the paper's shape: D = 100 (28 zero columns in every tile) with h =
+      // 3 (positions straddle the 64-row blocks), and h = 1 (a row block's selection union
+      // holds 64 positions' choices).
+      {"D=100, h=3", make_dims(2, 1111, 6, 2, 100, 32, 16, 64, 7, 200)},
+      {"D=128, h=1", make_dims(1, 1500, 2, 2, 128, 32, 16, 64, 8, 300)},
   };
   return c;
 }
