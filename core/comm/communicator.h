@@ -81,11 +81,12 @@ class Communicator {
   void barrier();
 
   // Non-blocking all_reduce: starts t = op over the group of every rank's t; the result is
-  // there after wait_all(), and t is neither read nor written by the caller until then.
-  // Started all-reduces are collective calls like the others (every rank starts the same ones
-  // in the same order), and no other call on this communicator comes between a start and
-  // wait_all(). The MPI backend posts MPI_Iallreduce; the others (NCCL: enqueued on the
-  // stream anyway) run the blocking call at once, which their contract allows.
+  // there after wait_all(), and until then the caller neither reads nor writes t and keeps
+  // it allocated. Started all-reduces are collective calls like the others (every rank starts
+  // the same ones in the same order), and no other call on this communicator comes between a
+  // start and wait_all(). The MPI backend posts MPI_Iallreduce; NCCL enqueues it on the
+  // communicator's own stream after an event on the compute stream, and wait_all() makes the
+  // compute stream wait for it; a backend may also run the blocking call at once.
   void start_all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
   // Waits for every all-reduce started since the last wait_all() (none: returns at once).
   void wait_all();

@@ -50,9 +50,11 @@ std::string cuda_device_summary() {
 // cudaMalloc/cudaFree synchronise the device and cost far more than a training step's
 // hundreds of activation allocations can afford. Sizes are rounded up (to 512 bytes, and to
 // 1/8 of the next power of two above 1 MiB) so blocks are reused across slightly different
-// shapes. All work runs on the default stream, in order, so a block freed by the host can
-// be reused by later work at once. When cudaMalloc fails, the cache is released and the
-// allocation retried.
+// shapes. All kernels run on the default stream, in order, so a block freed by the host can
+// be reused by later work at once; the one exception, an all-reduce started on a
+// communicator's own stream (Communicator::start_all_reduce), keeps its tensor allocated
+// until the compute stream has waited for it. When cudaMalloc fails, the cache is released
+// and the allocation retried.
 namespace {
 struct BlockCache {
   std::mutex mutex;
