@@ -19,26 +19,18 @@
 # The working tree's test_wgmma runs first where it exists. Logs under $OUT (at most 8 files come back from the device tool: the ncu
 # logs are summarised into compare.log).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
+source scripts/gpu_trees.sh
 ref=${1:-HEAD}
 refdir=/tmp/nsatron_ref
-rm -rf "$refdir" && mkdir -p "$refdir"
-if [ -f "$ref" ]; then  # a tar of the tree (git archive REF -o FILE, carried): commits the
-  tar -x -C "$refdir" -f "$ref" || { echo "cannot extract $ref"; exit 1; }  # device's copy lacks
-else
-  git archive "$ref" | tar -x -C "$refdir" || { echo "cannot export $ref"; exit 1; }
-fi
-[ -d .carry ] && cp -r .carry "$refdir/"
+gpu_ref_tree "$ref" "$refdir"
 configure() {  # the two trees build at the same time (half the cores each)
-  local targets="test_nsa_cuda bench_nsa_gpu"
-  [ -n "${DENSE:-}" ] && { [ "$2" = new ] || [ -n "${DENSE_SEEDS:-}" ]; } && targets="$targets test_dense_cuda"
-  [ -f "$1/tests/nsa_cuda/test_wgmma.cu" ] && targets="$targets test_wgmma"
-  cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90a} \
-    -DNSATRON_TOMLPP_DIR="$1/.carry/include" >"$OUT/configure_$2.log" 2>&1 &&
-    cmake --build "$1/build-gpu" -j"$(( $(nproc) / 2 + 1 ))" --target $targets >"$OUT/build_$2.log" 2>&1 ||
-    { echo "$2: build failed"; grep -E "error" -A3 "$OUT/build_$2.log" | head -30; return 1; }
+  local targets=(test_nsa_cuda bench_nsa_gpu)
+  [ -n "${DENSE:-}" ] && { [ "$2" = new ] || [ -n "${DENSE_SEEDS:-}" ]; } && targets+=(test_dense_cuda)
+  [ -f "$1/tests/nsa_cuda/test_wgmma.cu" ] && targets+=(test_wgmma)
+  gpu_build_tree "$1" "$2" "${targets[@]}"
 }
 configure "$refdir" ref & pid_ref=$!
 configure "$PWD" new || exit 1

@@ -22,22 +22,14 @@ shift $(( $# > 0 ? 1 : 0 ))
 rows=("$@")
 [ ${#rows[@]} -eq 0 ] && rows=(pp2_7_5_dp1 pp2_v2_4332_dp1 tp2_dp1)
 [ -d runs/kjv/data ] || { echo "no prepared shards in runs/kjv/data (bash scripts/kjv_data.sh, then carry them)"; exit 1; }
+source scripts/gpu_trees.sh
 refdir=/tmp/nsatron_pref
-rm -rf "$refdir" && mkdir -p "$refdir/runs/kjv"
-if [ -f "$ref" ]; then
-  tar -x -C "$refdir" -f "$ref" || { echo "cannot extract $ref"; exit 1; }
-else
-  git archive "$ref" | tar -x -C "$refdir" || { echo "cannot export $ref"; exit 1; }
-fi
-[ -d .carry ] && cp -r .carry "$refdir/"
-ln -s "$PWD/runs/kjv/data" "$refdir/runs/kjv/data"
+gpu_ref_tree "$ref" "$refdir"
+mkdir -p "$refdir/runs/kjv" && ln -s "$PWD/runs/kjv/data" "$refdir/runs/kjv/data"
 configure() {  # the two trees build at the same time (half the cores each)
-  local targets="nsatron"
-  [ "$2" = new ] && [ "${TESTS:-1}" != 0 ] && targets="$targets test_nccl_comm test_gpu_train test_peer_failure_gpu"
-  cmake -S "$1" -B "$1/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90a}" \
-    -DNSATRON_TOMLPP_DIR="$1/.carry/include" >"$OUT/configure_$2.log" 2>&1 &&
-    cmake --build "$1/build-gpu" -j"$(( $(nproc) / 2 + 1 ))" --target $targets >"$OUT/build_$2.log" 2>&1 ||
-    { echo "$2: build failed"; grep -E "error" -A3 "$OUT/build_$2.log" | head -30; return 1; }
+  local targets=(nsatron)
+  [ "$2" = new ] && [ "${TESTS:-1}" != 0 ] && targets+=(test_nccl_comm test_gpu_train test_peer_failure_gpu)
+  gpu_build_tree "$1" "$2" "${targets[@]}"
 }
 configure "$refdir" ref & pid_ref=$!
 configure "$PWD" new || exit 1
