@@ -5,7 +5,7 @@
 // row_kernel below for the key sets of the selection and window branches). The rows come from
 // padded bf16 copies of the rotated queries and of d_out [B, T, H, DP] (RowArgs::tcq, tcdo),
 // the keys from a padded bf16 copy [B, T, G, DP] (RoPE already applied, zeros past D: see pad_kernel),
-// staged 64 keys at a time in shared memory with cp.async, double buffered, in the tile layout
+// staged 64 keys at a time in shared memory with cp.async (row_stages), in the tile layout
 // of wgmma.cuh (128-byte swizzle at padded D = 64, 128). Products (bf16 in, fp32 accumulate)
 // are warpgroup products, wgmma, where the build is for sm_90a (CMAKE_CUDA_ARCHITECTURES 90a,
 // the default): the block's 4 warps are one warpgroup, each warp's 16 rows are the rows of
@@ -178,8 +178,9 @@ __device__ __forceinline__ bool kmask(const Geo& g, int t, int s) {
 // A block of W = 4 warps owns 64 consecutive rows of the flattened (position, head) order of
 // one (batch, group), i.e. the heads of up to 64 consecutive positions; each warp owns 16 of
 // them. Key tiles of KT = 64 keys are staged once per block in shared memory (cp.async, double
-// buffered, two barriers per tile) and serve every warp, so each key is read from L2 once per
-// 64 rows instead of once per 16.
+// buffered with two barriers per tile; the forward at padded D = 128 triple buffered with one:
+// row_stages) and serve every warp, so each key is read from L2 once per 64 rows instead of
+// once per 16.
 //   window:    the keys [t_first - w + 1, t_last] of the block's positions;
 //   compression: the compressed keys [0, N_t_last) (backward only, bf16: the forward's fp32
 //              kernel gives the lse the selection needs);
