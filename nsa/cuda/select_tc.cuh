@@ -21,7 +21,8 @@
 //           padded D = 32, the bf16 rounding above, as the compression backward); o_cmp and
 //           lse written as the other row kernels do;
 //   pass 1  p = exp(scale s - lse) per row and key (fp32), summed over the position's heads
-//           (P_i, one thread per (pos, i)) and spread onto the selection blocks it overlaps,
+//           (P_i: at h = 16 and 8 by shuffles of the warp's registers, which hold whole
+//           positions; else one thread per (pos, i)) and spread onto the selection blocks it overlaps,
 //           S[pos][j] += (overlap(i, j) / d) P_i, in a shared array [P][NB] (each (pos, j)
 //           owned by one thread per tile: fixed order).
 // Eight warps (not four, as the row kernels): at D = 128 the shared memory allows one block
@@ -297,6 +298,39 @@ __device__ inline void stream_topn(int ja, int jb, float* ring, int mask, float*
 // STREAMED: the ring and the per-position lists (ring > 0); else the full [P][NB] scores, with
 // none of the streamed top-n's code in the kernel (its runtime checks alone cost the full
 // path 4-8% at h = 16: docs/performance.md, 2026-11-26, third session).
+// The head sums of one warp's p (an m16n8 accumulator layout: rows gr and gr + 8, keys
+// n * 8 + 2 gc + c, NT tiles of 8 keys) where its 16 rows are the 16 heads of one position
+// (whole: one position, out[key]) or the 8 heads of each of two (rows gr: out[key], rows
+// gr + 8: out[KT + key]); room: the positions out has space for from there (those past the
+// block's P, rows left idle, are not written). The order is fixed: rows gr and gr + 8 first
+// (whole), then the lanes 4, 8 and 16 apart (the 8 values of gr); lane gr writes the keys of
+// tile n = gr.
+template <int NT>
+__device__ __forceinline__ void warp_head_sums(const float (&p)[NT][4], bool whole, float* out, int room, int gr,
+                                               int gc) {
+  constexpr int KT = NT * 8;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = p[n][e];
+    if (whole) {
+      v[0] += v[2];
+      v[1] += v[3];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (whole && e >= 2) continue;
+#pragma unroll
+      for (int x = 4; x < 32; x <<= 1) v[e] += __shfl_xor_sync(0xffffffffu, v[e], x);
+    }
+    if (n == gr && room > 0) {
+      *reinterpret_cast<float2*>(out + n * 8 + gc * 2) = make_float2(v[0], v[1]);
+      if (!whole && room > 1) *reinterpret_cast<float2*>(out + KT + n * 8 + gc * 2) = make_float2(v[2], v[3]);
+    }
+  }
+}
+
 template <int DP, bool STREAMED>
 __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     cmp_select_kernel(Geo g, CmpSelArgs a, int P, int ring_arg) {
@@ -528,28 +562,41 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         acc_add_product<NT, DT, DP, KT, VP, true>(acc, s, Vs + (k & 1) * VP * KT * DP, lane);
       }
     } else {
-      // p per row and key into Ps (zeros where not visible), then the block scores.
-      float* pw = Ps + (warp * 16) * (KT + 1);
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
-          pw[(gr + 8 * h2) * (KT + 1) + kk] = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[h2]) : 0.f;
-        }
-      __syncthreads();
+      // p per row and key (zeros where not visible), then P_i per (position, key), the sum
+      // over the position's heads, then the block scores. At h = 16 (8) a warp's 16 rows are
+      // the heads of one position (two: rows gr and gr + 8), so P_i are sums of the warp's
+      // registers (warp_head_sums); otherwise p goes through Ps and a thread per (position,
+      // key) sums its heads, ascending (streamed at h = 1: the row's p itself, read from Ps).
       const int cnt = min(KT, key_end - s0);
-      // P_i per (position, key): the sum over the position's heads, ascending (streamed at
-      // h = 1: the row's p itself, read from Ps).
       const bool p_is_row = STREAMED && g.h == 1;
-      if (!p_is_row) {
-        for (int idx = tid; idx < npos * KT; idx += kCmpSelWarps * 32) {
-          const int pl = idx / KT, kk = idx % KT;
-          float pi = 0.f;
-          for (int hd = 0; hd < g.h; ++hd) pi += Ps[(pl * g.h + hd) * (KT + 1) + kk];
-          Pi[idx] = pi;
-        }
+      if (DP > 32 && (g.h == 16 || g.h == 8)) {  // (at padded D = 32 its registers spilled)
+        float p[NT][4];
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) p[n][e] = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[e >> 1]) : 0.f;
+        const int pl0 = warp * (g.h == 16 ? 1 : 2);  // the warp's first position
+        warp_head_sums<NT>(p, g.h == 16, Pi + pl0 * KT, P - pl0, gr, gc);
         __syncthreads();
+      } else {
+        float* pw = Ps + (warp * 16) * (KT + 1);
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
+            pw[(gr + 8 * h2) * (KT + 1) + kk] = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[h2]) : 0.f;
+          }
+        __syncthreads();
+        if (!p_is_row) {
+          for (int idx = tid; idx < npos * KT; idx += kCmpSelWarps * 32) {
+            const int pl = idx / KT, kk = idx % KT;
+            float pi = 0.f;
+            for (int hd = 0; hd < g.h; ++hd) pi += Ps[(pl * g.h + hd) * (KT + 1) + kk];
+            Pi[idx] = pi;
+          }
+          __syncthreads();
+        }
       }
       const float* Pr = p_is_row ? Ps : Pi;
       const int prs = p_is_row ? KT + 1 : KT;
