@@ -21,8 +21,9 @@
 //           padded D = 32, the bf16 rounding above, as the compression backward); o_cmp and
 //           lse written as the other row kernels do;
 //   pass 1  p = exp(scale s - lse) per row and key (fp32), summed over the position's heads
-//           (P_i: at h = 16 and 8 by shuffles of the warp's registers, which hold whole
-//           positions; else one thread per (pos, i)) and spread onto the selection blocks it overlaps,
+//           (P_i: at h = 16 and 8, padded D = 128, by shuffles of the warp's registers, which
+//           hold whole positions; else one thread per (pos, i)) and spread onto the selection
+//           blocks it overlaps,
 //           S[pos][j] += (overlap(i, j) / d) P_i, in a shared array [P][NB] (each (pos, j)
 //           owned by one thread per tile: fixed order).
 // Eight warps (not four, as the row kernels): at D = 128 the shared memory allows one block
@@ -299,36 +300,39 @@ __device__ inline void stream_topn(int ja, int jb, float* ring, int mask, float*
 // none of the streamed top-n's code in the kernel (its runtime checks alone cost the full
 // path 4-8% at h = 16: docs/performance.md, 2026-11-26, third session).
 // The head sums of one warp's p (an m16n8 accumulator layout: rows gr and gr + 8, keys
-// n * 8 + 2 gc + c, NT tiles of 8 keys) where its 16 rows are the 16 heads of one position
-// (whole: one position, out[key]) or the 8 heads of each of two (rows gr: out[key], rows
-// gr + 8: out[KT + key]); room: the positions out has space for from there (those past the
-// block's P, rows left idle, are not written). The order is fixed: rows gr and gr + 8 first
-// (whole), then the lanes 4, 8 and 16 apart (the 8 values of gr); lane gr writes the keys of
-// tile n = gr.
-template <int NT>
-__device__ __forceinline__ void warp_head_sums(const float (&p)[NT][4], bool whole, float* out, int room, int gr,
-                                               int gc) {
-  constexpr int KT = NT * 8;
+// n * 8 + 2 gc + (e & 1), NT = 8 tiles of 8 keys) where its 16 rows are the 16 heads of one
+// position (WHOLE: out[key]) or the 8 heads of each of two (rows gr: out[key], rows gr + 8:
+// out[KT + key]); room: the positions out has space for from there (those past the block's
+// P, rows left idle, are not written). A reduce-scatter over the 8 lanes of each gc: lanes 16,
+// 8, 4 apart swap half their tiles and add (own part first), so that lane gr ends with tile
+// gr's sums and writes them (7 shuffles per value pair instead of 24). WHOLE adds rows gr and
+// gr + 8 first. A fixed order: deterministic.
+template <int NT, bool WHOLE>
+__device__ __forceinline__ void warp_head_sums(const float (&p)[NT][4], float* out, int room, int lane) {
+  static_assert(NT == 8, "one tile of 8 keys per gr");
+  constexpr int KT = NT * 8, NE = WHOLE ? 2 : 4;
+  float v[NT][NE];
 #pragma unroll
-  for (int n = 0; n < NT; ++n) {
-    float v[4];
+  for (int n = 0; n < NT; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) v[e] = p[n][e];
-    if (whole) {
-      v[0] += v[2];
-      v[1] += v[3];
-    }
+    for (int e = 0; e < NE; ++e) v[n][e] = WHOLE ? p[n][e] + p[n][e + 2] : p[n][e];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      if (whole && e >= 2) continue;
+  for (int level = 0; level < 3; ++level) {
+    const int x = 16 >> level, half = 4 >> level;  // lanes x apart: gr bits 2, 1, 0
+    const bool upper = (lane & x) != 0;           // keeps the upper half of its tiles
 #pragma unroll
-      for (int x = 4; x < 32; x <<= 1) v[e] += __shfl_xor_sync(0xffffffffu, v[e], x);
-    }
-    if (n == gr && room > 0) {
-      *reinterpret_cast<float2*>(out + n * 8 + gc * 2) = make_float2(v[0], v[1]);
-      if (!whole && room > 1) *reinterpret_cast<float2*>(out + KT + n * 8 + gc * 2) = make_float2(v[2], v[3]);
-    }
+    for (int t = 0; t < half; ++t)
+#pragma unroll
+      for (int e = 0; e < NE; ++e) {
+        const float send = upper ? v[t][e] : v[t + half][e];
+        const float keep = upper ? v[t + half][e] : v[t][e];
+        v[t][e] = keep + __shfl_xor_sync(0xffffffffu, send, x);
+      }
   }
+  const int gr = lane >> 2, gc = lane & 3;
+  if (room > 0) *reinterpret_cast<float2*>(out + gr * 8 + gc * 2) = make_float2(v[0][0], v[0][1]);
+  if constexpr (!WHOLE)
+    if (room > 1) *reinterpret_cast<float2*>(out + KT + gr * 8 + gc * 2) = make_float2(v[0][2], v[0][3]);
 }
 
 template <int DP, bool STREAMED>
@@ -565,18 +569,21 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       // p per row and key (zeros where not visible), then P_i per (position, key), the sum
       // over the position's heads, then the block scores. At h = 16 (8) a warp's 16 rows are
       // the heads of one position (two: rows gr and gr + 8), so P_i are sums of the warp's
-      // registers (warp_head_sums); otherwise p goes through Ps and a thread per (position,
-      // key) sums its heads, ascending (streamed at h = 1: the row's p itself, read from Ps).
+      // registers (warp_head_sums; padded D = 128); otherwise p goes through Ps and a thread per
+      // (position, key) sums its heads, ascending (streamed at h = 1: the row's p itself, read
+      // from Ps).
       const int cnt = min(KT, key_end - s0);
       const bool p_is_row = STREAMED && g.h == 1;
-      if (DP > 32 && (g.h == 16 || g.h == 8)) {  // (at padded D = 32 its registers spilled)
+      if (DP > 64 && (g.h == 16 || g.h == 8)) {  // (at padded D <= 64 its registers spilled)
         float p[NT][4];
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) p[n][e] = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[e >> 1]) : 0.f;
-        const int pl0 = warp * (g.h == 16 ? 1 : 2);  // the warp's first position
-        warp_head_sums<NT>(p, g.h == 16, Pi + pl0 * KT, P - pl0, gr, gc);
+        if (g.h == 16)
+          warp_head_sums<NT, true>(p, Pi + warp * KT, P - warp, lane);
+        else
+          warp_head_sums<NT, false>(p, Pi + 2 * warp * KT, P - 2 * warp, lane);
         __syncthreads();
       } else {
         float* pw = Ps + (warp * 16) * (KT + 1);
@@ -674,7 +681,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
           stream_topn(j_lo, j_end, Sb + pl * ring, ring - 1, Lv + pl * g.n, Lj + pl * g.n, Lp + pl, lane);
       }
     }
-    __syncthreads();  // stage k & 1 is refilled by issue(k + 2); Ps is rewritten
+    __syncthreads();  // stage k & 1 is refilled by issue(k + 2); Ps and Pi are rewritten
   }
   cp_wait0();
 

@@ -344,6 +344,10 @@ const std::vector<Case>& cases() {
       // holds 64 positions' choices).
       {"D=100, h=3", make_dims(2, 1111, 6, 2, 100, 32, 16, 64, 7, 200)},
       {"D=128, h=1", make_dims(1, 1500, 2, 2, 128, 32, 16, 64, 8, 300)},
+      // The fused kernel's head sums by warp shuffles (h = 16 and 8 at padded D = 128), with a
+      // last block of fewer positions (ragged T).
+      {"D=128, h=16, ragged T", make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 256)},
+      {"D=96, h=8, ragged T", make_dims(2, 555, 16, 2, 96, 32, 16, 64, 8, 128)},
   };
   return c;
 }
