@@ -84,7 +84,6 @@ __device__ __forceinline__ void cp4(void* smem, const void* gmem, bool valid) {
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
-__device__ __forceinline__ void cp_wait2() { asm volatile("cp.async.wait_group 2;\n" ::); }
 __device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 // A fragments (16 rows x 16 dims at column k0) of a row-major [16][STR] shared array.
@@ -223,8 +222,9 @@ constexpr int row_q_parts() {
   return BR == kWin ? win_score_parts(DP) : 1;
 }
 // Shared stages of the key and value tiles. The forward at padded D = 128 takes three (one
-// barrier per tile, the tile two steps ahead in flight): its query rows are read once, into
-// registers, before the first tile, so they are staged where the third stage's tiles go
+// barrier per tile; the tile whose P V product runs under the next tile's softmax, the
+// current tile, the next one in flight: row_kernel's kDefer): its query rows are read once,
+// into registers, before the first tile, so they are staged where the third stage's tiles go
 // (row_smem) and its two blocks per SM still fit. The backward reads its rows at every tile
 // (two stages, two barriers per tile); so does every kernel at smaller D, where three stages
 // would cost a block per SM.
@@ -330,13 +330,14 @@ __device__ __forceinline__ void mask_scores(float (&s)[8][4], const std::uint32_
 // p = 2^(sl2 s - m2) (0 where masked), the running max m2 and sum ls (this thread's keys only)
 // are updated, and acc, when given, is rescaled to the new max. With x given, xs (this
 // thread's keys only) becomes xs corr + sum p x, the running sum whose ratio to ls is
-// sum_j p_j x_j over the row's softmax. sl2 = scale log2(e) > 0, so the max of sl2 s is sl2
-// times the max of s.
+// sum_j p_j x_j over the row's softmax. With corr_out given, it receives the two rows' factors
+// (2^(old m2 - new m2)) for a caller that rescales its accumulators later (the forward's
+// deferred P V product). sl2 = scale log2(e) > 0, so the max of sl2 s is sl2 times the max of s.
 template <int NT, int DT>
 __device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], float sl2, float (&m2)[2],
                                                     float (&ls)[2], float (*acc)[4],
                                                     const float (*x)[4] = nullptr,
-                                                    float* xs = nullptr) {
+                                                    float* xs = nullptr, float* corr_out = nullptr) {
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     float mx = -INFINITY;
@@ -361,6 +362,7 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], float sl2
     ls[h2] = ls[h2] * corr + sum;
     if (x) xs[h2] = xs[h2] * corr + xsum;
     m2[h2] = mnew;
+    if (corr_out) corr_out[h2] = corr;  // the caller rescales its accumulators
     if (acc) {
 #pragma unroll
       for (int j = 0; j < DT; ++j) {
@@ -407,7 +409,7 @@ __device__ __forceinline__ void quad_row_sums(float (&x)[2]) {
 // of the block calls it together); SPLIT_S computes S as two N = 32 products (the row
 // kernels' forward at padded D = 64: see kSplitS there). Elsewhere mma.sync with ldmatrix
 // fragments of the tiles.
-template <int DP, int KT, int KPARTS, bool BWD, bool SPLIT_S, int NQ, int NO, int NDP>
+template <int DP, int KT, int KPARTS, bool BWD, bool SPLIT_S, int NQ, int NO, int NDP, bool WAIT = true>
 __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[NDP][4], std::uint32_t (&qa)[NQ][4],
                                             std::uint32_t (&oa)[NO][4], const bf16* Kt, const bf16* Vt,
                                             bool with_dp, int lane) {
@@ -441,8 +443,10 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
     }
   }
   wg::commit();
-  wg::wait(s);
-  if constexpr (BWD) wg::pin(dp);
+  if constexpr (WAIT) {  // else the caller waits (the forward's deferred P V)
+    wg::wait(s);
+    if constexpr (BWD) wg::pin(dp);
+  }
 #else
 #pragma unroll
   for (int kk = 0; kk < DP / 16; ++kk) {
@@ -474,8 +478,8 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
 // S += Q_lo K_hi for a warp's 16 rows over a tile of KT keys: the rotated queries' bf16
 // rounding residuals (ql, fragments as tile_scores' qa) against the keys' first (hi) part at
 // Kt, the third product of the scores' parts (win_score_parts). Its own product group (wgmma:
-// waited for before it returns).
-template <int DP, int KT, int NQ>
+// waited for before it returns where WAIT).
+template <int DP, int KT, int NQ, bool WAIT = true>
 __device__ __forceinline__ void scores_add_qlo(float (&s)[KT / 8][4], std::uint32_t (&ql)[NQ][4], const bf16* Kt,
                                                int lane) {
 #if NSATRON_WGMMA
@@ -485,7 +489,7 @@ __device__ __forceinline__ void scores_add_qlo(float (&s)[KT / 8][4], std::uint3
 #pragma unroll
   for (int kk = 0; kk < DP / 16; ++kk) wg::mma<KT, 0>(s, ql[kk], wg::kmajor_desc<DP, KT>(Kt, kk));
   wg::commit();
-  wg::wait(s);
+  if constexpr (WAIT) wg::wait(s);
 #else
 #pragma unroll
   for (int kk = 0; kk < DP / 16; ++kk)
@@ -505,10 +509,49 @@ __device__ __forceinline__ void scores_add_qlo(float (&s)[KT / 8][4], std::uint3
 // rows of STR elements, parts KT * STR apart; TILE true, wgmma.cuh tiles (STR = DP), parts
 // KT * DP apart, and on sm_90a the product is one warpgroup product (every warp of the block
 // calls it together; wgmma.cuh).
+// acc += X Y as acc_add_product with TILE and X in one part, X already packed as A fragments
+// (pack_a): xa[k2] the keys 16 k2 .. 16 k2 + 15. WAIT false (sm_90a): the product is committed
+// and left running; the caller waits (wg::wait(acc)) before it reads acc or rewrites xa.
+template <int NT, int DT, int KT, int PARTS, bool WAIT = true>
+__device__ __forceinline__ void acc_add_packed(float (&acc)[DT][4], std::uint32_t (&xa)[NT / 2][4], const bf16* y,
+                                               int lane) {
+  constexpr int DP = DT * 8;
+#if NSATRON_WGMMA
+  wg::pin(acc);
+  wg::pin(xa);
+  wg::fence();
+#pragma unroll
+  for (int k2 = 0; k2 < NT / 2; ++k2)
+#pragma unroll
+    for (int p = PARTS - 1; p >= 0; --p) wg::mma<DP, 1>(acc, xa[k2], wg::mnmajor_desc<DP, KT>(y + p * KT * DP, k2));
+  wg::commit();
+  if constexpr (WAIT) wg::wait(acc);
+#else
+#pragma unroll
+  for (int k2 = 0; k2 < NT / 2; ++k2)
+#pragma unroll
+    for (int jp = 0; jp < DT / 2; ++jp)
+#pragma unroll
+      for (int p = PARTS - 1; p >= 0; --p) {
+        std::uint32_t xb[4];
+        tile_frag_b<DP, KT>(xb, y + p * KT * DP, k2 * 16, jp * 16, lane);
+        mma(acc[2 * jp], xa[k2], xb[0], xb[1]);
+        mma(acc[2 * jp + 1], xa[k2], xb[2], xb[3]);
+      }
+#endif
+}
+
 template <int NT, int DT, int STR, int KT, int PARTS, bool TILE = false, int XPARTS = 1>
 __device__ __forceinline__ void acc_add_product(float (&acc)[DT][4], const float (*x)[4], const bf16* y,
                                                 int lane) {
   static_assert(XPARTS == 1 || XPARTS == 2, "X as one or two bf16 parts");
+  if constexpr (TILE && XPARTS == 1) {
+    std::uint32_t xa[NT / 2][4];
+#pragma unroll
+    for (int k2 = 0; k2 < NT / 2; ++k2) pack_a<NT>(xa[k2], x, k2);
+    acc_add_packed<NT, DT, KT, PARTS>(acc, xa, y, lane);
+    return;
+  }
 #if NSATRON_WGMMA
   if constexpr (TILE) {
     std::uint32_t xa[NT / 2][4], xl[XPARTS == 2 ? NT / 2 : 1][4];
@@ -597,6 +640,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   constexpr int kStages = row_stages<DP, BWD>();
   constexpr int KT = C::KT, STR = C::STR, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   auto stage_of = [](int k) { return kStages == 2 ? (k & 1) : int(unsigned(k) % unsigned(kStages)); };
+  // The forward's three stages hold the tile whose P V product is still running (deferred to
+  // the next step, under that step's softmax: FlashAttention-3's overlap within a warpgroup),
+  // the current tile and the next one in flight.
+  constexpr bool kDefer = kStages == 3;  // the forward at padded D = 128 (row_stages)
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   char* sm = reinterpret_cast<char*>(smem4);
@@ -773,18 +820,14 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     }
   }
   std::uint32_t qf[BWD ? 1 : DP / 16][4], qlf[!BWD && kQParts == 2 ? DP / 16 : 1][4];
+  // The deferred P V (kDefer): the previous seen tile's P as A fragments, its value tile.
+  std::uint32_t pa[kDefer ? NT / 2 : 1][4] = {};
+  const bf16* v_prev = nullptr;
+  bool pv_pending = false;
   issue(0);
   const int s0_first = s0_next;
-  int s0_second = 0;  // three stages: the step after the current one
-  if constexpr (kStages == 3) {
-    issue(1);  // stages 0 and 1 (the rows are in stage 2's place)
-    s0_second = s0_next;
-  }
   if constexpr (!BWD) {  // the forward keeps its query fragments in registers
-    if constexpr (kStages == 3)
-      cp_wait2();  // the queries' group
-    else
-      cp_wait1();
+    cp_wait1();  // the queries' group (the rows are in stage 2's place with three stages)
     __syncwarp();
 #pragma unroll
     for (int kk = 0; kk < DP / 16; ++kk) {
@@ -794,6 +837,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   }
   __syncthreads();  // the masks of step 0 (the loop reads a step's masks before its barrier)
   int s0_cur = s0_first;
+  float corr[2] = {1.f, 1.f};  // kDefer: the softmax's rescale of acc, applied after P V
   for (int k = 0, pass = 0, j_in_pass = 0; k < nsteps; ++k) {
     // Backward phases: 0 softmax statistics and lsum (compression only, the first pass), 1
     // lsum (the others, when no dot_in), 2 dq (the last pass).
@@ -829,6 +873,15 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       issue(k + 1);
       s0_cur = s0_next;
     }
+    if constexpr (kDefer) {  // the step's one barrier, before its masks are read: tile k is in
+      cp_wait0();            // (the only group in flight), every warp finished step k - 1, whose
+#if NSATRON_WGMMA            // deferred product (tile k - 2's values) was waited for there, so
+      wg::fence_proxy_async();  // tile k + 1 goes into tile k - 2's stage
+#endif
+      __syncthreads();
+      issue(k + 1);
+      s0_cur = s0_next;
+    }
     // Which keys of the tile each of this thread's rows may see (the selection's masks of
     // stage stage_of(k) were written by issue(k), before the previous step's barrier).
     unsigned long long vis[2];
@@ -850,20 +903,32 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         vis[h2] = rv[h2] ? key_bits(0, min(KT, visible_blocks(g, rt[h2]) - s0)) : 0ull;
     }
     const bool warp_sees = __any_sync(0xffffffffu, (vis[0] | vis[1]) != 0ull);
-    cp_wait1();
 #if NSATRON_WGMMA
-    // The products are warpgroup-wide: the block skips a tile only when no row sees it.
-    wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
-    const bool sees = __syncthreads_or(warp_sees);
-#else
-    __syncthreads();
-    const bool sees = warp_sees;  // a warp skips a tile none of its rows may see
-#endif
-    if constexpr (kStages == 3) {  // into the stage step k - 1 read (every warp passed the barrier)
-      issue(k + 2);
-      s0_cur = s0_second;
-      s0_second = s0_next;
+    // The products are warpgroup-wide: the block skips a tile only when no row sees it (with
+    // kDefer it never does: every tile of the forward's list is seen by some row of the block
+    // (the union of its positions' tiles, or their windows), and one -inf row costs nothing).
+    bool sees = true;
+    if constexpr (!kDefer) {
+      cp_wait1();
+      wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
+      sees = __syncthreads_or(warp_sees);
     }
+#else
+    if constexpr (!kDefer) {
+      cp_wait1();
+      __syncthreads();
+    }
+    const bool sees = warp_sees;  // a warp skips a tile none of its rows may see
+    if constexpr (kDefer)
+      if (!sees && pv_pending) {  // the deferred product before its stage is refilled
+        acc_add_packed<NT, DT, KT, kKParts>(acc, pa, v_prev, lane);
+        pv_pending = false;
+#pragma unroll
+        for (int k2 = 0; k2 < NT / 2; ++k2)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) pa[k2][e] = 0u;  // the next seen tile's product adds +0
+      }
+#endif
     if (sees) {  // else: nothing to see here
       const bf16* Kt = Ks + stage_of(k) * kKParts * KT * DP;
       const bf16* Vt = Vs + stage_of(k) * kKParts * KT * DP;
@@ -898,8 +963,17 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           scores_add_qlo<DP, KT>(s, ql, Kt, lane);
         }
       } else {
-        tile_scores<DP, KT, kKParts, false, kSplitS>(s, dp, qf, qf, Kt, Vt, false, lane);
-        if constexpr (kQParts == 2) scores_add_qlo<DP, KT>(s, qlf, Kt, lane);
+        tile_scores<DP, KT, kKParts, false, kSplitS, DP / 16, DP / 16, 1, !kDefer>(s, dp, qf, qf, Kt, Vt, false, lane);
+        if constexpr (kQParts == 2) scores_add_qlo<DP, KT, DP / 16, !kDefer>(s, qlf, Kt, lane);
+        if constexpr (kDefer) {  // the previous tile's P V, issued after these scores and left
+          // running (the first tile's: P = 0, a product that adds +0; the same instructions on
+          // every path, which ptxas needs to keep the products asynchronous)
+          if (!pv_pending) v_prev = Vt;
+          acc_add_packed<NT, DT, KT, kKParts, false>(acc, pa, v_prev, lane);
+#if NSATRON_WGMMA
+          wg::wait_all_but_newest(s);  // the scores alone
+#endif
+        }
       }
       // Masks (-inf where a row may not see a key) and probabilities (fp32).
       const std::uint32_t mbits[2] = {thread_key_bits(vis[0], gc), thread_key_bits(vis[1], gc)};
@@ -907,6 +981,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       if (!BWD || phase == 0) {  // online softmax (forward; backward statistics pass)
         if constexpr (BWD)
           online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, dp, us);
+        else if constexpr (kDefer)
+          online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, nullptr, nullptr, corr);
         else
           online_softmax_tile<NT, DT>(s, sl2, m2, ls, acc);
       } else {
@@ -926,12 +1002,26 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       if constexpr (BWD) {
         if (pass2)  // acc += dS K (dS in row_ds_parts(DP) parts)
           acc_add_product<NT, DT, DP, KT, kKParts, true, row_ds_parts(DP)>(acc, dp, Kt, lane);
+      } else if constexpr (kDefer) {  // acc += P V at the next step (or after the loop)
+#if NSATRON_WGMMA
+        wg::wait(acc);  // the previous tile's product
+#endif
+#pragma unroll
+        for (int j = 0; j < DT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[j][e] *= corr[e >> 1];
+#pragma unroll
+        for (int k2 = 0; k2 < NT / 2; ++k2) pack_a<NT>(pa[k2], s, k2);
+        v_prev = Vt;
+        pv_pending = true;
       } else {
         acc_add_product<NT, DT, DP, KT, kKParts, true>(acc, s, Vt, lane);  // acc += P V
       }
     }
     if constexpr (kStages == 2) __syncthreads();  // stage k & 1 is refilled by issue(k + 2)
   }
+  if constexpr (kDefer)
+    if (pv_pending) acc_add_packed<NT, DT, KT, kKParts>(acc, pa, v_prev, lane);
   cp_wait0();
 
   if constexpr (!BWD) quad_row_sums(ls);

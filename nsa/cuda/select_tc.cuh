@@ -485,14 +485,16 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       }
     }
     const int s0 = (k % ntiles) * KT;
-    issue(k + 1);
     // Keys [0, nvis[h2]) of this tile are visible to this thread's rows.
     int nvis[2];
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2)
       nvis[h2] = rv[h2] ? max(0, min(KT, visible_blocks(g, rt[h2]) - s0)) : 0;
     const bool warp_any = __any_sync(0xffffffffu, nvis[0] > 0 || nvis[1] > 0);
-    cp_wait1();
+    cp_wait0();  // this thread's copies of tile k (the only group in flight)
+    // The step's one block barrier: tile k's copies are visible to all, and every warp has
+    // finished step k - 1 (its tiles, Ps, Pi and block scores), so the next tile goes into the
+    // stage step k - 1 read, under this step's work.
 #if NSATRON_WGMMA
     wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
     const bool any = __syncthreads_or(warp_any);  // the products are block-wide
@@ -500,6 +502,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     __syncthreads();
     const bool any = warp_any;
 #endif
+    issue(k + 1);
     const __half* Kt = Ks + (k & 1) * 2 * KT * DP;
     const float* kiv = kinv + (k & 1) * KT;
     float s[NT][4];
@@ -681,9 +684,8 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
           stream_topn(j_lo, j_end, Sb + pl * ring, ring - 1, Lv + pl * g.n, Lj + pl * g.n, Lp + pl, lane);
       }
     }
-    __syncthreads();  // stage k & 1 is refilled by issue(k + 2); Ps and Pi are rewritten
   }
-  cp_wait0();
+  __syncthreads();  // every warp's block scores and lists are in; Ps's space becomes chosen
 
   // Compression branch output and lse.
 #pragma unroll

@@ -112,6 +112,16 @@ __device__ __forceinline__ void wait(float (&d)[NT][4]) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
+// Waits for every committed product group but the newest one (a product issued after d's,
+// left running), then pins d.
+template <int NT>
+__device__ __forceinline__ void wait_all_but_newest(float (&d)[NT][4]) {
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
 // Pins registers at this point of the program: the instructions that write them (the zeroing
 // of accumulators, a rescale, the packing of A fragments) complete before it. Call on every
 // accumulator and A fragment of a batch before its fence(): the compiler may otherwise move
