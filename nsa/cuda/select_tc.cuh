@@ -409,6 +409,8 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   // Stage the warp's 16 rotated query rows, scaled, as fp16 hi + lo: the global loads of 8 rows
   // are issued before the first row's reduction (one memory latency per 8 rows, not per row).
   constexpr int kQC = (DP + 63) / 64, kQRows = 8;
+  const bool pairs = g.half % 2 == 0 && (reinterpret_cast<std::uintptr_t>(a.q) & 3u) == 0;  // rope_elem_pair's
+  // loads are aligned
   for (int r0 = 0; r0 < 16; r0 += kQRows) {
     float v[kQRows][kQC][2];
 #pragma unroll
@@ -420,8 +422,12 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
 #pragma unroll
       for (int c = 0; c < kQC; ++c) {
         const int dd = c * 64 + lane * 2;
-        v[r][c][0] = ok && dd < g.D ? rope_elem(a.q + row * g.D, dd, g.half, cs) : 0.f;
-        v[r][c][1] = ok && dd + 1 < g.D ? rope_elem(a.q + row * g.D, dd + 1, g.half, cs) : 0.f;
+        if (pairs && ok && dd + 1 < g.D) {  // (the query prologue was ~23% of the kernel at the
+          rope_elem_pair(a.q + row * g.D, dd, g.half, cs, v[r][c][0], v[r][c][1]);  // paper's 8192
+        } else {  // with a two-byte load per element and per partner, and 8 per table entry)
+          v[r][c][0] = ok && dd < g.D ? rope_elem(a.q + row * g.D, dd, g.half, cs) : 0.f;
+          v[r][c][1] = ok && dd + 1 < g.D ? rope_elem(a.q + row * g.D, dd + 1, g.half, cs) : 0.f;
+        }
       }
     }
 #pragma unroll
@@ -466,6 +472,9 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     rowg[h2] = (std::int64_t(b) * g.T + rt[h2]) * g.H + gi * g.h + (rv[h2] ? hd : 0);
     rinv[h2] = qinv[i];
   }
+  int rvis[2];  // the compressed blocks each row sees (an integer division: once, not per step)
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) rvis[h2] = rv[h2] ? visible_blocks(g, rt[h2]) : 0;
   const float sl2 = g.scale * kLog2e;
   float m2[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f}, lrow2[2] = {0.f, 0.f};
   float acc[DT][4];
@@ -489,7 +498,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     int nvis[2];
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2)
-      nvis[h2] = rv[h2] ? max(0, min(KT, visible_blocks(g, rt[h2]) - s0)) : 0;
+      nvis[h2] = max(0, min(KT, rvis[h2] - s0));
     const bool warp_any = __any_sync(0xffffffffu, nvis[0] > 0 || nvis[1] > 0);
     cp_wait0();  // this thread's copies of tile k (the only group in flight)
     // The step's one block barrier: tile k's copies are visible to all, and every warp has
