@@ -102,25 +102,27 @@ __device__ __forceinline__ void commit() {
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// Waits for every committed product of the warpgroup, then pins the accumulators: later
-// reads depend on this point (the compiler sees the product asm as done at issue).
-template <int NT>
-__device__ __forceinline__ void wait(float (&d)[NT][4]) {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+// Waits until at most N of the warpgroup's committed product groups are pending (the newest
+// N, left running), then pins d: later reads depend on this point (the compiler sees the
+// product asm as done at issue).
+template <int N, int NT>
+__device__ __forceinline__ void wait_pending(float (&d)[NT][4]) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
 }
+// Waits for every committed product of the warpgroup, then pins d.
+template <int NT>
+__device__ __forceinline__ void wait(float (&d)[NT][4]) {
+  wait_pending<0>(d);
+}
 // Waits for every committed product group but the newest one (a product issued after d's,
 // left running), then pins d.
 template <int NT>
 __device__ __forceinline__ void wait_all_but_newest(float (&d)[NT][4]) {
-  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-#pragma unroll
-  for (int i = 0; i < NT; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+  wait_pending<1>(d);
 }
 // Pins registers at this point of the program: the instructions that write them (the zeroing
 // of accumulators, a rescale, the packing of A fragments) complete before it. Call on every
