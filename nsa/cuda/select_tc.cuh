@@ -409,8 +409,10 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   // Stage the warp's 16 rotated query rows, scaled, as fp16 hi + lo: the global loads of 8 rows
   // are issued before the first row's reduction (one memory latency per 8 rows, not per row).
   constexpr int kQC = (DP + 63) / 64, kQRows = 8;
-  const bool pairs = g.half % 2 == 0 && (reinterpret_cast<std::uintptr_t>(a.q) & 3u) == 0;  // rope_elem_pair's
-  // loads are aligned
+  // Element pairs by two-element loads where they are aligned (rope_elem_pair): with a two-byte
+  // load per element and per partner, and eight bytes per table entry, this prologue was ~23%
+  // of the kernel at the paper's T = 8192 (docs/performance.md, 2026-11-27, fifth session).
+  const bool pairs = g.half % 2 == 0 && (reinterpret_cast<std::uintptr_t>(a.q) & 3u) == 0;
   for (int r0 = 0; r0 < 16; r0 += kQRows) {
     float v[kQRows][kQC][2];
 #pragma unroll
@@ -422,9 +424,9 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
 #pragma unroll
       for (int c = 0; c < kQC; ++c) {
         const int dd = c * 64 + lane * 2;
-        if (pairs && ok && dd + 1 < g.D) {  // (the query prologue was ~23% of the kernel at the
-          rope_elem_pair(a.q + row * g.D, dd, g.half, cs, v[r][c][0], v[r][c][1]);  // paper's 8192
-        } else {  // with a two-byte load per element and per partner, and 8 per table entry)
+        if (pairs && ok && dd + 1 < g.D) {
+          rope_elem_pair(a.q + row * g.D, dd, g.half, cs, v[r][c][0], v[r][c][1]);
+        } else {
           v[r][c][0] = ok && dd < g.D ? rope_elem(a.q + row * g.D, dd, g.half, cs) : 0.f;
           v[r][c][1] = ok && dd + 1 < g.D ? rope_elem(a.q + row * g.D, dd + 1, g.half, cs) : 0.f;
         }
