@@ -185,20 +185,23 @@ __device__ inline void warp_write_selection_row(std::int32_t* out, int cj, int t
   warp_write_selection_row_at(out, lane < take, cj, place, take, bt, n, lane);
 }
 
+// RoPE of one element from its value xv, its partner's xp (half away) and r = (c, s) of its
+// pair; lo: the element is in the first half (rope_back_pair is its inverse).
+__device__ __forceinline__ float rope_pair(float xv, float xp, float2 r, bool lo) {
+  return lo ? xv * r.x - xp * r.y : xv * r.x + xp * r.y;
+}
 // RoPE element dd of a row x (T or float) at a position whose table row is cs:
 // y[i] = x[i] c - x[i+half] s, y[i+half] = x[i+half] c + x[i] s.
 template <class X>
 __device__ __forceinline__ float rope_elem(const X* x, int dd, int half, const float2* cs) {
   const bool lo = dd < half;
   const int i = lo ? dd : dd - half;
-  const float xv = ldf(x[dd]), xp = ldf(x[lo ? dd + half : dd - half]);
-  const float2 r = cs[i];
-  return lo ? xv * r.x - xp * r.y : xv * r.x + xp * r.y;
+  return rope_pair(ldf(x[dd]), ldf(x[lo ? dd + half : dd - half]), cs[i], lo);
 }
 // rope_elem of the elements dd and dd + 1 of a bf16 row, by two-element loads (a bf16 pair,
 // its partner pair half away, two table entries as one float4). Needs dd and half even (both
 // elements in the same half; every load aligned: x's rows and cs's hold an even number of
-// elements). The same products as rope_elem.
+// elements).
 __device__ __forceinline__ void rope_elem_pair(const __nv_bfloat16* x, int dd, int half, const float2* cs, float& y0,
                                                float& y1) {
   const bool lo = dd < half;
@@ -206,8 +209,8 @@ __device__ __forceinline__ void rope_elem_pair(const __nv_bfloat16* x, int dd, i
   const float2 xv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + dd));
   const float2 xp = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + (lo ? dd + half : dd - half)));
   const float4 r = *reinterpret_cast<const float4*>(cs + i);  // (c, s) of pairs i and i + 1
-  y0 = lo ? xv.x * r.x - xp.x * r.y : xv.x * r.x + xp.x * r.y;
-  y1 = lo ? xv.y * r.z - xp.y * r.w : xv.y * r.z + xp.y * r.w;
+  y0 = rope_pair(xv.x, xp.x, make_float2(r.x, r.y), lo);
+  y1 = rope_pair(xv.y, xp.y, make_float2(r.z, r.w), lo);
 }
 // Inverse rotation (the backward of rope_elem): dx[i] = dy[i] c + dy[i+half] s,
 // dx[i+half] = dy[i+half] c - dy[i] s. rope_back_pair: one element from its value yv, its
