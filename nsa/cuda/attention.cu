@@ -27,12 +27,14 @@
 //
 // Masks: window s in (t-w, t]; compression i*d+l-1 <= t; selection s <= t.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <type_traits>
 
 #include <cuda_fp16.h>
 
 #include "nsa/cuda/internal.cuh"
+#include "nsa/cuda/selection_loop.h"
 #include "nsa/cuda/wgmma.cuh"
 
 namespace nsatron::nsa::cuda::detail {

@@ -328,16 +328,13 @@ __device__ __forceinline__ void mask_scores(float (&s)[8][4], const std::uint32_
 // rows lane/4 and lane/4 + 8, NT tiles of 8 keys), in the exp2 domain: on entry s holds the
 // scores, -inf where the row may not see the key (mask_scores); on exit s holds
 // p = 2^(sl2 s - m2) (0 where masked), the running max m2 and sum ls (this thread's keys only)
-// are updated, and acc, when given, is rescaled to the new max. With x given, xs (this
-// thread's keys only) becomes xs corr + sum p x, the running sum whose ratio to ls is
-// sum_j p_j x_j over the row's softmax. With corr_out given, it receives the two rows' factors
-// (2^(old m2 - new m2)) for a caller that rescales its accumulators later (the forward's
-// deferred P V product). sl2 = scale log2(e) > 0, so the max of sl2 s is sl2 times the max of s.
+// are updated, and acc, when given, is rescaled to the new max. With corr_out given, it
+// receives the two rows' factors (2^(old m2 - new m2)) for a caller that rescales its
+// accumulators later (the forward's deferred P V product; softmax_tile_dot's running sum).
+// sl2 = scale log2(e) > 0, so the max of sl2 s is sl2 times the max of s.
 template <int NT, int DT>
 __device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], float sl2, float (&m2)[2],
-                                                    float (&ls)[2], float (*acc)[4],
-                                                    const float (*x)[4] = nullptr,
-                                                    float* xs = nullptr, float* corr_out = nullptr) {
+                                                    float (&ls)[2], float (*acc)[4], float* corr_out = nullptr) {
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     float mx = -INFINITY;
@@ -349,7 +346,7 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], float sl2
     const bool none = mnew == -INFINITY;  // nothing seen yet
     const float corr = none ? 1.f : ex2(m2[h2] - mnew);
     const float nsub = none ? 0.f : -mnew;
-    float sum = 0.f, xsum = 0.f;
+    float sum = 0.f;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -357,10 +354,8 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], float sl2
         const int ee = 2 * h2 + e;
         s[n][ee] = ex2(fmaf(s[n][ee], sl2, nsub));
         sum += s[n][ee];
-        if (x) xsum += s[n][ee] * x[n][ee];
       }
     ls[h2] = ls[h2] * corr + sum;
-    if (x) xs[h2] = xs[h2] * corr + xsum;
     m2[h2] = mnew;
     if (corr_out) corr_out[h2] = corr;  // the caller rescales its accumulators
     if (acc) {
@@ -370,6 +365,24 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], float sl2
         acc[j][2 * h2 + 1] *= corr;
       }
     }
+  }
+}
+
+// The running sum beside online_softmax_tile's: xs (this thread's keys of its two rows) becomes
+// xs corr + sum_j p_j x_j, with p the tile's probabilities (online_softmax_tile's s on exit) and
+// corr its factors, so that xs / ls is sum_j p_j x_j over the row's softmax (the compression
+// backward's sum of p dP, taken once dP's product is done).
+template <int NT>
+__device__ __forceinline__ void softmax_tile_dot(const float (&p)[NT][4], const float (&x)[NT][4],
+                                                 const float (&corr)[2], float (&xs)[2]) {
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    float xsum = 0.f;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) xsum += p[n][2 * h2 + e] * x[n][2 * h2 + e];
+    xs[h2] = xs[h2] * corr[h2] + xsum;
   }
 }
 
@@ -408,8 +421,11 @@ __device__ __forceinline__ void quad_row_sums(float (&x)[2]) {
 // the smallest part first). On sm_90a one warpgroup product per 16 dims and part (every warp
 // of the block calls it together); SPLIT_S computes S as two N = 32 products (the row
 // kernels' forward at padded D = 64: see kSplitS there). Elsewhere mma.sync with ldmatrix
-// fragments of the tiles.
-template <int DP, int KT, int KPARTS, bool BWD, bool SPLIT_S, int NQ, int NO, int NDP, bool WAIT = true>
+// fragments of the tiles. DP_LATER (sm_90a, BWD): S and dP are two product groups and only S is
+// waited for; dP is left running (the caller computes the probabilities from S meanwhile and
+// then waits with wg::wait(dp)).
+template <int DP, int KT, int KPARTS, bool BWD, bool SPLIT_S, int NQ, int NO, int NDP, bool WAIT = true,
+          bool DP_LATER = false>
 __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[NDP][4], std::uint32_t (&qa)[NQ][4],
                                             std::uint32_t (&oa)[NO][4], const bf16* Kt, const bf16* Vt,
                                             bool with_dp, int lane) {
@@ -433,6 +449,7 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
         wg::mma<KT, 0>(s, qa[kk], wg::kmajor_desc<DP, KT>(Kt + p * KT * DP, kk));
       }
     }
+  if constexpr (DP_LATER) wg::commit();  // S alone
   if constexpr (BWD) {
     if (with_dp) {
 #pragma unroll
@@ -443,7 +460,9 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
     }
   }
   wg::commit();
-  if constexpr (WAIT) {  // else the caller waits (the forward's deferred P V)
+  if constexpr (DP_LATER) {
+    wg::wait_all_but_newest(s);  // S; dP (the newest group, empty without with_dp) runs on
+  } else if constexpr (WAIT) {  // else the caller waits (the forward's deferred P V)
     wg::wait(s);
     if constexpr (BWD) wg::pin(dp);
   }
@@ -631,7 +650,12 @@ __device__ __forceinline__ void store_row_output(const float (*acc)[4], int h2, 
 // for the selection).
 constexpr int row_min_blocks(int DP, bool BWD) { return DP <= 64 ? (BWD ? 3 : 4) : 1; }
 
-template <int DP, int BR, bool BWD>
+// LATE (the two-stage kernels): one block barrier per step, the next tile issued after it
+// (row_late_issue chooses; the same bits either way). Without LATE the next tile is issued
+// before the step's wait and a closing barrier frees its stage: a longer prefetch, which pays
+// where the keys come from DRAM, at the cost of a second barrier, which dominates where they
+// stay in the L2 (docs/performance.md, change 49).
+template <int DP, int BR, bool BWD, bool LATE>
 __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_kernel(Geo g, RowArgs a, int ntw) {
   using C = RowCfg<DP>;
   constexpr int kRowsPerBlock = 16 * kRowWarps, kMaxPos = kRowsPerBlock;
@@ -644,6 +668,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // the next step, under that step's softmax: FlashAttention-3's overlap within a warpgroup),
   // the current tile and the next one in flight.
   constexpr bool kDefer = kStages == 3;  // the forward at padded D = 128 (row_stages)
+  // One barrier per step, the next tile issued after it: the three-stage forward always, the
+  // two-stage kernels with LATE.
+  constexpr bool kOneBarrier = kDefer || LATE;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   char* sm = reinterpret_cast<char*>(smem4);
@@ -837,7 +864,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   }
   __syncthreads();  // the masks of step 0 (the loop reads a step's masks before its barrier)
   int s0_cur = s0_first;
-  float corr[2] = {1.f, 1.f};  // kDefer: the softmax's rescale of acc, applied after P V
+  // kDefer: the softmax's rescale of acc, applied after P V; the compression backward's
+  // statistics pass: of us
+  float corr[2] = {1.f, 1.f};
   for (int k = 0, pass = 0, j_in_pass = 0; k < nsteps; ++k) {
     // Backward phases: 0 softmax statistics and lsum (compression only, the first pass), 1
     // lsum (the others, when no dot_in), 2 dq (the last pass).
@@ -869,21 +898,22 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       }
     }
     const int s0 = s0_cur;
-    if constexpr (kStages == 2) {  // into the stage step k - 1 read (its closing barrier passed)
+    if constexpr (!kOneBarrier) {  // into the stage step k - 1 read (its closing barrier passed)
       issue(k + 1);
       s0_cur = s0_next;
     }
-    if constexpr (kDefer) {  // the step's one barrier, before its masks are read: tile k is in
-      cp_wait0();            // (the only group in flight), every warp finished step k - 1, whose
-#if NSATRON_WGMMA            // deferred product (tile k - 2's values) was waited for there, so
-      wg::fence_proxy_async();  // tile k + 1 goes into tile k - 2's stage
-#endif
+    if constexpr (kOneBarrier) {  // the step's one barrier, before its masks are read: tile k
+      cp_wait0();  // is in (the only group in flight) and every warp finished step k - 1 (and,
+#if NSATRON_WGMMA  // kDefer, waited there for its deferred product of tile k - 2's values), so
+      wg::fence_proxy_async();  // tile k + 1 goes into the stage of tile k - 1 (two stages) or
+#endif                          // k - 2 (three)
       __syncthreads();
       issue(k + 1);
       s0_cur = s0_next;
     }
     // Which keys of the tile each of this thread's rows may see (the selection's masks of
-    // stage stage_of(k) were written by issue(k), before the previous step's barrier).
+    // stage stage_of(k) were written by issue(k), before this step's barrier (kOneBarrier) or
+    // the previous step's).
     unsigned long long vis[2];
     if constexpr (BR == kSlc) {
 #pragma unroll
@@ -905,16 +935,17 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     const bool warp_sees = __any_sync(0xffffffffu, (vis[0] | vis[1]) != 0ull);
 #if NSATRON_WGMMA
     // The products are warpgroup-wide: the block skips a tile only when no row sees it (with
-    // kDefer it never does: every tile of the forward's list is seen by some row of the block
-    // (the union of its positions' tiles, or their windows), and one -inf row costs nothing).
+    // kOneBarrier it never does: every tile of the block's list is seen by some row of the
+    // block (the union of its positions' tiles, their windows, or the compressed blocks its
+    // last position sees), and one -inf row costs nothing).
     bool sees = true;
-    if constexpr (!kDefer) {
+    if constexpr (!kOneBarrier) {
       cp_wait1();
       wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
       sees = __syncthreads_or(warp_sees);
     }
 #else
-    if constexpr (!kDefer) {
+    if constexpr (!kOneBarrier) {
       cp_wait1();
       __syncthreads();
     }
@@ -955,7 +986,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           frag_a<STR>(qa[kk], Qs, kk * 16, lane);
           frag_a<STR>(oa[kk], Os, kk * 16, lane);
         }
-        tile_scores<DP, KT, kKParts, true, kSplitS>(s, dp, qa, oa, Kt, Vt, with_dp, lane);
+        // dP left running while the probabilities are computed from S (waited for below)
+        tile_scores<DP, KT, kKParts, true, kSplitS, DP / 16, DP / 16, NT, true, true>(s, dp, qa, oa, Kt, Vt,
+                                                                                     with_dp, lane);
         if constexpr (kQParts == 2) {
           std::uint32_t ql[DP / 16][4];
 #pragma unroll
@@ -979,23 +1012,34 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       const std::uint32_t mbits[2] = {thread_key_bits(vis[0], gc), thread_key_bits(vis[1], gc)};
       mask_scores(s, mbits);
       if (!BWD || phase == 0) {  // online softmax (forward; backward statistics pass)
-        if constexpr (BWD)
-          online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, dp, us);
-        else if constexpr (kDefer)
-          online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, nullptr, nullptr, corr);
-        else
+        if constexpr (BWD) {
+          online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, corr);
+#if NSATRON_WGMMA
+          wg::wait(dp);
+#endif
+          softmax_tile_dot<NT>(s, dp, corr, us);  // us: the online sum of p dP
+        } else if constexpr (kDefer) {
+          online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, corr);
+        } else {
           online_softmax_tile<NT, DT>(s, sl2, m2, ls, acc);
-      } else {
+        }
+      } else {  // p from the statistics, then (dP done) dS or the lsum pass's sum of p dP
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] = ex2(fmaf(s[n][e], sl2, -lrow2[e >> 1]));
+#if NSATRON_WGMMA
+        wg::wait(dp);
+#endif
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int h2 = e >> 1;
-            const float p = ex2(fmaf(s[n][e], sl2, -lrow2[h2]));
             if (pass2) {
-              dp[n][e] = p * (dp[n][e] - dot[h2]);  // dS / scale
+              dp[n][e] = s[n][e] * (dp[n][e] - dot[h2]);  // dS / scale
             } else {
-              ls[h2] += p * dp[n][e];
+              ls[h2] += s[n][e] * dp[n][e];
             }
           }
       }
@@ -1018,7 +1062,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         acc_add_product<NT, DT, DP, KT, kKParts, true>(acc, s, Vt, lane);  // acc += P V
       }
     }
-    if constexpr (kStages == 2) __syncthreads();  // stage k & 1 is refilled by issue(k + 2)
+    if constexpr (!kOneBarrier) __syncthreads();  // stage k & 1 is refilled by issue(k + 2)
   }
   if constexpr (kDefer)
     if (pv_pending) acc_add_packed<NT, DT, KT, kKParts>(acc, pa, v_prev, lane);
@@ -1105,6 +1149,48 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   }
 }
 
+// The device's L2 in bytes (per device, asked once).
+inline std::int64_t device_l2_bytes() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<std::int64_t> cache[kMaxDevices] = {};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= kMaxDevices) dev = kMaxDevices - 1;
+  std::int64_t v = cache[dev].load();
+  if (v == 0) {
+    int l2 = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    v = l2;
+    cache[dev].store(v);
+  }
+  return v;
+}
+
+// Whether a launch of the two-stage row kernels takes the LATE schedule (row_kernel): where the
+// keys and values it streams (K and V of every (batch, group), all parts) take at most
+// row_late_issue_bytes() (selection_loop.h; by default half the device's L2), so that they stay
+// in the L2 and the second barrier, not the prefetch distance, is the cost. Measured on an H100
+// (50 MB of L2; docs/performance.md, change 49): one barrier -1.5% at the paper's T = 8192 (17 MB
+// of keys and values), +2% at 65536 (134 MB). Both schedules give the same bits.
+template <int DP, int BR, bool BWD>
+bool row_late_issue(const Geo& g) {
+  const std::int64_t nk = BR == kCmp ? g.N : g.T;
+  const std::int64_t bytes = std::int64_t(g.B) * nk * g.G * DP * 2 * 2 * row_kv_parts<DP, BR, BWD>();
+  const std::int64_t limit = row_late_issue_bytes() >= 0 ? row_late_issue_bytes() : device_l2_bytes() / 2;
+  return bytes <= limit;
+}
+
+template <int DP, int BR, bool BWD, bool LATE>
+void row_launch_schedule(const Geo& g, const RowArgs& a, cudaStream_t s, std::int64_t nblocks) {
+  const int ntw = int(((g.T + RowCfg<DP>::KT - 1) / RowCfg<DP>::KT + 31) / 32);
+  const std::size_t smem = row_smem<DP, BR, BWD>(g.n, ntw).total;
+  CUDA_CHECK(cudaFuncSetAttribute(row_kernel<DP, BR, BWD, LATE>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(unsigned(nblocks), unsigned(g.B * g.G));
+  row_kernel<DP, BR, BWD, LATE><<<grid, kRowWarps * 32, smem, s>>>(g, a, ntw);
+  check_launch("tc::row_kernel");
+}
+
 template <int DP, int BR, bool BWD>
 void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
   constexpr int kRows = 16 * kRowWarps;
@@ -1113,13 +1199,13 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
   if (std::int64_t(g.T) * g.h + kRows >= (std::int64_t(1) << 31))
     throw std::runtime_error("tc::row_kernel: T * heads per group = " + std::to_string(std::int64_t(g.T) * g.h) +
                              " rows of one (batch, group); at most 2^31 - 65 are supported");
-  const int ntw = int(((g.T + RowCfg<DP>::KT - 1) / RowCfg<DP>::KT + 31) / 32);
-  const std::size_t smem = row_smem<DP, BR, BWD>(g.n, ntw).total;
-  CUDA_CHECK(cudaFuncSetAttribute(row_kernel<DP, BR, BWD>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned(nblocks), unsigned(g.B * g.G));
-  row_kernel<DP, BR, BWD><<<grid, kRowWarps * 32, smem, s>>>(g, a, ntw);
-  check_launch("tc::row_kernel");
+  if constexpr (row_stages<DP, BWD>() == 2) {
+    if (row_late_issue<DP, BR, BWD>(g)) {
+      row_launch_schedule<DP, BR, BWD, true>(g, a, s, nblocks);
+      return;
+    }
+  }
+  row_launch_schedule<DP, BR, BWD, false>(g, a, s, nblocks);  // (three stages: one barrier already)
 }
 
 // ---- Tensor-core key side (dK, dV) of the selection and window branches (bf16 only) --------

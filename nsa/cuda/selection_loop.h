@@ -79,6 +79,18 @@ inline bool selection_inverted(const NsaDims& dims) {
              inverted_pair_bytes(dims) <= kInvertedMaxPairBytes;
   }
 }
+// The row kernels' schedule (nsa/cuda/attention_tc.cuh, row_late_issue): the two-stage row
+// kernels run one block barrier per key tile (the next tile issued after it) where a launch's
+// keys and values take at most this many bytes, two barriers (a longer prefetch) above. -1, the
+// default: half the device's L2. The same bits either way; tests set 0 (never) and the
+// largest value (always) to compare the two.
+inline std::atomic<std::int64_t>& row_late_issue_bytes_setting() {
+  static std::atomic<std::int64_t> v{-1};
+  return v;
+}
+inline void set_row_late_issue_bytes(std::int64_t bytes) { row_late_issue_bytes_setting().store(bytes); }
+inline std::int64_t row_late_issue_bytes() { return row_late_issue_bytes_setting().load(); }
+
 // The loop's name for the run log.
 inline std::string selection_loop_name(const NsaDims& dims) {
   return selection_inverted(dims) ? "inverted loop (per selected block, partials merged in slot order)"

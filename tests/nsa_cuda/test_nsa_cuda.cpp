@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -409,6 +410,34 @@ TEST(NsaCuda, DeterministicInvertedLoop) {
   const GpuResult passes = run_gpu<bf16>(p);
   cuda::set_inverted_pass_bytes(std::int64_t(1) << 30);
   EXPECT_TRUE(bit_equal(one, passes));
+}
+
+// The row kernels' two schedules (one barrier per key tile, or two with a longer prefetch:
+// row_late_issue in nsa/cuda/attention_tc.cuh, chosen by the bytes of keys and values) give the
+// same bits, at padded D = 32, 64 and 128 (the forward at 128 has one schedule; its backward two).
+struct LateIssueScope {
+  explicit LateIssueScope(std::int64_t bytes) { cuda::set_row_late_issue_bytes(bytes); }
+  ~LateIssueScope() { cuda::set_row_late_issue_bytes(-1); }
+  LateIssueScope(const LateIssueScope&) = delete;
+  LateIssueScope& operator=(const LateIssueScope&) = delete;
+};
+TEST(NsaCuda, RowScheduleGivesTheSameBits) {
+  if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
+  const LoopScope loop(cuda::SelectionRowLoop::kUnion);
+  for (const NsaDims& dm : {make_dims(2, 777, 8, 2, 32, 32, 16, 64, 5, 100), make_dims(1, 1111, 6, 2, 64, 32, 16, 64, 8, 200),
+                            make_dims(1, 1500, 8, 1, 128, 32, 16, 64, 16, 300)}) {
+    const Problem<float> p = test::random_problem<float>(dm, base_seed() + 17);
+    GpuResult two, one;
+    {
+      const LateIssueScope scope(0);  // never: two barriers per tile
+      two = run_gpu<bf16>(p);
+    }
+    {
+      const LateIssueScope scope(std::numeric_limits<std::int64_t>::max());  // always: one
+      one = run_gpu<bf16>(p);
+    }
+    EXPECT_TRUE(bit_equal(two, one)) << dm.str();
+  }
 }
 
 // Activation gradients are assigned (the initial contents do not matter), parameter
