@@ -9,6 +9,7 @@
 
 #include "core/comm/watchdog.h"
 #include "core/util/error.h"
+#include "parallel/cuda_watch.h"
 
 namespace nsatron::parallel {
 
@@ -123,22 +124,8 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 void NcclCommunicator::watch_enqueued(const char* op, cudaStream_t stream) {
-  Watchdog& dog = Watchdog::instance();
-  if (!dog.armed()) return;
-  cudaEvent_t done = nullptr;
-  if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) return;
-  if (cudaEventRecord(done, stream) != cudaSuccess) {
-    cudaEventDestroy(done);
-    return;
-  }
-  const int device = device_;
-  dog.open(
-      Watchdog::describe(name_, op, rank_, size_),
-      [done, device] {
-        cudaSetDevice(device);  // the watchdog's thread: the event's device
-        return cudaEventQuery(done) != cudaErrorNotReady;  // done, or an error the caller sees
-      },
-      [done] { cudaEventDestroy(done); });
+  if (!Watchdog::instance().armed()) return;
+  watch_stream_work(Watchdog::describe(name_, op, rank_, size_), stream, device_);
 }
 
 void NcclCommunicator::check(int code, const char* what) const {

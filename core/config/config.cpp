@@ -234,6 +234,15 @@ const std::vector<Key>& keys() {
           "watchdog.")
           .at_least(0),
 
+      key("parallel", "pp_transport", &R::parallel, &ParallelConfig::pp_transport,
+          "GPU pipeline messages (pp > 1): \"copy_engine\" moves them with the GPUs' copy engines "
+          "into receive slots of the neighbour (CUDA IPC, one host; no SM and no host wait, "
+          "2 pp V + 2 slots of one activation per neighbour), \"nccl\" with NCCL send and "
+          "receive kernels on the compute stream, \"auto\" the copy engines where every rank "
+          "reaches its neighbours' memory, else NCCL. The same bits and, measured on 2 H100s, the "
+          "same speed either way; the run log says which ran (docs/parallel.md).")
+          .one_of({"auto", "nccl", "copy_engine"}),
+
       key("recompute", "policy", &R::recompute, &RecomputeConfig::policy,
           "Activation recompute: \"none\" keeps what the backward needs; \"selective\" recomputes "
           "norms, the SwiGLU activation and NSA internals; \"full\" keeps only each layer's input "

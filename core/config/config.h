@@ -86,6 +86,9 @@ struct ParallelConfig {
   std::int64_t grad_bucket_kib = 25600;
   // Several ranks: the communication watchdog's timeout (core/comm/watchdog.h); 0: off.
   double comm_timeout_s = 600;
+  // GPU pipeline transfers: "auto" (the copy engines where every pipeline neighbour is on this
+  // host and reachable, else NCCL), "nccl", "copy_engine" (parallel/copy_engine_communicator.h).
+  std::string pp_transport = "nccl";
 };
 
 struct RecomputeConfig {

@@ -404,7 +404,9 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std
   plan.dtype = cfg.train.dtype == "bf16" ? DType::BF16 : DType::F32;  // as the trainer (launch/train/setup.cpp)
   plan.nsa_saved_outputs = nsa_saved_outputs;
   plan.head_chunk = head_chunk;
-  plan.pipeline_posts_ahead = plan.device == Device::CPU;  // MPI between CPU ranks, NCCL between GPUs
+  // MPI between CPU ranks posts ahead, and so do the copy engines between GPUs; NCCL does not.
+  const bool copy_engines = plan.device == Device::CUDA && pp > 1 && cfg.parallel.pp_transport != "nccl";
+  plan.pipeline_posts_ahead = plan.device == Device::CPU || copy_engines;
   plan.tp = int(tp);
   plan.pp = int(pp);
   const std::int64_t compute_bytes = plan.dtype == DType::F32 ? 0 : std::int64_t(dtype_size(plan.dtype));
@@ -438,6 +440,12 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std
       plan.pp_stage = int(s);
       plan.chunk_layers = chunks;
       e.activations = estimate_activation_bytes(dims, plan);
+      if (copy_engines) {  // the receive slots per pipeline neighbour (launch/train/setup.cpp; "auto"
+        // counted as if the copy engines are taken, its usual outcome on one host)
+        const std::int64_t neighbours = pp == 2 ? 1 : 2, V = cfg.parallel.virtual_stages;
+        const std::int64_t slot = (cfg.train.micro_batch * cfg.train.seq_len * dims.C * std::int64_t(dtype_size(plan.dtype)) + 255) / 256 * 256;
+        e.activations += neighbours * ((2 * pp * V + 2) * (slot + 8));
+      }
       if (!any || e.total() > best.total()) best = e;
       any = true;
     }

@@ -71,7 +71,8 @@ struct MemoryEstimate {        // bytes on one rank: the rank (pp stage, tp rank
   std::int64_t gradients = 0;    // fp32 flat gradients
   std::int64_t optimizer = 0;    // AdamW moments (ZeRO-1: this rank's owned share) and any other optimizer buffers
   std::int64_t activations = 0;  // peak of one optimizer step above the above (micro-batches in flight under 1F1B,
-                                 // recompute policy, head chunk, transient buffers)
+                                 // recompute policy, head chunk, transient buffers; the copy-engine
+                                 // pipeline's receive slots)
   int pp_stage = 0, tp_rank = 0; // which rank this is
   std::int64_t total() const { return weights + gradients + optimizer + activations; }
 };

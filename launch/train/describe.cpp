@@ -117,6 +117,7 @@ void describe_parallelism(Run& run) {
     out << "; TP: per rank " << dims.G / tp << " KV group(s) with " << dims.H / tp << " query heads, "
         << dims.F / tp << " MLP units, about " << dims.V / tp << " vocabulary rows; vocab-parallel cross entropy";
   if (pp > 1) describe_pipeline(run);
+  if (pp > 1 && run.multi_gpu) out << "; pipeline messages: " << run.pp_transport;
   if (run.dp() > 1 && !opt.zero1())
     out << "; DP gradients all-reduced (sum) in " << opt.buckets() << " bucket(s) of up to "
         << human_bytes(double(opt.bucket_bytes()))

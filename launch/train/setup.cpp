@@ -1,11 +1,14 @@
 // Setup phases: the world and its groups, the data, the model and the optimizer.
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "core/comm/watchdog.h"
 #include "core/device/device.h"
 #include "core/util/error.h"
+#include "core/util/format.h"
 #include "launch/train/phases.h"
+#include "parallel/copy_engine_communicator.h"
 #include "parallel/gpu_binding.h"
 
 namespace nsatron::train {
@@ -21,6 +24,35 @@ Run::Run(const RunConfig& cfg, std::ostream& out, World& world, const TrainOptio
       started(Clock::now()),
       dims(ModelDims::from_config(cfg)),
       bar(cfg.train.steps, world.rank() == 0) {}
+
+namespace {
+
+// The GPU pipeline's transfers (parallel.pp_transport): the pp group's neighbours' messages
+// on the copy engines where asked and every rank reaches its neighbours' memory (else NCCL,
+// or a UserError for "copy_engine"). Collective over the pp group. Returns the run log's words.
+std::string choose_pipeline_transport(Run& run) {
+  const RunConfig& cfg = run.cfg;
+  if (cfg.parallel.pp_transport == "nccl") return "NCCL send/recv on the compute stream (pp_transport = \"nccl\")";
+#if NSATRON_WITH_NCCL
+  const int P = int(cfg.parallel.pp), V = int(cfg.parallel.virtual_stages);
+  const std::size_t slot = std::size_t(cfg.train.micro_batch * cfg.train.seq_len * run.dims.C) * dtype_size(run.dtype);
+  const int slots = 2 * P * V + 2;  // more than a stage can run ahead of its neighbour
+  std::string why;
+  auto ce = parallel::CopyEngineCommunicator::create(*run.groups.pp, run.tensor_groups.pp, slot, slots, &why);
+  if (ce) {
+    run.tensor_groups.pp = ce;
+    return "copy engines into " + std::to_string(slots) + " receive slots of " + human_bytes(double(slot)) +
+           " per neighbour (CUDA IPC; pp_transport = \"" + cfg.parallel.pp_transport + "\")";
+  }
+#else
+  const std::string why = "this build has no NCCL";
+#endif
+  if (cfg.parallel.pp_transport == "copy_engine")
+    throw UserError(cfg.source + ": parallel.pp_transport = \"copy_engine\", but " + why);
+  return "NCCL send/recv on the compute stream (pp_transport = \"auto\": no copy engines, " + why + ")";
+}
+
+}  // namespace
 
 void setup_world(Run& run) {
   const RunConfig& cfg = run.cfg;
@@ -54,6 +86,7 @@ void setup_world(Run& run) {
     which.embedding = cfg.model.tie_embeddings && cfg.parallel.pp > 1;
     return parallel::make_device_groups(run.groups, which);
   });
+  if (cfg.parallel.pp > 1) run.pp_transport = world.together([&] { return choose_pipeline_transport(run); });
 }
 
 void open_data(Run& run) {

@@ -89,6 +89,28 @@ TEST_F(GpuTrain, OverlappedReductionGivesTheSameBits) {
   expect_overlap_same_bits(2, "dp2_bf16_a2", kModel + kGpu + " --set train.dtype=bf16", kTensors);
 }
 
+// parallel.pp_transport: the pipeline's messages on the copy engines (CUDA IPC slots, stream
+// memory operations; parallel/copy_engine_communicator.h) give the same bits as NCCL's send and
+// receive, in 1F1B and the interleaved schedule, fp32 and bf16 compute; the log names each.
+TEST_F(GpuTrain, PipelineTransportsGiveTheSameBits) {
+  REQUIRE_GPUS(2);
+  for (const std::string dtype : {"fp32", "bf16"})
+    for (const Layout& l : {Layout{"pp2", 2, " --set parallel.pp=2"},
+                            Layout{"pp2_v2", 2, " --set parallel.pp=2 --set parallel.virtual_stages=2"}}) {
+      const std::string name = l.name + "_" + dtype;
+      SCOPED_TRACE(name);
+      const std::string settings = kModel + kGpu + " --set train.dtype=" + dtype + l.settings;
+      CommandResult nccl = train(l.np, name + "_nccl", settings + " --set parallel.pp_transport=nccl");
+      ASSERT_EQ(nccl.code, 0) << nccl.out << nccl.err;
+      EXPECT_NE(nccl.out.find("pipeline messages: NCCL send/recv"), std::string::npos) << nccl.out;
+      CommandResult ce = train(l.np, name + "_ce", settings + " --set parallel.pp_transport=copy_engine");
+      ASSERT_EQ(ce.code, 0) << ce.out << ce.err;
+      EXPECT_NE(ce.out.find("pipeline messages: copy engines"), std::string::npos) << ce.out;
+      expect_same_curve(name + "_nccl", name + "_ce", 0.0, 5);
+      expect_same_tensors(name + "_nccl", name + "_ce", 0.0, kTensors);
+    }
+}
+
 TEST_F(GpuTrain, CheckpointsMoveBetweenGpuLayouts) {
   REQUIRE_GPUS(2);
   const std::string ten = kModel + kGpu + " --set train.dtype=fp32 --set train.steps=10";

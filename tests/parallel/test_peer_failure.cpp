@@ -5,7 +5,8 @@
 //     parallel.comm_timeout_s = 30) finds its collective unfinished, prints the rank, the group
 //     and the operation, aborts its communicators and exits with code 4; mpirun then ends the
 //     stopped rank;
-//   - dead (SIGKILL of rank 1): the launcher names the rank and ends rank 0.
+//   - dead (SIGKILL of rank 1): the launcher names the rank and ends rank 0;
+//   - hung with two pipeline stages (on GPUs, messages over the copy engines).
 // Built twice from this file: test_peer_failure (CPU ranks over MPI, label mpi) and, with
 // PEER_FAILURE_ON_GPU, test_peer_failure_gpu (one GPU per rank, NCCL; labels gpu and mpi,
 // skipped with fewer than 2 GPUs).
@@ -46,12 +47,12 @@ class PeerFailure : public ParallelTrain {
 
   // Starts `mpirun -np 2 nsatron train` in the background (its own process group), a long run
   // with a checkpoint every 4 steps.
-  void start(const std::string& name) {
+  void start(const std::string& name, const std::string& extra = "") {
     name_ = name;
     const std::string device = PEER_FAILURE_ON_GPU ? " --set train.device=cuda" : "";
     const std::string cmd = mpirun(2) + " train " + config() + " --set train.steps=1000000 --set log.every=1" +
                             " --set train.eval_every=0 --set checkpoint.every=4 --set checkpoint.keep=2" +
-                            " --set parallel.comm_timeout_s=30" + device +
+                            " --set parallel.comm_timeout_s=30" + device + extra +
                             " --set checkpoint.dir=" + (dir_ / name).string() +
                             " --set log.metrics=" + (dir_ / (name + ".jsonl")).string() + " >" +
                             (dir_ / (name + ".out")).string() + " 2>" + (dir_ / (name + ".err")).string();
@@ -140,8 +141,8 @@ class PeerFailure : public ParallelTrain {
   }
 
   // The failure of rank 1 by `signal`, then the checks common to both cases.
-  std::string fail_rank_1(const std::string& name, int signal) {
-    start(name);
+  std::string fail_rank_1(const std::string& name, int signal, const std::string& extra = "") {
+    start(name, extra);
     wait_for_progress(6);
     if (HasFatalFailure()) return "";
     const pid_t victim = rank_pid(1);
@@ -178,6 +179,16 @@ TEST_F(PeerFailure, HungPeerEndsEveryRankThroughTheWatchdog) {
                      "rank's communicators and exiting with code 4"),
             std::string::npos)
       << out;
+}
+
+// Two pipeline stages: on GPUs the messages go through the copy engines (a receive waits on a
+// flag in GPU memory that a hung peer never writes: the watchdog's watch on it ends the rank).
+TEST_F(PeerFailure, HungPipelinePeerEndsEveryRank) {
+  const std::string out = fail_rank_1(
+      "hung_pp", SIGSTOP,
+      std::string(" --set parallel.pp=2") + (PEER_FAILURE_ON_GPU ? " --set parallel.pp_transport=copy_engine" : ""));
+  EXPECT_NE(out.find("nsatron: rank 0: the "), std::string::npos) << out;
+  EXPECT_NE(out.find("did not finish within 30 s"), std::string::npos) << out;
 }
 
 TEST_F(PeerFailure, DeadPeerEndsEveryRank) {

@@ -1,0 +1,370 @@
+#include "parallel/copy_engine_communicator.h"
+
+#include <cuda.h>  // the driver's types and flags only: its functions come from the runtime
+#include <cuda_runtime.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "core/comm/watchdog.h"
+#include "core/util/error.h"
+#include "parallel/cuda_watch.h"
+#include "parallel/pipeline.h"
+
+namespace nsatron::parallel {
+
+namespace {
+
+const cudaStream_t kStream = nullptr;  // the compute stream (legacy default; nccl_communicator.cpp)
+
+// cuStreamWaitValue32 and cuStreamWriteValue32 (their CUDA 12 forms), found through the runtime
+// so that the driver library is not linked (its stub breaks start-up without a driver).
+using StreamValueOp = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+struct StreamValueOps {
+  StreamValueOp wait = nullptr, write = nullptr;
+  std::string error;  // why they are missing
+};
+const StreamValueOps& stream_value_ops() {
+  static const StreamValueOps ops = [] {
+    StreamValueOps o;
+    auto find = [&](const char* symbol) -> StreamValueOp {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+      if (cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+          found != cudaDriverEntryPointSuccess || fn == nullptr) {
+        cudaGetLastError();
+        if (o.error.empty()) o.error = std::string("the CUDA driver has no ") + symbol;
+        return nullptr;
+      }
+      return reinterpret_cast<StreamValueOp>(fn);
+    };
+    o.wait = find("cuStreamWaitValue32");
+    o.write = find("cuStreamWriteValue32");
+    return o;
+  }();
+  return ops;
+}
+
+std::string where(const Communicator& c) {
+  return "the " + c.name() + " group (rank " + std::to_string(c.rank()) + " of " + std::to_string(c.size()) + ")";
+}
+
+// This host's name as kHostBytes byte values (zero-padded), to tell ranks of one host apart
+// from others before any IPC handle is opened (a handle means nothing on another host).
+constexpr std::size_t kHostBytes = 64;
+std::vector<double> host_name_bytes() {
+  char name[kHostBytes + 1] = {};
+  if (gethostname(name, kHostBytes) != 0) name[0] = '\0';
+  std::vector<double> v(kHostBytes, 0.0);
+  for (std::size_t i = 0; i < kHostBytes && name[i] != '\0'; ++i) v[i] = double(static_cast<unsigned char>(name[i]));
+  return v;
+}
+
+// Offsets within a link's allocation: the slots, then full[S] and empty[S] (uint32 each).
+struct LinkLayout {
+  std::size_t slot_bytes = 0, full = 0, empty = 0, total = 0;
+  LinkLayout(std::size_t slot, int slots) {
+    slot_bytes = (slot + 255) / 256 * 256;
+    full = slot_bytes * std::size_t(slots);
+    empty = full + std::size_t(slots) * 4;
+    total = empty + std::size_t(slots) * 4;
+  }
+};
+
+}  // namespace
+
+struct CopyEngineCommunicator::Link {
+  int peer = 0;
+  LinkLayout layout;
+  char* mine = nullptr;    // this rank's allocation: p writes its messages and flags here
+  char* theirs = nullptr;  // p's allocation, opened through CUDA IPC
+  cudaStream_t copies = nullptr;  // this rank's sends to p, in order (non-blocking stream)
+  std::uint64_t sent = 0, received = 0;  // messages started to / from p
+  Link(int p, const LinkLayout& l) : peer(p), layout(l) {}
+  CUdeviceptr flag(char* base, std::size_t table, int s) const {
+    return reinterpret_cast<CUdeviceptr>(base + table + std::size_t(s) * 4);
+  }
+};
+
+struct CopyEngineCommunicator::Pending {
+  Request request = kDone;
+  bool send = false;
+  Link* link = nullptr;
+  Tensor tensor;             // receive: where the message goes
+  std::uint64_t index = 0;   // receive: the message's number on its link
+  cudaEvent_t done = nullptr;  // send: after its copy
+};
+
+std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communicator& host,
+                                                                       std::shared_ptr<Communicator> inner,
+                                                                       std::size_t slot_bytes, int slots,
+                                                                       std::string* why) {
+  NSA_CHECK(inner && inner->size() == host.size() && inner->rank() == host.rank(),
+            "CopyEngineCommunicator::create: the device group differs from the host group");
+  NSA_CHECK(slots >= 1 && slot_bytes > 0, "CopyEngineCommunicator::create: ", slots, " slots of ", slot_bytes,
+            " bytes");
+  // (do_wait tells its own requests from the inner communicator's by their numbers: the inner
+  // one must complete its transfers at the call, as NCCL's do.)
+  NSA_CHECK(!inner->posts_ahead(), "CopyEngineCommunicator::create: the inner ", inner->backend(),
+            " communicator posts its transfers ahead");
+  const int rank = host.rank(), size = host.size();
+  int device = 0;
+  auto cuda = [&](cudaError_t e, const char* call) {
+    if (e != cudaSuccess)
+      throw std::runtime_error("copy-engine transfers on " + where(host) + ": " + call + " failed: " +
+                               cudaGetErrorString(e));
+  };
+  cuda(cudaGetDevice(&device), "cudaGetDevice");
+  std::shared_ptr<CopyEngineCommunicator> c(new CopyEngineCommunicator(std::move(inner), slot_bytes, slots, device));
+  const LinkLayout layout(slot_bytes, slots);
+  std::vector<int> peers = {prev_stage(rank, size), next_stage(rank, size)};
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  peers.erase(std::remove(peers.begin(), peers.end(), rank), peers.end());
+
+  // This rank's allocation per neighbour, flags zeroed before any peer can write them (the
+  // gathers below come after the memset has finished), and their IPC handles, gathered by all.
+  std::string failure;
+  const StreamValueOps& ops = stream_value_ops();
+  if (!ops.error.empty()) failure = ops.error;
+  const std::vector<double> hosts = all_gather_values(host, host_name_bytes());
+  for (int p : peers)
+    if (failure.empty() && !std::equal(hosts.begin() + std::ptrdiff_t(std::size_t(p) * kHostBytes),
+                                       hosts.begin() + std::ptrdiff_t(std::size_t(p + 1) * kHostBytes),
+                                       hosts.begin() + std::ptrdiff_t(std::size_t(rank) * kHostBytes)))
+      failure = "rank " + std::to_string(rank) + " and its neighbour rank " + std::to_string(p) +
+                " run on different hosts";
+  std::vector<double> mine(std::size_t(size) * sizeof(cudaIpcMemHandle_t), 0.0);
+  for (int p : peers) {
+    auto link = std::make_unique<Link>(p, layout);
+    cuda(cudaMalloc(&link->mine, layout.total), "cudaMalloc (receive slots)");
+    cuda(cudaMemset(link->mine + layout.full, 0, layout.total - layout.full), "cudaMemset (flags)");
+    cudaIpcMemHandle_t handle;
+    if (failure.empty()) {
+      if (const cudaError_t e = cudaIpcGetMemHandle(&handle, link->mine); e != cudaSuccess) {
+        cudaGetLastError();
+        failure = std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(e);
+      } else {
+        const auto* b = reinterpret_cast<const unsigned char*>(&handle);
+        for (std::size_t i = 0; i < sizeof(handle); ++i) mine[std::size_t(p) * sizeof(handle) + i] = double(b[i]);
+      }
+    }
+    cuda(cudaStreamCreateWithFlags(&link->copies, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    c->links_.push_back(std::move(link));
+  }
+  cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  // all[r][p]: the handle rank r made for its neighbour p.
+  const std::vector<double> all = all_gather_values(host, mine);
+  for (auto& link : c->links_) {
+    if (!failure.empty()) break;
+    cudaIpcMemHandle_t handle;
+    auto* b = reinterpret_cast<unsigned char*>(&handle);
+    const std::size_t at = (std::size_t(link->peer) * std::size_t(size) + std::size_t(rank)) * sizeof(handle);
+    for (std::size_t i = 0; i < sizeof(handle); ++i) b[i] = static_cast<unsigned char>(all[at + i]);
+    void* theirs = nullptr;
+    if (const cudaError_t e = cudaIpcOpenMemHandle(&theirs, handle, cudaIpcMemLazyEnablePeerAccess);
+        e != cudaSuccess) {
+      cudaGetLastError();
+      failure = "rank " + std::to_string(rank) + " cannot open the memory of rank " + std::to_string(link->peer) +
+                " (cudaIpcOpenMemHandle: " + cudaGetErrorString(e) +
+                "; copy-engine transfers need both ranks on one host, their GPUs visible to each other)";
+    } else {
+      link->theirs = static_cast<char*>(theirs);
+    }
+  }
+  // Every rank's verdict, so that all of them use the copy engines or none does.
+  const std::vector<double> ok = all_gather_values(host, {failure.empty() ? 1.0 : 0.0});
+  for (int r = 0; r < size; ++r)
+    if (ok[std::size_t(r)] == 0.0) {
+      if (why != nullptr)
+        *why = r == rank ? failure : "rank " + std::to_string(r) + " cannot reach its neighbours' memory";
+      for (auto& link : c->links_)
+        if (link->theirs != nullptr) {
+          cudaIpcCloseMemHandle(link->theirs);
+          link->theirs = nullptr;
+        }
+      host.barrier();  // no rank frees its slots while a peer may still hold them open
+      return nullptr;
+    }
+  c->established_ = true;
+  return c;
+}
+
+CopyEngineCommunicator::CopyEngineCommunicator(std::shared_ptr<Communicator> inner, std::size_t slot_bytes, int slots,
+                                               int device)
+    : inner_(std::move(inner)), slot_bytes_(slot_bytes), slots_(slots), device_(device) {
+  cudaEvent_t e = nullptr;
+  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess)
+    throw std::runtime_error("copy-engine transfers on " + where(*inner_) + ": cudaEventCreateWithFlags failed");
+  ready_ = e;
+}
+
+CopyEngineCommunicator::~CopyEngineCommunicator() {
+  for (auto& link : links_)
+    if (link->copies != nullptr) cudaStreamSynchronize(link->copies);
+  for (auto& p : pending_)
+    if (p->done != nullptr) cudaEventDestroy(p->done);
+  // A peer may still write our slots and flags until it is done: the group synchronises on the
+  // inner communicator before the memory goes.
+  if (established_ && !links_.empty()) {
+    try {
+      inner_->barrier();
+    } catch (...) {
+    }
+  }
+  for (auto& link : links_) {
+    if (link->theirs != nullptr) cudaIpcCloseMemHandle(link->theirs);
+    if (link->copies != nullptr) cudaStreamDestroy(link->copies);
+    if (link->mine != nullptr) cudaFree(link->mine);
+  }
+  if (ready_ != nullptr) cudaEventDestroy(ready_);
+}
+
+CopyEngineCommunicator::Link* CopyEngineCommunicator::link_to(int peer) {
+  for (auto& link : links_)
+    if (link->peer == peer) return link.get();
+  return nullptr;
+}
+
+void CopyEngineCommunicator::check_fits(const Tensor& t, const char* op) const {
+  NSA_CHECK(t.nbytes() <= slot_bytes_, name(), ".", op, ": a message of ", t.nbytes(),
+            " bytes, but the copy-engine slots hold ", slot_bytes_);
+}
+
+// Collectives, and transfers to ranks that are not neighbours: the inner communicator.
+void CopyEngineCommunicator::do_all_reduce(Tensor& t, ReduceOp op) { inner_->all_reduce(t, op); }
+void CopyEngineCommunicator::do_all_gather(const Tensor& in, Tensor& out, bool) { inner_->all_gather(in, out); }
+void CopyEngineCommunicator::do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+  inner_->reduce_scatter(in, out, op);
+}
+void CopyEngineCommunicator::do_broadcast(Tensor& t, int root) { inner_->broadcast(t, root); }
+void CopyEngineCommunicator::do_barrier() { inner_->barrier(); }
+void CopyEngineCommunicator::do_start_all_reduce(Tensor& t, ReduceOp op) { inner_->start_all_reduce(t, op); }
+void CopyEngineCommunicator::do_wait_all() { inner_->wait_all(); }
+
+void CopyEngineCommunicator::do_send(const Tensor& t, int peer) { do_wait(do_start_send(t, peer)); }
+void CopyEngineCommunicator::do_recv(Tensor& t, int peer) { do_wait(do_start_recv(t, peer)); }
+void CopyEngineCommunicator::do_send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) {
+  if (send_peer == rank()) {  // with itself: a copy on the compute stream
+    if (const cudaError_t e = cudaMemcpyAsync(recv.raw(), send.raw(), send.nbytes(), cudaMemcpyDeviceToDevice, kStream);
+        e != cudaSuccess)
+      throw std::runtime_error(name() + ".send_recv to itself: cudaMemcpyAsync failed: " + cudaGetErrorString(e));
+    return;
+  }
+  Link* to = link_to(send_peer);
+  Link* from = link_to(recv_peer);
+  if (to == nullptr && from == nullptr) {
+    inner_->send_recv(send, send_peer, recv, recv_peer);
+    return;
+  }
+  // The copy-engine halves started before anything waits: neither rank of an exchange waits
+  // for the other before its own message is on its way.
+  const Request s = send.numel() > 0 && to ? do_start_send(send, send_peer) : kDone;
+  const Request r = recv.numel() > 0 && from ? do_start_recv(recv, recv_peer) : kDone;
+  if (send.numel() > 0 && !to) inner_->send(send, send_peer);
+  if (recv.numel() > 0 && !from) inner_->recv(recv, recv_peer);
+  if (r != kDone) do_wait(r);
+  if (s != kDone) do_wait(s);
+}
+
+CopyEngineCommunicator::Request CopyEngineCommunicator::do_start_send(const Tensor& t, int peer) {
+  Link* link = link_to(peer);
+  if (link == nullptr) return inner_->start_send(t, peer);  // (a request of inner_: see do_wait)
+  check_fits(t, "start_send");
+  auto cuda = [&](cudaError_t e, const char* call) {
+    if (e != cudaSuccess)
+      throw std::runtime_error("copy-engine send on " + where(*this) + " to rank " + std::to_string(peer) + ": " +
+                               call + " failed: " + cudaGetErrorString(e));
+  };
+  auto driver = [&](CUresult e, const char* call) {
+    if (e != CUDA_SUCCESS)
+      throw std::runtime_error("copy-engine send on " + where(*this) + " to rank " + std::to_string(peer) + ": " +
+                               call + " failed (CUresult " + std::to_string(int(e)) + ")");
+  };
+  const StreamValueOps& ops = stream_value_ops();
+  const std::uint64_t k = link->sent++;
+  const int s = int(k % std::uint64_t(slots_));
+  const auto use = static_cast<cuuint32_t>(k / std::uint64_t(slots_));
+  CUstream copies = reinterpret_cast<CUstream>(link->copies);
+  // After the kernels that wrote t; once p consumed the slot's previous message; the bytes,
+  // then the flag that tells p they are there.
+  cuda(cudaEventRecord(ready_, kStream), "cudaEventRecord");
+  cuda(cudaStreamWaitEvent(link->copies, ready_, 0), "cudaStreamWaitEvent");
+  driver(ops.wait(copies, link->flag(link->mine, link->layout.empty, s), use, CU_STREAM_WAIT_VALUE_GEQ),
+         "cuStreamWaitValue32 (a free slot)");
+  cuda(cudaMemcpyAsync(link->theirs + std::size_t(s) * link->layout.slot_bytes, t.raw(), t.nbytes(),
+                       cudaMemcpyDefault, link->copies),
+       "cudaMemcpyAsync (to the peer's slot)");
+  driver(ops.write(copies, link->flag(link->theirs, link->layout.full, s), use + 1, CU_STREAM_WRITE_VALUE_DEFAULT),
+         "cuStreamWriteValue32 (full)");
+  auto p = std::make_unique<Pending>();
+  p->request = next_request_++;
+  p->send = true;
+  p->link = link;
+  cuda(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  cuda(cudaEventRecord(p->done, link->copies), "cudaEventRecord");
+  if (Watchdog::instance().armed())
+    watch_stream_work(Watchdog::describe(name(), "copy-engine send", rank(), size()), link->copies, device_);
+  pending_.push_back(std::move(p));
+  return pending_.back()->request;
+}
+
+CopyEngineCommunicator::Request CopyEngineCommunicator::do_start_recv(Tensor& t, int peer) {
+  Link* link = link_to(peer);
+  if (link == nullptr) return inner_->start_recv(t, peer);
+  check_fits(t, "start_recv");
+  // Nothing to do on the GPU yet: the message is waited for and copied out at wait().
+  auto p = std::make_unique<Pending>();
+  p->request = next_request_++;
+  p->link = link;
+  p->tensor = t;  // the same storage as the caller's
+  p->index = link->received++;
+  pending_.push_back(std::move(p));
+  return pending_.back()->request;
+}
+
+void CopyEngineCommunicator::do_wait(Request request) {
+  auto it = std::find_if(pending_.begin(), pending_.end(), [&](const auto& p) { return p->request == request; });
+  if (it == pending_.end()) {  // not ours: a transfer of the inner communicator (not a neighbour)
+    inner_->wait(request);
+    return;
+  }
+  std::unique_ptr<Pending> p = std::move(*it);
+  pending_.erase(it);
+  Link* link = p->link;
+  auto cuda = [&](cudaError_t e, const char* call) {
+    if (e != cudaSuccess)
+      throw std::runtime_error("copy-engine transfer on " + where(*this) + " with rank " +
+                               std::to_string(link->peer) + ": " + call + " failed: " + cudaGetErrorString(e));
+  };
+  if (p->send) {  // the compute stream goes on once the copy has read the tensor
+    cuda(cudaStreamWaitEvent(kStream, p->done, 0), "cudaStreamWaitEvent");
+    cuda(cudaEventDestroy(p->done), "cudaEventDestroy");
+    return;
+  }
+  auto driver = [&](CUresult e, const char* call) {
+    if (e != CUDA_SUCCESS)
+      throw std::runtime_error("copy-engine receive on " + where(*this) + " from rank " +
+                               std::to_string(link->peer) + ": " + call + " failed (CUresult " +
+                               std::to_string(int(e)) + ")");
+  };
+  const StreamValueOps& ops = stream_value_ops();
+  const int s = int(p->index % std::uint64_t(slots_));
+  const auto use = static_cast<cuuint32_t>(p->index / std::uint64_t(slots_));
+  CUstream compute = reinterpret_cast<CUstream>(kStream);
+  // The message in slot s, out into the tensor, then the slot back to the sender.
+  driver(ops.wait(compute, link->flag(link->mine, link->layout.full, s), use + 1, CU_STREAM_WAIT_VALUE_GEQ),
+         "cuStreamWaitValue32 (full)");
+  cuda(cudaMemcpyAsync(p->tensor.raw(), link->mine + std::size_t(s) * link->layout.slot_bytes, p->tensor.nbytes(),
+                       cudaMemcpyDeviceToDevice, kStream),
+       "cudaMemcpyAsync (from the slot)");
+  driver(ops.write(compute, link->flag(link->theirs, link->layout.empty, s), use + 1, CU_STREAM_WRITE_VALUE_DEFAULT),
+         "cuStreamWriteValue32 (empty)");
+  if (Watchdog::instance().armed())
+    watch_stream_work(Watchdog::describe(name(), "copy-engine receive", rank(), size()), kStream, device_);
+}
+
+}  // namespace nsatron::parallel
