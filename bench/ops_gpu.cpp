@@ -14,7 +14,9 @@
 // rmsnorm backward 3X (4X with the residual gradient), swiglu forward 3 N F e and backward
 // 5 N F e, the projection's split or join 2 N G group_width e (its padded rows as the model
 // lays them out), the fused cross entropy 3 R V e
-// per head chunk of R rows (read for the softmax, read again and written for the gradient).
+// per head chunk of R rows (read for the softmax, read again and written for the gradient), and
+// AdamW 30 bytes per parameter (p, grad, m, v read in fp32; p, m, v written; the bf16
+// compute copy), once per step over the model's parameters (not per micro-batch).
 // Random inputs; the random targets of the cross entropy make its loss meaningless and its
 // time real.
 #include <cuda_runtime.h>
@@ -31,6 +33,7 @@
 #include "core/config/config.h"
 #include "core/device/device.h"
 #include "core/model/model.h"
+#include "core/ops/adamw.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
@@ -117,12 +120,12 @@ int main(int argc, char** argv) {
     z = z * 6364136223846793005ull + 1442695040888963407ull;
     return double(z >> 11) / double(1ull << 53);
   };
-  auto rnd = [&](const Shape& s) {
+  auto rnd = [&](const Shape& s, DType type) {
     Tensor h = Tensor::empty(s, DType::F32);
     float* p = h.data<float>();
     std::uint64_t z = 12345;
     for (std::int64_t i = 0; i < h.numel(); ++i) p[i] = float(uniform(z) - 0.5);
-    return h.to_dtype(dt).to(Device::CUDA);
+    return h.to_dtype(type).to(Device::CUDA);
   };
   Table t;
 
@@ -134,7 +137,7 @@ int main(int argc, char** argv) {
                                                                              d.D, d.D, 3 * d.heads_per_group()};  // model.cpp's
     // As the model lays them out: p [N, pitch], G groups per row, part k [N, G w_k].
     const PackedColumns layout{.groups = G, .pitch = d.projection_pitch()};
-    Tensor p = rnd({N, d.projection_pitch()});
+    Tensor p = rnd({N, d.projection_pitch()}, dt);
     std::vector<Tensor> parts;
     for (std::int64_t w : widths) parts.push_back(dev({N, G * w}, dt));
     std::vector<Tensor*> pp;
@@ -146,7 +149,7 @@ int main(int argc, char** argv) {
              2.0 * double(N * G * Pg) * e);
   }
   {
-    Tensor a = rnd({N, C}), b = rnd({N, C}), w = rnd({C}), h = dev({N, C}, dt), y = dev({N, C}, dt);
+    Tensor a = rnd({N, C}, dt), b = rnd({N, C}, dt), w = rnd({C}, dt), h = dev({N, C}, dt), y = dev({N, C}, dt);
     Tensor rstd = dev({N}, DType::F32), dx = dev({N, C}, dt), dw = dev({C}, DType::F32);
     t.memory("rmsnorm forward", 1, time_ms([&] { rmsnorm_forward(a, w, y, rstd, 1e-5); }, reps), 2 * X);
     t.memory("add_rmsnorm forward", double(2 * L),
@@ -156,12 +159,12 @@ int main(int argc, char** argv) {
     t.memory("rmsnorm backward", 1, time_ms([&] { rmsnorm_backward(y, a, w, rstd, dx, dw); }, reps), 3 * X);
   }
   {
-    Tensor u = rnd({N, 2 * F}), out = dev({N, F}, dt), du = dev({N, 2 * F}, dt);
+    Tensor u = rnd({N, 2 * F}, dt), out = dev({N, F}, dt), du = dev({N, 2 * F}, dt);
     t.memory("swiglu forward", double(L), time_ms([&] { swiglu_forward(u, out); }, reps), 3.0 * double(N * F) * e);
     t.memory("swiglu backward", double(L), time_ms([&] { swiglu_backward(out, u, du); }, reps), 5.0 * double(N * F) * e);
   }
   {
-    Tensor logits = rnd({R, V}), loss = dev({1}, DType::F32);
+    Tensor logits = rnd({R, V}, dt), loss = dev({1}, DType::F32);
     std::vector<std::int32_t> host(static_cast<std::size_t>(R));
     for (std::int64_t i = 0; i < R; ++i) host[std::size_t(i)] = std::int32_t((i * 7919) % V);
     void* ids = cuda_alloc(host.size() * sizeof(std::int32_t));
@@ -178,7 +181,7 @@ int main(int argc, char** argv) {
     // summed in position order, so a frequent id is a long serial sum. Uniform ids (train_gpu's
     // random tokens), and byte text: ids of a geometric law over 256 values, the most
     // frequent ~18% of the positions as ' ' in the KJV text of the demo.
-    Tensor dout = rnd({N, C}), dtable = dev({V, C}, DType::F32);
+    Tensor dout = rnd({N, C}, dt), dtable = dev({V, C}, DType::F32);
     for (const bool skewed : {false, true}) {
       std::vector<std::int32_t> host(static_cast<std::size_t>(N));
       std::uint64_t z = 777;
@@ -195,13 +198,31 @@ int main(int argc, char** argv) {
       cuda_free(ids);
     }
   }
+  {  // AdamW over the model's flat fp32 buffers with the bf16 compute copy, the model's segments
+    // (decay on and off). Once per optimiser step: shown, not counted per micro-batch.
+    std::vector<ParamSegment> segs;
+    std::int64_t P = 0;
+    for (const ParamInfo& p : NsaTransformer::rank_parameters(d, 1, 0, 0, d.L)) {
+      segs.push_back({p.offset, p.numel, p.decay});
+      P = std::max(P, p.offset + p.numel);
+    }
+    Tensor p = rnd({P}, DType::F32), g = rnd({P}, DType::F32);
+    Tensor m = dev({P}, DType::F32), v = dev({P}, DType::F32), copy = dev({P}, dt);
+    const AdamWHyper hp{};
+    std::int64_t step = 0;
+    std::printf(" once per step (%lld parameters):\n", (long long)P);
+    const double ms = time_ms([&] { adamw_step(p, g, m, v, segs, hp, ++step, 1.0, {.compute_copy = &copy}); }, reps);
+    const double saved = t.total_ms;
+    t.memory("adamw (bf16 compute copy)", 1, ms, double(P) * (28.0 + e));
+    t.total_ms = saved;
+  }
   const double memory_ms = t.total_ms;
 
   std::printf(" matrix products (cuBLASLt; dW accumulates into fp32):\n");
   // pitch > 0: y and dy rows of `pitch` elements (the fused projection's padded rows).
   auto product = [&](const char* name, double calls, std::int64_t rows, std::int64_t in, std::int64_t out,
                      std::int64_t pitch = 0) {
-    Tensor x = rnd({rows, in}), w = rnd({out, in}), y = dev({rows, pitch > 0 ? pitch : out}, dt);
+    Tensor x = rnd({rows, in}, dt), w = rnd({out, in}, dt), y = dev({rows, pitch > 0 ? pitch : out}, dt);
     Tensor dx = dev({rows, in}, dt), dw = dev({out, in}, DType::F32);
     const double flop = 2.0 * double(rows) * double(in) * double(out);
     const std::string n(name);

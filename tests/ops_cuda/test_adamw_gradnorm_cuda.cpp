@@ -2,7 +2,9 @@
 // AdamW: fp32 master weights and moments over several segments (decay on and off, empty
 // ones, odd sizes, more runs than one launch carries), several steps, a grad scale; the bf16
 // (and fp32) compute copy written in the same pass; clipping by a norm in device memory,
-// including a non-finite norm that skips the step.
+// including a non-finite norm that skips the step; the 16-byte path (4 elements per thread,
+// runs ending inside a vector) and the one-element path (buffers not 16-byte aligned) give
+// the same bits.
 // Norm: many buffers of odd sizes (an empty one, fp32 and bf16), fp32/fp64 results, the
 // same bits on a second run, scale_ and clip_by_global_norm_ with the norm on the device.
 #include <cmath>
@@ -57,6 +59,42 @@ TEST(AdamWCuda, MatchesCpu) {
       EXPECT_TRUE(test::same_bits_any(copy, want)) << "bf16 copy " << st;
     }
   }
+}
+
+// The same update through 16-byte accesses (buffers from element 0 of an allocation) and
+// element by element (the same buffers one element further on, not 16-byte aligned): the
+// same bits for p, m, v and the bf16 copy. Segments of odd sizes, so runs end inside vectors.
+TEST(AdamWCuda, VectorAndElementPathsGiveSameBits) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const AdamWHyper hp{.lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  std::int64_t n = 0;
+  const auto segs = make_segments(rng, 41, n);
+  auto run = [&](std::int64_t shift, Tensor& p_out, Tensor& m_out, Tensor& v_out, Tensor& c_out) {
+    Rng r(seed + 1);  // the same inputs for both paths
+    Tensor p = Tensor::zeros({n + shift}, DType::F32, Device::CUDA), m = p.clone(), v = p.clone();
+    Tensor g = p.clone(), copy = Tensor::zeros({n + shift}, DType::BF16, Device::CUDA);
+    Tensor ps = p.slice0(shift, n + shift), ms = m.slice0(shift, n + shift), vs = v.slice0(shift, n + shift);
+    Tensor gs = g.slice0(shift, n + shift), cs = copy.slice0(shift, n + shift);
+    ps.copy_from(r.randn({n}, DType::F32));
+    for (std::int64_t step = 1; step <= 2; ++step) {
+      gs.copy_from(r.randn({n}, DType::F32, 0.1));
+      adamw_step(ps, gs, ms, vs, segs, hp, step, 0.7, {.compute_copy = &cs});
+    }
+    p_out = ps.clone();
+    m_out = ms.clone();
+    v_out = vs.clone();
+    c_out = cs.clone();
+  };
+  Tensor p0, m0, v0, c0, p1, m1, v1, c1;
+  run(0, p0, m0, v0, c0);
+  run(1, p1, m1, v1, c1);
+  EXPECT_TRUE(test::same_bits_any(p0, p1)) << "param";
+  EXPECT_TRUE(test::same_bits_any(m0, m1)) << "m";
+  EXPECT_TRUE(test::same_bits_any(v0, v1)) << "v";
+  EXPECT_TRUE(test::same_bits_any(c0, c1)) << "bf16 copy";
 }
 
 TEST(AdamWCuda, ClipsByDeviceNorm) {
