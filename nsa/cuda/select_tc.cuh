@@ -31,7 +31,9 @@
 // value parts are tiles laid out as wgmma.cuh says; on sm_90a the scores are warpgroup
 // products (each of the block's two warpgroups its 64 rows; fp16 q and key parts both read
 // from shared memory) and so is O += P V (as in the row kernels); elsewhere mma.sync
-// (measured: docs/performance.md, 2026-11-26, second session, change 17).
+// (measured: docs/performance.md, 2026-11-26, second session, change 17). At h = 16 and 8
+// (padded D = 128) pass 1 is pipelined there: the next tile's score products run on the tensor
+// cores under this tile's CUDA-core work (cmp_select_kernel's PIPE).
 // Then one warp per position applies the selection rule of selection.cu (forced 0, b_t - 1,
 // b_t; the rest by score descending, index ascending, NaN as -inf) and writes the row: by rank
 // where the candidates fit one per lane, else by rounds of a warp-wide argmax.
@@ -335,12 +337,18 @@ __device__ __forceinline__ void warp_head_sums(const float (&p)[NT][4], float* o
     if (room > 1) *reinterpret_cast<float2*>(out + KT + gr * 8 + gc * 2) = make_float2(v[0][2], v[0][3]);
 }
 
-template <int DP, bool STREAMED>
+// PIPE (padded D = 128, h = 16 or 8: cmp_select_pipelined): pass 1 pipelined on sm_90a, the
+// next tile's score products on the tensor cores under this tile's CUDA-core work (the key
+// loop's phase 1); the same products and sums in the same order: the same bits as without.
+template <int DP, bool STREAMED, bool PIPE = false>
 __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     cmp_select_kernel(Geo g, CmpSelArgs a, int P, int ring_arg) {
   const int ring = STREAMED ? ring_arg : 0;
   constexpr int KT = 64, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   constexpr int ROWS = 16 * kCmpSelWarps, VP = cmp_kv_parts(DP);
+  // The pipeline needs asynchronous products (wgmma); with mma.sync the kernel is the plain one.
+  constexpr bool kPipe = PIPE && NSATRON_WGMMA;
+  static_assert(!PIPE || DP == 128, "the pipelined pass 1: padded D = 128 (h = 16 or 8)");
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   char* sm = reinterpret_cast<char*>(smem4);
@@ -380,11 +388,26 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   const int nsteps = 2 * ntiles;
   const std::int64_t rows_kv = std::int64_t(g.B) * g.N * g.G;
   const std::int64_t base = std::int64_t(b) * g.N * g.G + gi;
-  auto issue = [&](int k) {  // step k into stage k & 1
+  // Step k's tile in stage k & 1 (keys, values, kinv), but its kinv in stage (k - (ntiles &
+  // ~1)) mod 3 in the pipelined pass 1 (kPipe), whose step k writes tile k + 2's while tile k's
+  // is still being read (three stages counted as if from step ntiles & ~1: step ntiles keeps
+  // the stage ntiles & 1 that pass 0's last step wrote). The third is Ps's first KT floats:
+  // the p rows' space, unused at h = 16 and 8 (Pi lies past the rows), and pass 0's values'.
+  auto kinv_tile = [&](int k) -> float* {
+    if constexpr (kPipe) {
+      if (k >= ntiles) {
+        const int st = (k - (ntiles & ~1)) % 3;
+        return st < 2 ? kinv + st * KT : reinterpret_cast<float*>(sm + L.ps);
+      }
+    }
+    return kinv + (k & 1) * KT;
+  };
+  auto issue = [&](int k) {  // step k into stage k & 1 (kinv: kinv_tile)
     if (k < nsteps) {
       const int s0 = (k % ntiles) * KT;
       const int cnt = min(KT, key_end - s0);
       __half* kd = Ks + (k & 1) * 2 * KT * DP;
+      float* kvd = kinv_tile(k);
       bf16* vd = Vs + (k & 1) * VP * KT * DP;
       const bool values = k < ntiles;
       for (int idx = tid; idx < KT * CH; idx += kCmpSelWarps * 32) {
@@ -400,7 +423,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         }
       }
       for (int kk = tid; kk < KT; kk += kCmpSelWarps * 32)
-        kinv[(k & 1) * KT + kk] = kk < cnt ? a.kinv[base + std::int64_t(s0 + kk) * g.G] : 0.f;
+        kvd[kk] = kk < cnt ? a.kinv[base + std::int64_t(s0 + kk) * g.G] : 0.f;
     }
     cp_commit();
   };
@@ -485,225 +508,311 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 
-  for (int k = 0; k < nsteps; ++k) {
-    const bool pass1 = k >= ntiles;
-    if (k == ntiles) {  // end of pass 0: full row sums, lse (exp2 domain)
+  // The compression branch's output and lse (acc, ls and m2 are final once pass 0 ends).
+  auto store_cmp_output = [&]() {
 #pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) {
-        ls[h2] += __shfl_xor_sync(0xffffffffu, ls[h2], 1);
-        ls[h2] += __shfl_xor_sync(0xffffffffu, ls[h2], 2);
-        lrow2[h2] = ls[h2] > 0.f ? m2[h2] + log2f(ls[h2]) : 0.f;
-      }
+    for (int h2 = 0; h2 < 2; ++h2) {
+      if (!rv[h2]) continue;
+      store_row_output<DT>(acc, h2, ls[h2], m2[h2], a.o + rowg[h2] * g.D, a.lse + rowg[h2], g.D, gc);
     }
-    const int s0 = (k % ntiles) * KT;
-    // Keys [0, nvis[h2]) of this tile are visible to this thread's rows.
-    int nvis[2];
-#pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2)
-      nvis[h2] = max(0, min(KT, rvis[h2] - s0));
-    const bool warp_any = __any_sync(0xffffffffu, nvis[0] > 0 || nvis[1] > 0);
-    cp_wait0();  // this thread's copies of tile k (the only group in flight)
-    // The step's one block barrier: tile k's copies are visible to all, and every warp has
-    // finished step k - 1 (its tiles, Ps, Pi and block scores), so the next tile goes into the
-    // stage step k - 1 read, under this step's work.
+  };
+
+  // The pipelined pass 1 (kPipe: padded D = 128, h = 16 or 8, sm_90a): the tensor cores
+  // compute tile k + 1's scores while the CUDA cores run tile k's p, head sums, barrier and
+  // block scores. Pass-1 step k, after its barrier, copies tile k's scores (s_next, waited for
+  // at the end of step k - 1) into s, issues tile k + 1's products into s_next, runs the
+  // unpipelined step's work on s (the same products in the same order, the same scaling, p,
+  // head sums and block scores: the same bits) and waits for them at its end (the last step
+  // issues none). What keeps ptxas from serialising every product of the kernel:
+  //  - no ordinary instruction touches s_next while its products are in flight: the copy is
+  //    taken before the issue, the scores are scaled in the copy, and a tile's first product
+  //    overwrites s_next (scale-d 0: wg::mma_f16_overwrite), so no instructions zero it (C7515);
+  //  - no product is in flight across the loop's back edge: left running into the next step
+  //    (waited for after its barrier), the loop-carried value went through register copies
+  //    that ptxas saw read it (C7514);
+  //  - pass 1 has a loop of its own (phase 1): in one loop with pass 0, acc's 64 registers
+  //    stay live through pass 1, and ptxas ran out of registers for the pipeline in the
+  //    streamed layout (C7511).
+  // Stages: tile k's products are done before step k's barrier, after which tile k + 2's keys
+  // go into its stage (two key stages, as without); its kinv is read in step k, so pass 1 has
+  // three kinv stages (kinv_tile).
 #if NSATRON_WGMMA
-    wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
-    const bool any = __syncthreads_or(warp_any);  // the products are block-wide
-#else
-    __syncthreads();
-    const bool any = warp_any;
+  float s_next[NT][4];  // kPipe: the next tile's scores (unused otherwise)
+  // Tile k's scores into s_next, issued and committed, not waited for: the key parts against
+  // the warpgroup's 64 q rows, smallest products first (as the unpipelined step's).
+  auto issue_scores = [&](int k) {
+    const char* qh_t = reinterpret_cast<const char*>(Qs) + wg::row_group_offset<DP>(64 * (warp / 4));
+    const char* ql_t = reinterpret_cast<const char*>(Qs + ROWS * DP) + wg::row_group_offset<DP>(64 * (warp / 4));
+    const char* kh_t = reinterpret_cast<const char*>(Ks + (k & 1) * 2 * KT * DP);
+    const char* kl_t = kh_t + KT * DP * 2;
+    wg::fence();  // s_next was last read by ordinary instructions (the copy into s)
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk) {
+      const std::uint64_t qh = wg::kmajor_desc<DP, ROWS>(qh_t, kk), ql = wg::kmajor_desc<DP, ROWS>(ql_t, kk);
+      const std::uint64_t kh = wg::kmajor_desc<DP, KT>(kh_t, kk), kl = wg::kmajor_desc<DP, KT>(kl_t, kk);
+      if (kk == 0)
+        wg::mma_f16_overwrite<0>(s_next, ql, kh);  // the tile's first product: s_next = q_lo k_hi
+      else
+        wg::mma_f16<0>(s_next, ql, kh);
+      wg::mma_f16<0>(s_next, qh, kl);
+      wg::mma_f16<0>(s_next, qh, kh);
+    }
+    wg::commit();
+  };
 #endif
-    issue(k + 1);
-    const __half* Kt = Ks + (k & 1) * 2 * KT * DP;
-    const float* kiv = kinv + (k & 1) * KT;
-    float s[NT][4];
+
+  // End of pass 0: the rows' full sums and lse (exp2 domain).
+  auto finish_pass0 = [&]() {
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+    for (int h2 = 0; h2 < 2; ++h2) {
+      ls[h2] += __shfl_xor_sync(0xffffffffu, ls[h2], 1);
+      ls[h2] += __shfl_xor_sync(0xffffffffu, ls[h2], 2);
+      lrow2[h2] = ls[h2] > 0.f ? m2[h2] + log2f(ls[h2]) : 0.f;
+    }
+  };
+
+  // The key loop, step k on tile k % ntiles: one loop for both passes; or, pipelined (kPipe),
+  // one for pass 0 (phase 0) and one for pass 1 (phase 1), so that each knows its pass (pass 0's
+  // code and acc, whose 64 registers the pipeline needs, drop out of pass 1's loop), and the
+  // pipeline's start between them.
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
-    if (any) {
+  for (int phase = 0; phase < (kPipe ? 2 : 1); ++phase) {
 #if NSATRON_WGMMA
-      // One warpgroup product per 16 dims and part pair, the warpgroup's 64 rows of the q
-      // tiles as A and the key parts as B, both from shared memory (smallest products first).
-      const char* qh_t = reinterpret_cast<const char*>(Qs) + wg::row_group_offset<DP>(64 * (warp / 4));
-      const char* ql_t = reinterpret_cast<const char*>(Qs + ROWS * DP) + wg::row_group_offset<DP>(64 * (warp / 4));
-      const char* kh_t = reinterpret_cast<const char*>(Kt);
-      const char* kl_t = reinterpret_cast<const char*>(Kt + KT * DP);
-      wg::pin(s);
-      wg::fence();
-#pragma unroll
-      for (int kk = 0; kk < DP / 16; ++kk) {
-        wg::mma_f16<0>(s, wg::kmajor_desc<DP, ROWS>(ql_t, kk), wg::kmajor_desc<DP, KT>(kh_t, kk));
-        wg::mma_f16<0>(s, wg::kmajor_desc<DP, ROWS>(qh_t, kk), wg::kmajor_desc<DP, KT>(kl_t, kk));
-        wg::mma_f16<0>(s, wg::kmajor_desc<DP, ROWS>(qh_t, kk), wg::kmajor_desc<DP, KT>(kh_t, kk));
+    if (kPipe && phase == 1) {  // the pipeline's start: tile ntiles' scores into s_next
+      if (ntiles > 0) {
+        finish_pass0();
+        cp_wait0();  // tile ntiles' copies (issued by pass 0's last step)
+        wg::fence_proxy_async();
+        __syncthreads();  // they are in for all, and every warp has finished pass 0
+        issue(ntiles + 1);  // into the stage pass 0's last step read (waited for at step ntiles)
+        issue_scores(ntiles);
       }
-      wg::commit();
-      wg::wait(s);
+      store_cmp_output();  // here, not after the loop: acc is dead in pass 1 (under the products)
+      wg::wait(s_next);
+    }
+#endif
+    for (int k = kPipe && phase == 1 ? ntiles : 0; k < (kPipe && phase == 0 ? ntiles : nsteps); ++k) {
+      const bool pass1 = kPipe ? phase == 1 : k >= ntiles;
+      if (!kPipe && k == ntiles) finish_pass0();
+      const int s0 = (k % ntiles) * KT;
+      // Keys [0, nvis[h2]) of this tile are visible to this thread's rows.
+      int nvis[2];
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2)
+        nvis[h2] = max(0, min(KT, rvis[h2] - s0));
+      const bool warp_any = __any_sync(0xffffffffu, nvis[0] > 0 || nvis[1] > 0);
+      cp_wait0();  // this thread's copies of tile k (pipelined: of tile k + 1; the only group in flight)
+      // The step's one block barrier: tile k's copies (pipelined: tile k + 1's) are visible to
+      // all, and every warp has finished step k - 1 (its tiles, Ps, Pi and block scores;
+      // pipelined: its wait for tile k's products), so the next tile goes into the stage step
+      // k - 1 read (pipelined: tile k + 2 into tile k's), under this step's work.
+#if NSATRON_WGMMA
+      wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
+      const bool any = __syncthreads_or(warp_any);  // the products are block-wide
 #else
+      __syncthreads();
+      const bool any = warp_any;
+#endif
+      issue(kPipe && pass1 ? k + 2 : k + 1);
+      const __half* Kt = Ks + (k & 1) * 2 * KT * DP;
+      const float* kiv = kinv_tile(k);
+      float s[NT][4];
 #pragma unroll
-      for (int kk = 0; kk < DP / 16; ++kk) {
-        std::uint32_t qh[4], ql[4];
-        tile_frag_a<DP, ROWS>(qh, reinterpret_cast<const bf16*>(Qs), warp * 16, kk * 16, lane);
-        tile_frag_a<DP, ROWS>(ql, reinterpret_cast<const bf16*>(Qs + ROWS * DP), warp * 16, kk * 16, lane);
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int np = 0; np < NT / 2; ++np) {
-          std::uint32_t kh[4], kl[4];
-          tile_frag_bt<DP, KT>(kh, reinterpret_cast<const bf16*>(Kt), np * 16, kk * 16, lane);
-          tile_frag_bt<DP, KT>(kl, reinterpret_cast<const bf16*>(Kt + KT * DP), np * 16, kk * 16, lane);
-          // smallest products first
-          mma_f16(s[2 * np], ql, kh[0], kh[1]);
-          mma_f16(s[2 * np + 1], ql, kh[2], kh[3]);
-          mma_f16(s[2 * np], qh, kl[0], kl[1]);
-          mma_f16(s[2 * np + 1], qh, kl[2], kl[3]);
-          mma_f16(s[2 * np], qh, kh[0], kh[1]);
-          mma_f16(s[2 * np + 1], qh, kh[2], kh[3]);
+        for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+      if (kPipe && pass1) {  // (no tile is skipped: the block's last position sees them all)
+#if NSATRON_WGMMA
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] = s_next[n][e];  // tile k's scores, done
+        if (k + 1 < nsteps) issue_scores(k + 1);  // under the work below, waited for at its end
+#endif
+      } else if (any) {
+#if NSATRON_WGMMA
+        // One warpgroup product per 16 dims and part pair, the warpgroup's 64 rows of the q
+        // tiles as A and the key parts as B, both from shared memory (smallest products first).
+        const char* qh_t = reinterpret_cast<const char*>(Qs) + wg::row_group_offset<DP>(64 * (warp / 4));
+        const char* ql_t = reinterpret_cast<const char*>(Qs + ROWS * DP) + wg::row_group_offset<DP>(64 * (warp / 4));
+        const char* kh_t = reinterpret_cast<const char*>(Kt);
+        const char* kl_t = reinterpret_cast<const char*>(Kt + KT * DP);
+        wg::pin(s);
+        wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; ++kk) {
+          wg::mma_f16<0>(s, wg::kmajor_desc<DP, ROWS>(ql_t, kk), wg::kmajor_desc<DP, KT>(kh_t, kk));
+          wg::mma_f16<0>(s, wg::kmajor_desc<DP, ROWS>(qh_t, kk), wg::kmajor_desc<DP, KT>(kl_t, kk));
+          wg::mma_f16<0>(s, wg::kmajor_desc<DP, ROWS>(qh_t, kk), wg::kmajor_desc<DP, KT>(kh_t, kk));
         }
-      }
+        wg::commit();
+        wg::wait(s);
+#else
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; ++kk) {
+          std::uint32_t qh[4], ql[4];
+          tile_frag_a<DP, ROWS>(qh, reinterpret_cast<const bf16*>(Qs), warp * 16, kk * 16, lane);
+          tile_frag_a<DP, ROWS>(ql, reinterpret_cast<const bf16*>(Qs + ROWS * DP), warp * 16, kk * 16, lane);
+#pragma unroll
+          for (int np = 0; np < NT / 2; ++np) {
+            std::uint32_t kh[4], kl[4];
+            tile_frag_bt<DP, KT>(kh, reinterpret_cast<const bf16*>(Kt), np * 16, kk * 16, lane);
+            tile_frag_bt<DP, KT>(kl, reinterpret_cast<const bf16*>(Kt + KT * DP), np * 16, kk * 16, lane);
+            // smallest products first
+            mma_f16(s[2 * np], ql, kh[0], kh[1]);
+            mma_f16(s[2 * np + 1], ql, kh[2], kh[3]);
+            mma_f16(s[2 * np], qh, kl[0], kl[1]);
+            mma_f16(s[2 * np + 1], qh, kl[2], kl[3]);
+            mma_f16(s[2 * np], qh, kh[0], kh[1]);
+            mma_f16(s[2 * np + 1], qh, kh[2], kh[3]);
+          }
+        }
 #endif
-    }
-    bool ok[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
-        ok[n][e] = kk < nvis[h2];
-        s[n][e] *= rinv[h2] * kiv[kk];  // undo the two scales (powers of two: exact)
       }
-    if (!pass1) {
-      if (any) {
+      bool ok[NT][4];
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+      for (int n = 0; n < NT; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[n][e] = ok[n][e] ? s[n][e] : -INFINITY;
-        online_softmax_tile<NT, DT>(s, sl2, m2, ls, acc);
-        acc_add_product<NT, DT, DP, KT, VP, true>(acc, s, Vs + (k & 1) * VP * KT * DP, lane);
-      }
-    } else {
-      // p per row and key (zeros where not visible), then P_i per (position, key), the sum
-      // over the position's heads, then the block scores. At h = 16 (8) a warp's 16 rows are
-      // the heads of one position (two: rows gr and gr + 8), so P_i are sums of the warp's
-      // registers (warp_head_sums; padded D = 128); otherwise p goes through Ps and a thread per
-      // (position, key) sums its heads, ascending (streamed at h = 1: the row's p itself, read
-      // from Ps).
-      const int cnt = min(KT, key_end - s0);
-      const bool p_is_row = STREAMED && g.h == 1;
-      if (DP > 64 && (g.h == 16 || g.h == 8)) {  // (at padded D <= 64 its registers spilled)
-        float p[NT][4];
+        for (int e = 0; e < 4; ++e) {
+          const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
+          ok[n][e] = kk < nvis[h2];
+          s[n][e] *= rinv[h2] * kiv[kk];  // undo the two scales (powers of two: exact)
+        }
+      if (!pass1) {
+        if (any) {
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+          for (int n = 0; n < NT; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) p[n][e] = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[e >> 1]) : 0.f;
-        if (g.h == 16)
-          warp_head_sums<NT, true>(p, Pi + warp * KT, P - warp, lane);
-        else
-          warp_head_sums<NT, false>(p, Pi + 2 * warp * KT, P - 2 * warp, lane);
-        __syncthreads();
+            for (int e = 0; e < 4; ++e) s[n][e] = ok[n][e] ? s[n][e] : -INFINITY;
+          online_softmax_tile<NT, DT>(s, sl2, m2, ls, acc);
+          acc_add_product<NT, DT, DP, KT, VP, true>(acc, s, Vs + (k & 1) * VP * KT * DP, lane);
+        }
       } else {
-        float* pw = Ps + (warp * 16) * (KT + 1);
+        // p per row and key (zeros where not visible), then P_i per (position, key), the sum
+        // over the position's heads, then the block scores. At h = 16 (8) a warp's 16 rows are
+        // the heads of one position (two: rows gr and gr + 8), so P_i are sums of the warp's
+        // registers (warp_head_sums; padded D = 128); otherwise p goes through Ps and a thread per
+        // (position, key) sums its heads, ascending (streamed at h = 1: the row's p itself, read
+        // from Ps).
+        const int cnt = min(KT, key_end - s0);
+        const bool p_is_row = STREAMED && g.h == 1;
+        if (DP > 64 && (g.h == 16 || g.h == 8)) {  // (at padded D <= 64 its registers spilled)
+          float p[NT][4];
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+          for (int n = 0; n < NT; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
-            pw[(gr + 8 * h2) * (KT + 1) + kk] = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[h2]) : 0.f;
-          }
-        __syncthreads();
-        if (!p_is_row) {
-          for (int idx = tid; idx < npos * KT; idx += kCmpSelWarps * 32) {
-            const int pl = idx / KT, kk = idx % KT;
-            float pi = 0.f;
-            for (int hd = 0; hd < g.h; ++hd) pi += Ps[(pl * g.h + hd) * (KT + 1) + kk];
-            Pi[idx] = pi;
-          }
+            for (int e = 0; e < 4; ++e) p[n][e] = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[e >> 1]) : 0.f;
+          if (g.h == 16)
+            warp_head_sums<NT, true>(p, Pi + warp * KT, P - warp, lane);
+          else
+            warp_head_sums<NT, false>(p, Pi + 2 * warp * KT, P - 2 * warp, lane);
           __syncthreads();
-        }
-      }
-      const float* Pr = p_is_row ? Ps : Pi;
-      const int prs = p_is_row ? KT + 1 : KT;
-      const int j_lo = (s0 * g.d) / g.ls;
-      const int j_hi = min(g.NB - 1, ((s0 + cnt - 1) * g.d + g.l - 1) / g.ls);
-      const int nj = j_hi - j_lo + 1;
-      // The block scores S[pos][j] += sum_i w(i, j) P_i over the tile's compressed blocks i
-      // overlapping j that the position sees, i ascending: one thread per (position, block);
-      // or, in the streamed instantiation (blocks of many positions), where the tile's blocks
-      // fit the lanes and overlap at most kMaxOverlap compressed blocks each, lane jj of every
-      // warp takes block j_lo + jj (its range and weights computed once per tile, where each
-      // thread recomputed them with four integer divisions) and the warps take the positions
-      // in turn. The same products summed in the same order either way. (By lane in the full
-      // instantiation too, the paper shapes' 8 positions per block ran 2-5% slower:
-      // docs/performance.md, change 26.) Streamed, the blocks no later tile touches are final:
-      // [j_lo, the next tile's j_lo) (the last tile: through j_hi); their ring slots are cleared
-      // and each position's candidates among them merged into its list (stream_topn) after
-      // the sums (by lane: by the warp that summed the position, with no block barrier).
-      constexpr int kMaxOverlap = 8;
-      const int jl = j_lo + lane;
-      int i0 = 0, ic = 0;
-      bool by_lane = false;
-      if constexpr (STREAMED) {
-        if (lane < nj) {
-          int a, b;
-          overlapping_cmp_blocks(g, jl, a, b);
-          i0 = max(a, s0);
-          ic = min(b, s0 + cnt - 1) - i0 + 1;
-        }
-        by_lane = nj <= 32 && __all_sync(0xffffffffu, ic <= kMaxOverlap);
-      }
-      const int j_end = k == nsteps - 1 ? j_hi + 1 : min(g.NB, ((s0 + KT) * g.d) / g.ls);
-      if (by_lane) {  // streamed only
-        float w[kMaxOverlap];
+        } else {
+          float* pw = Ps + (warp * 16) * (KT + 1);
 #pragma unroll
-        for (int m = 0; m < kMaxOverlap; ++m) w[m] = m < ic ? overlap_weight_units(i0 + m, jl, l_units, ls_units) : 0.f;
-        if (lane < nj)
-          for (int pl = warp; pl < npos; pl += kCmpSelWarps) {
-            const int ie = min(ic, Lp[pl].vis - i0);
-            const float* pr = Pr + pl * prs + (i0 - s0);
-            float sum = 0.f;
+          for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int m = 0; m < kMaxOverlap; ++m)
-              if (m < ie) sum += w[m] * pr[m];
-            Sb[pl * sb_stride + (jl & sb_mask)] += sum;
+            for (int e = 0; e < 4; ++e) {
+              const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
+              pw[(gr + 8 * h2) * (KT + 1) + kk] = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[h2]) : 0.f;
+            }
+          __syncthreads();
+          if (!p_is_row) {
+            for (int idx = tid; idx < npos * KT; idx += kCmpSelWarps * 32) {
+              const int pl = idx / KT, kk = idx % KT;
+              float pi = 0.f;
+              for (int hd = 0; hd < g.h; ++hd) pi += Ps[(pl * g.h + hd) * (KT + 1) + kk];
+              Pi[idx] = pi;
+            }
+            __syncthreads();
           }
-      } else {
-        for (int idx = tid; idx < npos * nj; idx += kCmpSelWarps * 32) {
-          const int pl = idx / nj, j = j_lo + idx % nj;
-          const int t = t_first + pl;
-          int i_lo, i_hi;
-          overlapping_cmp_blocks(g, j, i_lo, i_hi);
-          i_lo = max(i_lo, s0);
-          i_hi = min(i_hi, min(s0 + cnt, visible_blocks(g, t)) - 1);
-          float sum = 0.f;
-          for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight(g, i, j) * Pr[pl * prs + (i - s0)];
-          Sb[pl * sb_stride + (j & sb_mask)] += sum;
+        }
+        const float* Pr = p_is_row ? Ps : Pi;
+        const int prs = p_is_row ? KT + 1 : KT;
+        const int j_lo = (s0 * g.d) / g.ls;
+        const int j_hi = min(g.NB - 1, ((s0 + cnt - 1) * g.d + g.l - 1) / g.ls);
+        const int nj = j_hi - j_lo + 1;
+        // The block scores S[pos][j] += sum_i w(i, j) P_i over the tile's compressed blocks i
+        // overlapping j that the position sees, i ascending: one thread per (position, block);
+        // or, in the streamed instantiation (blocks of many positions), where the tile's blocks
+        // fit the lanes and overlap at most kMaxOverlap compressed blocks each, lane jj of every
+        // warp takes block j_lo + jj (its range and weights computed once per tile, where each
+        // thread recomputed them with four integer divisions) and the warps take the positions
+        // in turn. The same products summed in the same order either way. (By lane in the full
+        // instantiation too, the paper shapes' 8 positions per block ran 2-5% slower:
+        // docs/performance.md, change 26.) Streamed, the blocks no later tile touches are final:
+        // [j_lo, the next tile's j_lo) (the last tile: through j_hi); their ring slots are cleared
+        // and each position's candidates among them merged into its list (stream_topn) after
+        // the sums (by lane: by the warp that summed the position, with no block barrier).
+        constexpr int kMaxOverlap = 8;
+        const int jl = j_lo + lane;
+        int i0 = 0, ic = 0;
+        bool by_lane = false;
+        if constexpr (STREAMED) {
+          if (lane < nj) {
+            int a, b;
+            overlapping_cmp_blocks(g, jl, a, b);
+            i0 = max(a, s0);
+            ic = min(b, s0 + cnt - 1) - i0 + 1;
+          }
+          by_lane = nj <= 32 && __all_sync(0xffffffffu, ic <= kMaxOverlap);
+        }
+        const int j_end = k == nsteps - 1 ? j_hi + 1 : min(g.NB, ((s0 + KT) * g.d) / g.ls);
+        if (by_lane) {  // streamed only
+          float w[kMaxOverlap];
+#pragma unroll
+          for (int m = 0; m < kMaxOverlap; ++m) w[m] = m < ic ? overlap_weight_units(i0 + m, jl, l_units, ls_units) : 0.f;
+          if (lane < nj)
+            for (int pl = warp; pl < npos; pl += kCmpSelWarps) {
+              const int ie = min(ic, Lp[pl].vis - i0);
+              const float* pr = Pr + pl * prs + (i0 - s0);
+              float sum = 0.f;
+#pragma unroll
+              for (int m = 0; m < kMaxOverlap; ++m)
+                if (m < ie) sum += w[m] * pr[m];
+              Sb[pl * sb_stride + (jl & sb_mask)] += sum;
+            }
+        } else {
+          for (int idx = tid; idx < npos * nj; idx += kCmpSelWarps * 32) {
+            const int pl = idx / nj, j = j_lo + idx % nj;
+            const int t = t_first + pl;
+            int i_lo, i_hi;
+            overlapping_cmp_blocks(g, j, i_lo, i_hi);
+            i_lo = max(i_lo, s0);
+            i_hi = min(i_hi, min(s0 + cnt, visible_blocks(g, t)) - 1);
+            float sum = 0.f;
+            for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight(g, i, j) * Pr[pl * prs + (i - s0)];
+            Sb[pl * sb_stride + (j & sb_mask)] += sum;
+          }
+        }
+        if (STREAMED && by_lane) {  // each position's merges by the warp that summed it; the
+          __syncwarp();              // final blocks fit the lanes: two positions' survivors are
+          const bool fin = jl < j_end;  // found before either merges (their loads overlap)
+          for (int pl = warp; pl < npos; pl += 2 * kCmpSelWarps) {
+            const int pl2 = pl + kCmpSelWarps;
+            StreamPos sp0 = Lp[pl], sp1 = pl2 < npos ? Lp[pl2] : StreamPos{};
+            float v0, v1;
+            const unsigned m0 = take_final(sp0, Sb + pl * ring, ring - 1, j_lo, fin, lane, v0);
+            const unsigned m1 = take_final(sp1, Sb + (pl2 < npos ? pl2 : pl) * ring, ring - 1, j_lo,
+                                           fin && pl2 < npos, lane, v1);
+            if (m0 != 0u) merge_final(m0, v0, j_lo, sp0, Lp + pl, Lv + pl * g.n, Lj + pl * g.n, lane);
+            if (m1 != 0u) merge_final(m1, v1, j_lo, sp1, Lp + pl2, Lv + pl2 * g.n, Lj + pl2 * g.n, lane);
+          }
+        } else if (STREAMED) {  // after every thread's sums
+          __syncthreads();
+          for (int pl = warp; pl < npos; pl += kCmpSelWarps)
+            stream_topn(j_lo, j_end, Sb + pl * ring, ring - 1, Lv + pl * g.n, Lj + pl * g.n, Lp + pl, lane);
         }
       }
-      if (STREAMED && by_lane) {  // each position's merges by the warp that summed it; the
-        __syncwarp();              // final blocks fit the lanes: two positions' survivors are
-        const bool fin = jl < j_end;  // found before either merges (their loads overlap)
-        for (int pl = warp; pl < npos; pl += 2 * kCmpSelWarps) {
-          const int pl2 = pl + kCmpSelWarps;
-          StreamPos sp0 = Lp[pl], sp1 = pl2 < npos ? Lp[pl2] : StreamPos{};
-          float v0, v1;
-          const unsigned m0 = take_final(sp0, Sb + pl * ring, ring - 1, j_lo, fin, lane, v0);
-          const unsigned m1 = take_final(sp1, Sb + (pl2 < npos ? pl2 : pl) * ring, ring - 1, j_lo, fin && pl2 < npos, lane, v1);
-          if (m0 != 0u) merge_final(m0, v0, j_lo, sp0, Lp + pl, Lv + pl * g.n, Lj + pl * g.n, lane);
-          if (m1 != 0u) merge_final(m1, v1, j_lo, sp1, Lp + pl2, Lv + pl2 * g.n, Lj + pl2 * g.n, lane);
-        }
-      } else if (STREAMED) {  // after every thread's sums
-        __syncthreads();
-        for (int pl = warp; pl < npos; pl += kCmpSelWarps)
-          stream_topn(j_lo, j_end, Sb + pl * ring, ring - 1, Lv + pl * g.n, Lj + pl * g.n, Lp + pl, lane);
-      }
+#if NSATRON_WGMMA
+      if (kPipe && pass1) wg::wait(s_next);  // tile k + 1's products (none after the last tile)
+#endif
     }
   }
   __syncthreads();  // every warp's block scores and lists are in; Ps's space becomes chosen
 
-  // Compression branch output and lse.
-#pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {
-    if (!rv[h2]) continue;
-    store_row_output<DT>(acc, h2, ls[h2], m2[h2], a.o + rowg[h2] * g.D, a.lse + rowg[h2], g.D, gc);
-  }
+  // Compression branch output and lse (the pipelined pass 1 stored them at its start).
+  if (!kPipe) store_cmp_output();
 
   // The selection rule, one warp per position.
   for (int pl = warp; pl < npos; pl += kCmpSelWarps) {
@@ -789,21 +898,35 @@ std::size_t cmp_select_bytes(const Geo& g, int optin) {
   return L.P > 0 ? cmp_select_smem<DP>(L.P, g.NB, g.n, g.h, L.ring).total : 0;
 }
 
+// Whether the kernel runs its pipelined pass 1 (PIPE): at padded D = 128 where a warp's 16 rows
+// are whole positions' heads (h = 16 or 8: the head sums are shuffles, so the p rows' space
+// holds pass 1's third kinv stage), the registers the pipeline needs being there. The layout
+// (P, ring, shared memory) is the same either way.
+template <int DP>
+bool cmp_select_pipelined(const Geo& g) {
+  return DP == 128 && (g.h == 16 || g.h == 8);
+}
+
 template <int DP>
 void cmp_select_launch(const Geo& g, const CmpSelArgs& a, CmpSelLayout lay, std::size_t smem, cudaStream_t s) {
   const int P = lay.P;
   const unsigned nblocks = unsigned((g.T + P - 1) / P);
   if (nblocks == 0) return;
   const dim3 grid(nblocks, unsigned(g.B * g.G));
-  if (lay.ring > 0) {
-    CUDA_CHECK(cudaFuncSetAttribute(cmp_select_kernel<DP, true>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    cmp_select_kernel<DP, true><<<grid, kCmpSelWarps * 32, smem, s>>>(g, a, P, lay.ring);
-  } else {
-    CUDA_CHECK(cudaFuncSetAttribute(cmp_select_kernel<DP, false>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    cmp_select_kernel<DP, false><<<grid, kCmpSelWarps * 32, smem, s>>>(g, a, P, 0);
+  auto launch = [&](auto kernel, int ring) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    kernel<<<grid, kCmpSelWarps * 32, smem, s>>>(g, a, P, ring);
+  };
+  if constexpr (DP == 128) {
+    if (cmp_select_pipelined<DP>(g)) {
+      if (lay.ring > 0) launch(cmp_select_kernel<DP, true, true>, lay.ring);
+      else launch(cmp_select_kernel<DP, false, true>, 0);
+      check_launch("tc::cmp_select_kernel");
+      return;
+    }
   }
+  if (lay.ring > 0) launch(cmp_select_kernel<DP, true>, lay.ring);
+  else launch(cmp_select_kernel<DP, false>, 0);
   check_launch("tc::cmp_select_kernel");
 }
 

@@ -235,8 +235,9 @@ __device__ __forceinline__ void mma(float (&d)[N / 8][4], const std::uint32_t (&
   else mma_rs_n128<TNSP>(d, a, b, scale_d);
 }
 // m64n64k16 with A and B from shared tiles; ETYPE "bf16" or "f16" (the instruction's operand
-// type, both operands). One asm statement per type, written out once here.
-#define NSATRON_WG_SS_N64(ETYPE)                                                                     \
+// type, both operands); DC the accumulator's constraint: "+f" (d read and written) or "=f" (d
+// written only: scale_d 0). One asm statement per type, written out once here.
+#define NSATRON_WG_SS_N64(ETYPE, DC)                                                                 \
   asm volatile(                                                                                      \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                   \
       "wgmma.mma_async.sync.aligned.m64n64k16.f32." ETYPE "." ETYPE " "                               \
@@ -244,20 +245,29 @@ __device__ __forceinline__ void mma(float (&d)[N / 8][4], const std::uint32_t (&
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                        \
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"               \
       "}, %32, %33, p, 1, 1, 0, %35;\n}\n"                                                            \
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),   \
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),   \
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),   \
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),   \
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),   \
-        "+f"(d[7][2]), "+f"(d[7][3])                                                                 \
+      : DC(d[0][0]), DC(d[0][1]), DC(d[0][2]), DC(d[0][3]), DC(d[1][0]), DC(d[1][1]),               \
+        DC(d[1][2]), DC(d[1][3]), DC(d[2][0]), DC(d[2][1]), DC(d[2][2]), DC(d[2][3]),               \
+        DC(d[3][0]), DC(d[3][1]), DC(d[3][2]), DC(d[3][3]), DC(d[4][0]), DC(d[4][1]),               \
+        DC(d[4][2]), DC(d[4][3]), DC(d[5][0]), DC(d[5][1]), DC(d[5][2]), DC(d[5][3]),               \
+        DC(d[6][0]), DC(d[6][1]), DC(d[6][2]), DC(d[6][3]), DC(d[7][0]), DC(d[7][1]),               \
+        DC(d[7][2]), DC(d[7][3])                                                                     \
       : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP))
 
 // F16: fp16 operands (the compression forward's scaled hi + lo parts), else bf16.
 template <int TNSP, bool F16 = false>
 __device__ __forceinline__ void mma_ss_n64(float (&d)[8][4], std::uint64_t a, std::uint64_t b,
                                               int scale_d) {
-  if constexpr (F16) NSATRON_WG_SS_N64("f16");
-  else NSATRON_WG_SS_N64("bf16");
+  if constexpr (F16) NSATRON_WG_SS_N64("f16", "+f");
+  else NSATRON_WG_SS_N64("bf16", "+f");
+}
+// d = A B (scale_d 0), fp16 operands from shared memory, d an output only: no instruction need
+// zero it, and the compiler copies nothing into its registers for the product (copies that it
+// may place after the batch's fence). A tile's first product in cmp_select_kernel's pipelined
+// pass 1 (select_tc.cuh).
+template <int TNSP>
+__device__ __forceinline__ void mma_f16_overwrite(float (&d)[8][4], std::uint64_t a, std::uint64_t b) {
+  const int scale_d = 0;
+  NSATRON_WG_SS_N64("f16", "=f");
 }
 #undef NSATRON_WG_SS_N64
 

@@ -349,6 +349,10 @@ const std::vector<Case>& cases() {
       // last block of fewer positions (ragged T).
       {"D=128, h=16, ragged T", make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 256)},
       {"D=96, h=8, ragged T", make_dims(2, 555, 16, 2, 96, 32, 16, 64, 8, 128)},
+      // Its pipelined pass 1 in the streamed layout (the cases above take the full one): 1000
+      // selection blocks at 8 heads per group and padded D = 128 (16 positions per block with
+      // the ring, 8 with the full scores, on an H100's 227 KB).
+      {"streamed top-n, D=72, h=8", make_dims(1, 8000, 8, 1, 72, 8, 8, 8, 8, 64)},
   };
   return c;
 }
