@@ -231,6 +231,16 @@ void product(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, c
                       accumulate ? 1.0 : 0.0, C, ldc, s);
 }
 
+// The same for every KV head at once: head g's operands at A + g stride_a, B + g stride_b,
+// C + g stride_c (one launch: a head's product alone fills a fraction of the GPU at T = 8192).
+template <class T>
+void product_per_head(const Geo& g, bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const T* A,
+                      std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb, std::int64_t stride_b,
+                      bool accumulate, float* C, std::int64_t ldc, std::int64_t stride_c, cudaStream_t s) {
+  nsatron::cuda::gemm_strided_batched(dtype_of<T>(), DType::F32, ta, tb, M, N, K, 1.0, A, lda, stride_a, B, ldb,
+                                      stride_b, accumulate ? 1.0 : 0.0, C, ldc, stride_c, g.G, s);
+}
+
 template <class T>
 T* gather(const Geo& g, const CmpLayout& L, const T* x, char* scratch, cudaStream_t s) {
   T* z = reinterpret_cast<T*>(scratch);
@@ -261,14 +271,11 @@ void launch_compress_forward(const Geo& g, const T* x, const T* w, const T* p, c
   auto* yacc = reinterpret_cast<float*>(base + L.z_bytes);
   auto* bias = reinterpret_cast<float*>(base + L.z_bytes + L.y_bytes);
   const std::int64_t dD = std::int64_t(g.d) * g.D, lD = std::int64_t(g.l) * g.D;
-  for (int gi = 0; gi < g.G; ++gi) {
-    const T* wg = w + gi * lD * g.D;
-    // bias_g = flatten(P_g) W_g
-    product<T>(false, false, 1, g.D, lD, p + gi * lD, lD, wg, g.D, false, bias + gi * g.D, g.D, s);
-    for (int m = 0; m < L.M; ++m)
-      product<T>(false, false, L.BR, g.D, dD, z + (gi * L.z_rows + m) * L.ldz, L.ldz,
-                 wg + m * dD * g.D, g.D, m > 0, yacc + gi * L.BR * L.ldy, L.ldy, s);
-  }
+  // bias_g = flatten(P_g) W_g, then Y_g = sum_m shift_m(Z_g) W_g,m, every head at once.
+  product_per_head<T>(g, false, false, 1, g.D, lD, p, lD, lD, w, g.D, lD * g.D, false, bias, g.D, g.D, s);
+  for (int m = 0; m < L.M; ++m)
+    product_per_head<T>(g, false, false, L.BR, g.D, dD, z + m * L.ldz, L.ldz, L.z_rows * L.ldz, w + m * dD * g.D, g.D,
+                        lD * g.D, m > 0, yacc, L.ldy, L.BR * L.ldy, s);
   finish_forward_kernel<<<grid1(std::int64_t(g.B) * g.N * g.G * g.D, 256), 256, 0, s>>>(
       g, L.R, L.ldy, yacc, bias, rope, y);
   check_launch("finish_forward_kernel");
@@ -306,25 +313,22 @@ void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, 
     const T* z = gather<T>(g, L, x, base, s);
     auto* zdy = reinterpret_cast<float*>(base + L.z_bytes + L.dy_bytes + L.dz_bytes +
                                          L.bias_bytes + L.ones_bytes);
-    for (int gi = 0; gi < g.G; ++gi)
-      for (int m = 0; m < L.M; ++m)
-        for (int k = 0; k < L.parts; ++k)  // zdy_m = shift_m(Z)^T dY
-          product<T>(true, false, dD, g.D, L.BR, z + (gi * L.z_rows + m) * L.ldz, L.ldz,
-                     parts[k] + (gi * L.dy_rows + lead) * L.lddy, L.lddy, k > 0,
-                     zdy + (gi * lD + m * dD) * g.D, g.D, s);
+    for (int m = 0; m < L.M; ++m)
+      for (int k = 0; k < L.parts; ++k)  // zdy_m = shift_m(Z)^T dY, every head at once
+        product_per_head<T>(g, true, false, dD, g.D, L.BR, z + m * L.ldz, L.ldz, L.z_rows * L.ldz,
+                            parts[k] + lead * L.lddy, L.lddy, L.dy_rows * L.lddy, k > 0, zdy + m * dD * g.D, g.D,
+                            lD * g.D, s);
     add_dw_kernel<T><<<grid1(std::int64_t(g.G) * lD * g.D, 256), 256, 0, s>>>(g, zdy, p, colsum,
                                                                              dw);
     check_launch("add_dw_kernel");
   }
   if (dx) {
     auto* dz = reinterpret_cast<float*>(base + L.z_bytes + L.dy_bytes);
-    for (int gi = 0; gi < g.G; ++gi)
-      for (int m = 0; m < L.M; ++m)
-        for (int k = 0; k < L.parts; ++k)  // dZ += shift_{-m}(dY) W_m^T
-          product<T>(false, true, L.BR, dD, g.D,
-                     parts[k] + (gi * L.dy_rows + lead - m) * L.lddy, L.lddy,
-                     w + (gi * lD + m * dD) * g.D, g.D, m > 0 || k > 0, dz + gi * L.BR * L.ldv,
-                     L.ldv, s);
+    for (int m = 0; m < L.M; ++m)
+      for (int k = 0; k < L.parts; ++k)  // dZ += shift_{-m}(dY) W_m^T, every head at once
+        product_per_head<T>(g, false, true, L.BR, dD, g.D, parts[k] + (lead - m) * L.lddy, L.lddy,
+                            L.dy_rows * L.lddy, w + m * dD * g.D, g.D, lD * g.D, m > 0 || k > 0, dz, L.ldv,
+                            L.BR * L.ldv, s);
     const std::int64_t tokens = std::int64_t(g.B) * g.T;
     if (tokens > 0) scatter_dx_kernel<T><<<unsigned(tokens), 128, 0, s>>>(g, L.R, L.ldv, dz, dx);
     check_launch("scatter_dx_kernel");

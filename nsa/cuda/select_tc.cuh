@@ -904,7 +904,7 @@ std::size_t cmp_select_bytes(const Geo& g, int optin) {
 // (P, ring, shared memory) is the same either way.
 template <int DP>
 bool cmp_select_pipelined(const Geo& g) {
-  return DP == 128 && (g.h == 16 || g.h == 8);
+  return DP == 128 && (g.h == 16 || g.h == 8) && cmp_select_pipeline();
 }
 
 template <int DP>

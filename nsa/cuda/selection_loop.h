@@ -91,6 +91,16 @@ inline std::atomic<std::int64_t>& row_late_issue_bytes_setting() {
 inline void set_row_late_issue_bytes(std::int64_t bytes) { row_late_issue_bytes_setting().store(bytes); }
 inline std::int64_t row_late_issue_bytes() { return row_late_issue_bytes_setting().load(); }
 
+// The fused compression + selection kernel's pipelined pass 1 (nsa/cuda/select_tc.cuh,
+// cmp_select_pipelined: padded D = 128, 8 or 16 heads per group): on by default; tests turn it
+// off to compare the two schedules' bits (the same).
+inline std::atomic<bool>& cmp_select_pipeline_setting() {
+  static std::atomic<bool> v{true};
+  return v;
+}
+inline void set_cmp_select_pipeline(bool on) { cmp_select_pipeline_setting().store(on); }
+inline bool cmp_select_pipeline() { return cmp_select_pipeline_setting().load(); }
+
 // The loop's name for the run log.
 inline std::string selection_loop_name(const NsaDims& dims) {
   return selection_inverted(dims) ? "inverted loop (per selected block, partials merged in slot order)"

@@ -5,8 +5,10 @@
 // (odd widths, zero widths, unaligned views, the 125M model's projection), also with grouped,
 // padded packed rows (the pad never written). Linear with padded y / dy rows (y_pitch,
 // dy_pitch): the CPU's values, the pad of y untouched, the pad of dy (NaN) unread.
+// cuda::gemm_strided_batched: each product of the batch as cuda::gemm computes it alone.
 #include "core/ops/elementwise.h"
 #include "core/ops/linear.h"
+#include "core/ops/matmul.h"
 #include "tests/ops_cuda/cuda_test_util.h"
 
 namespace nsatron {
@@ -172,6 +174,37 @@ TEST(LinearCuda, PaddedRowsMatchCpuAndLeaveThePad) {
       test::expect_close_rms(dxd, dx, test::rtol_for(dt), "dx " + tag);
       test::expect_close_rms(dwd, dw, test::rtol_for(dt), "dW " + tag);
     }
+}
+
+// A batch of 3 products with gaps between the matrices (strides above their sizes), every
+// transpose, accumulating into C or not: product i of the batched call against cuda::gemm on
+// the same operands (fp32 accumulation either way; the algorithms may differ in their order).
+TEST(MatmulCuda, StridedBatchMatchesOneProductEach) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  constexpr int kBatch = 3;
+  const std::int64_t M = 37, N = 24, K = 130;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const auto& [ta, tb] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}})
+      for (const bool accumulate : {false, true}) {
+        const std::string tag = test::dt_name(dt) + (ta ? " A^T" : "") + (tb ? " B^T" : "") + (accumulate ? " +=" : "");
+        const std::int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 8;
+        const std::int64_t sa = (ta ? K : M) * lda + 64, sb = (tb ? N : K) * ldb + 128, sc = M * ldc + 32;
+        Tensor a = test::on_gpu(rng.randn({kBatch * sa}, DType::F32), dt);
+        Tensor b = test::on_gpu(rng.randn({kBatch * sb}, DType::F32), dt);
+        const Tensor c0 = rng.randn({kBatch * sc}, DType::F32);
+        Tensor one = c0.to(Device::CUDA), batched = c0.to(Device::CUDA);
+        const std::size_t e = dtype_size(dt);
+        const double beta = accumulate ? 1.0 : 0.0;
+        for (int i = 0; i < kBatch; ++i)
+          cuda::gemm(dt, DType::F32, ta, tb, M, N, K, 1.0, static_cast<char*>(a.raw()) + i * sa * e, lda,
+                     static_cast<char*>(b.raw()) + i * sb * e, ldb, beta, one.data<float>() + i * sc, ldc);
+        cuda::gemm_strided_batched(dt, DType::F32, ta, tb, M, N, K, 1.0, a.raw(), lda, sa, b.raw(), ldb, sb, beta,
+                                   batched.raw(), ldc, sc, kBatch);
+        test::expect_close_rms(batched.to(Device::CPU), one.to(Device::CPU), 1e-5, tag);
+      }
 }
 
 TEST(LinearCuda, BiasForwardMatchesCpu) {

@@ -6,6 +6,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -42,8 +43,15 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
+// (types, transposes, M, N, K, lda, ldb, ldc, alignments of A, B, C, batch, strides of A, B, C)
 using PlanKey = std::tuple<int, int, bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                           std::int64_t, int, int, int>;
+                           std::int64_t, int, int, int, int, std::int64_t, std::int64_t, std::int64_t>;
+
+// A batch of `count` matrices `stride` elements apart (count 1: a single matrix).
+struct Batch {
+  int count = 1;
+  std::int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+};
 
 // Largest power of two (at most 256, cuBLASLt's default assumption) dividing the address:
 // an algorithm is chosen that works at this alignment.
@@ -75,10 +83,13 @@ LtState& lt() {
 
 const Plan& plan_for(cudaDataType_t ab, cudaDataType_t c_type, bool ta, bool tb, std::int64_t M, std::int64_t N,
                      std::int64_t K, std::int64_t lda, std::int64_t ldb, std::int64_t ldc, int align_a, int align_b,
-                     int align_c) {
+                     int align_c, const Batch& batch) {
   LtState& s = lt();
   std::lock_guard<std::mutex> lock(s.mutex);
-  PlanKey key{int(ab), int(c_type), ta, tb, M, N, K, lda, ldb, ldc, align_a, align_b, align_c};
+  PlanKey key{int(ab),        int(c_type),    ta,        tb,          M,
+              N,              K,              lda,       ldb,         ldc,
+              align_a,        align_b,        align_c,   batch.count, batch.stride_a,
+              batch.stride_b, batch.stride_c};
   if (auto it = s.plans.find(key); it != s.plans.end()) return it->second;
   Plan p;
   check_lt(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
@@ -90,6 +101,18 @@ const Plan& plan_for(cudaDataType_t ab, cudaDataType_t c_type, bool ta, bool tb,
   check_lt(cublasLtMatrixLayoutCreate(&p.a, ab, tb ? K : N, tb ? N : K, ldb), "layout B");
   check_lt(cublasLtMatrixLayoutCreate(&p.b, ab, ta ? M : K, ta ? K : M, lda), "layout A");
   check_lt(cublasLtMatrixLayoutCreate(&p.c, c_type, N, M, ldc), "layout C");
+  if (batch.count > 1) {  // (cuBLASLt's A is our B, its B our A)
+    const std::int32_t count = batch.count;
+    const std::pair<cublasLtMatrixLayout_t, std::int64_t> layouts[3] = {
+        {p.a, batch.stride_b}, {p.b, batch.stride_a}, {p.c, batch.stride_c}};
+    for (const auto& [layout, stride] : layouts) {
+      check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
+               "batch count");
+      check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                sizeof stride),
+               "batch stride");
+    }
+  }
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
   std::size_t ws = kWorkspaceBytes;
@@ -109,6 +132,15 @@ const Plan& plan_for(cudaDataType_t ab, cudaDataType_t c_type, bool ta, bool tb,
   if (found == 0) throw std::runtime_error("cuBLASLt found no algorithm for this matrix product");
   p.algo = result.algo;
   return s.plans.emplace(key, p).first->second;
+}
+
+// C = alpha op(A) op(B) + beta C with a plan of plan_for.
+void run_plan(const Plan& p, double alpha, const void* A, const void* B, double beta, void* C, cudaStream_t stream) {
+  const float alpha32 = float(alpha), beta32 = float(beta);
+  LtState& s = lt();
+  check_lt(cublasLtMatmul(s.handle, p.op, &alpha32, B, p.a, A, p.b, &beta32, C, p.c, C, p.c, &p.algo, s.workspace,
+                          kWorkspaceBytes, stream),
+           "matmul");
 }
 
 }  // namespace
@@ -137,12 +169,36 @@ void gemm(DType dtype, DType c_dtype, bool ta, bool tb, std::int64_t M, std::int
     else if (beta != 1.0) throw std::logic_error("gemm: K = 0 with beta other than 0 or 1");
     return;
   }
-  const Plan& p = plan_for(ab, c_type, ta, tb, M, N, K, lda, ldb, ldc, alignment_of(A), alignment_of(B), alignment_of(C));
-  const float alpha32 = float(alpha), beta32 = float(beta);
-  LtState& s = lt();
-  check_lt(cublasLtMatmul(s.handle, p.op, &alpha32, B, p.a, A, p.b, &beta32, C, p.c, C, p.c, &p.algo, s.workspace,
-                          kWorkspaceBytes, stream),
-           "matmul");
+  const Plan& p = plan_for(ab, c_type, ta, tb, M, N, K, lda, ldb, ldc, alignment_of(A), alignment_of(B), alignment_of(C),
+                           Batch{});
+  run_plan(p, alpha, A, B, beta, C, stream);
+}
+
+void gemm_strided_batched(DType dtype, DType c_dtype, bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K,
+                          double alpha, const void* A, std::int64_t lda, std::int64_t stride_a, const void* B,
+                          std::int64_t ldb, std::int64_t stride_b, double beta, void* C, std::int64_t ldc,
+                          std::int64_t stride_c, int batch, CUstream_st* stream) {
+  if (batch <= 0 || M == 0 || N == 0) return;
+  if (batch == 1) {
+    gemm(dtype, c_dtype, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
+    return;
+  }
+  if ((dtype != DType::BF16 && dtype != DType::F32) || (c_dtype != dtype && c_dtype != DType::F32))
+    throw std::logic_error("gemm_strided_batched: fp32, or bf16 into bf16 or fp32");
+  if (K == 0 || stride_a <= 0 || stride_b <= 0 || stride_c <= 0)
+    throw std::logic_error("gemm_strided_batched: K and the strides must be positive");
+  const cudaDataType_t ab = dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t c_type = c_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const std::size_t e = dtype == DType::BF16 ? 2 : 4, ec = c_dtype == DType::BF16 ? 2 : 4;
+  // Every matrix of the batch at the alignment the algorithm assumes: the first one's, and
+  // the strides'.
+  auto align = [](const void* p, std::int64_t stride_bytes) {
+    return std::min(alignment_of(p), alignment_of(reinterpret_cast<const void*>(std::uintptr_t(stride_bytes))));
+  };
+  const Plan& p = plan_for(ab, c_type, ta, tb, M, N, K, lda, ldb, ldc, align(A, stride_a * std::int64_t(e)),
+                           align(B, stride_b * std::int64_t(e)), align(C, stride_c * std::int64_t(ec)),
+                           Batch{batch, stride_a, stride_b, stride_c});
+  run_plan(p, alpha, A, B, beta, C, stream);
 }
 
 }  // namespace nsatron::cuda
