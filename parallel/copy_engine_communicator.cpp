@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 
 #include "core/comm/watchdog.h"
@@ -138,24 +139,28 @@ std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communica
       failure = "rank " + std::to_string(rank) + " and its neighbour rank " + std::to_string(p) +
                 " run on different hosts";
   std::vector<double> mine(std::size_t(size) * sizeof(cudaIpcMemHandle_t), 0.0);
+  // A CUDA failure here (the slots are large: out of memory) goes into the verdict like the
+  // others, so that no rank leaves the group's gathers below alone.
+  auto soft = [&](cudaError_t e, const char* call) {
+    if (e == cudaSuccess) return true;
+    cudaGetLastError();
+    if (failure.empty()) failure = std::string(call) + ": " + cudaGetErrorString(e);
+    return false;
+  };
   for (int p : peers) {
-    auto link = std::make_unique<Link>(p, layout);
-    cuda(cudaMalloc(&link->mine, layout.total), "cudaMalloc (receive slots)");
-    cuda(cudaMemset(link->mine + layout.full, 0, layout.total - layout.full), "cudaMemset (flags)");
+    c->links_.push_back(std::make_unique<Link>(p, layout));
+    Link* link = c->links_.back().get();
+    if (!failure.empty()) continue;
     cudaIpcMemHandle_t handle;
-    if (failure.empty()) {
-      if (const cudaError_t e = cudaIpcGetMemHandle(&handle, link->mine); e != cudaSuccess) {
-        cudaGetLastError();
-        failure = std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(e);
-      } else {
-        const auto* b = reinterpret_cast<const unsigned char*>(&handle);
-        for (std::size_t i = 0; i < sizeof(handle); ++i) mine[std::size_t(p) * sizeof(handle) + i] = double(b[i]);
-      }
+    if (soft(cudaMalloc(&link->mine, layout.total), "cudaMalloc (receive slots)") &&
+        soft(cudaMemset(link->mine + layout.full, 0, layout.total - layout.full), "cudaMemset (flags)") &&
+        soft(cudaStreamCreateWithFlags(&link->copies, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") &&
+        soft(cudaIpcGetMemHandle(&handle, link->mine), "cudaIpcGetMemHandle")) {
+      const auto* b = reinterpret_cast<const unsigned char*>(&handle);
+      for (std::size_t i = 0; i < sizeof(handle); ++i) mine[std::size_t(p) * sizeof(handle) + i] = double(b[i]);
     }
-    cuda(cudaStreamCreateWithFlags(&link->copies, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    c->links_.push_back(std::move(link));
   }
-  cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  soft(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   // all[r][p]: the handle rank r made for its neighbour p.
   const std::vector<double> all = all_gather_values(host, mine);
   for (auto& link : c->links_) {
@@ -203,6 +208,10 @@ CopyEngineCommunicator::CopyEngineCommunicator(std::shared_ptr<Communicator> inn
 }
 
 CopyEngineCommunicator::~CopyEngineCommunicator() {
+  // Unwinding after an error on this rank alone (the job is about to abort): no barrier its
+  // peers would never join; the slots are left to the process's end (a peer may still write
+  // them).
+  if (std::uncaught_exceptions() > 0) return;
   for (auto& link : links_)
     if (link->copies != nullptr) cudaStreamSynchronize(link->copies);
   for (auto& p : pending_)
