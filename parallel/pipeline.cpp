@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
 
 #include "core/util/error.h"
 
@@ -35,7 +36,8 @@ struct KeepBuffersOnThrow {
 };
 
 // Executes this rank's steps, as the events of pipeline_events (receives posted before the
-// computation ahead of them, sends completed at the next sending step). Per (chunk,
+// computation ahead of them and waited for by the computation that reads them, sends
+// completed at the next sending step). Per (chunk,
 // micro-batch), the tensors between their transfer and their use (released after it, so only
 // the micro-batches in flight hold any). Returns the receives posted ahead of a computation
 // (0 when the backend does not post ahead: then each transfer is the blocking call it always
@@ -80,6 +82,16 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
     return {&d_input[at(step.bwd_chunk, step.bwd_mb)], prev};
   };
   std::vector<Communicator::Request> recv_request(steps.size(), Communicator::kDone);
+  // Posted ahead: the receives whose transfer step has passed, waited for only by the
+  // computation that reads their buffer (not at the step: a rank then waits for a neighbour's
+  // message only when it needs it, not at every exchange of the lockstep schedule).
+  std::map<const Tensor*, Communicator::Request> unread;
+  auto wait_unread = [&](const Tensor* t) {
+    if (auto it = unread.find(t); it != unread.end()) {
+      pp.wait(it->second);
+      unread.erase(it);
+    }
+  };
   std::vector<Communicator::Request> sends;  // started, not yet completed
   std::vector<Tensor> sent;                  // their buffers, held until then
   std::int64_t posted_ahead = 0;
@@ -105,7 +117,7 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
       if (ahead) {
         if (in.t && !event.recv_posted) recv_request[event.step] = pp.start_recv(*in.t, in.peer);
         if (out.t) sends.push_back(pp.start_send(*out.t, out.peer));
-        if (in.t) pp.wait(recv_request[event.step]);
+        if (in.t) unread[in.t] = recv_request[event.step];
       } else if (in.t && out.t) {
         pp.send_recv(*out.t, out.peer, *in.t, in.peer);
       } else if (out.t) {
@@ -130,6 +142,7 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
     Tensor& in = fwd ? input[i] : d_output[i];
     Tensor& out = fwd ? output[i] : d_input[i];
     const Tensor* taken = (fwd ? first(chunk) : last(chunk)) ? nullptr : &in;
+    if (taken) wait_unread(taken);
     out = fwd ? stage.forward(chunk, mb, taken) : stage.backward(chunk, mb, taken);
     in = Tensor();
     if (fwd ? last(chunk) : first(chunk))
@@ -137,6 +150,8 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
     else
       check_message(out, shape, dtype, stage.device, fwd ? "output" : "input gradient", mb, s);
   }
+  // (Every received buffer is read by a computation; none is left.)
+  for (const auto& [t, request] : unread) pp.wait(request);
   return posted_ahead;
 }
 
