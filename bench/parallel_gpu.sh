@@ -3,7 +3,7 @@
 # (configs/nsa_125m.toml, bf16, 256 x 2048 tokens per step) on one GPU, then on every GPU of the
 # machine with data parallelism (gradient buckets reduced after the backward, then overlapped with
 # it: parallel.overlap_grad_reduce), with two pipeline stages (1F1B, then the interleaved
-# schedule with 2 virtual stages; their messages over the copy engines, then over NCCL), and
+# schedule with 2 virtual stages; their messages over NCCL, then over the copy engines), and
 # with tp = 2 (dp over the rest).
 # Prints the mean tokens/s,
 # ms/step and MFU of steps 3..N of each run (the first steps warm up).
@@ -53,10 +53,11 @@ run pp2_7_5_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set "parallel.pp_layer
 # The same balance with the interleaved schedule: chunks of 4, 3, 3, 2 layers (stage 0: 7).
 run pp2_v2_4332_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2 \
   --set "parallel.pp_layers=[4, 3, 3, 2]"
-# The pipeline rows above take parallel.pp_transport = "auto" (the copy engines on one host);
-# the same two balanced layouts with NCCL's send and receive kernels instead:
-run pp2_7_5_nccl_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set "parallel.pp_layers=[7, 5]" \
-  --set parallel.pp_transport=nccl
-run pp2_v2_4332_nccl_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2 \
-  --set "parallel.pp_layers=[4, 3, 3, 2]" --set parallel.pp_transport=nccl
+# The pipeline rows above send their messages with NCCL (parallel.pp_transport's default); the
+# same two balanced layouts with the copy engines (posted ahead, each receive waited for where
+# it is read):
+run pp2_7_5_ce_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set "parallel.pp_layers=[7, 5]" \
+  --set parallel.pp_transport=copy_engine
+run pp2_v2_4332_ce_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2 \
+  --set "parallel.pp_layers=[4, 3, 3, 2]" --set parallel.pp_transport=copy_engine
 run tp2_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2
