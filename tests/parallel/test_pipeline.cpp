@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -335,7 +336,9 @@ struct StageRun {
   std::int64_t posted_ahead = 0;
 };
 
-StageRun run_stage(Communicator& pp, const Toy& toy, std::int64_t A, const std::int64_t* recvs_started = nullptr) {
+// on_compute, when given, runs at each computation with its input (null: none).
+StageRun run_stage(Communicator& pp, const Toy& toy, std::int64_t A, const std::int64_t* recvs_started = nullptr,
+                   const std::function<void(const Tensor*)>& on_compute = {}) {
   const int s = pp.rank(), P = pp.size(), V = toy.V;
   auto global = [&](int chunk) { return chunk * P + s; };
   StageRun run;
@@ -352,6 +355,7 @@ StageRun run_stage(Communicator& pp, const Toy& toy, std::int64_t A, const std::
     EXPECT_EQ(input == nullptr, first) << "stage " << s << " chunk " << chunk << " mb " << mb;
     run.calls.push_back({+1, chunk, mb});
     if (recvs_started) run.recvs_before.push_back(*recvs_started);
+    if (on_compute) on_compute(input);
     auto x = first ? toy.input(mb) : input->to_vector();
     auto y = toy.forward(c, x);
     saved[{chunk, mb}] = {x, y};
@@ -368,6 +372,7 @@ StageRun run_stage(Communicator& pp, const Toy& toy, std::int64_t A, const std::
     EXPECT_EQ(d_output == nullptr, last) << "stage " << s << " chunk " << chunk << " mb " << mb;
     run.calls.push_back({-1, chunk, mb});
     if (recvs_started) run.recvs_before.push_back(*recvs_started);
+    if (on_compute) on_compute(d_output);
     const auto dy = last ? toy.loss_weights(mb) : d_output->to_vector();
     auto it = saved.find({chunk, mb});
     EXPECT_NE(it, saved.end()) << "backward of chunk " << chunk << " mb " << mb << " before its forward";
@@ -394,6 +399,7 @@ class CountingGroup final : public Communicator {
   bool supports(DType dtype, Device device) const override { return inner_.supports(dtype, device); }
   bool posts_ahead() const override { return inner_.posts_ahead(); }
   std::int64_t recvs_started = 0;
+  std::vector<const void*> waited;  // the buffers of the receives waited for, in order
 
  protected:
   void do_all_reduce(Tensor& t, ReduceOp op) override { inner_.all_reduce(t, op); }
@@ -409,12 +415,21 @@ class CountingGroup final : public Communicator {
   Request do_start_send(const Tensor& t, int peer) override { return inner_.start_send(t, peer); }
   Request do_start_recv(Tensor& t, int peer) override {
     ++recvs_started;
-    return inner_.start_recv(t, peer);
+    const Request r = inner_.start_recv(t, peer);
+    receives_[r] = t.raw();
+    return r;
   }
-  void do_wait(Request request) override { inner_.wait(request); }
+  void do_wait(Request request) override {
+    if (auto it = receives_.find(request); it != receives_.end()) {
+      waited.push_back(it->second);
+      receives_.erase(it);
+    }
+    inner_.wait(request);
+  }
 
  private:
   Communicator& inner_;
+  std::map<Request, const void*> receives_;  // started receives: their buffers
 };
 
 // Per computation of `steps`: the receives of the steps before the next computation (those
@@ -603,6 +618,37 @@ TEST(Pipeline, ReceivesArePostedAheadOfTheComputationBeforeThem) {
         EXPECT_EQ(run.recvs_before, before) << where;
         EXPECT_EQ(run.posted_ahead, ahead) << where;
         EXPECT_GT(run.posted_ahead, 0) << where;
+      }
+  }
+}
+
+// Posted ahead, each receive is waited for by the computation that reads it: between two
+// computations, exactly the wait for the second one's input (none before the first stage's
+// first chunk's forwards and the last stage's last chunk's backwards). In the interleaved
+// schedule a message often arrives slots before its use, so a wait at its transfer step would
+// come earlier (and hold the stage to its neighbour's pace there).
+TEST(Pipeline, ReceivesAreWaitedForByTheComputationThatReadsThem) {
+  for (auto [tp, pp] : layouts()) {
+    if (pp < 2) continue;
+    ProcessGroups g = make_process_groups(Backend::Mpi, tp, pp);
+    const int s = g.pp->rank(), P = g.pp->size();
+    for (int V : {1, 2})
+      for (std::int64_t A : {P, 2 * P}) {
+        const std::string where = "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " V=" +
+                                  std::to_string(V) + " stage " + std::to_string(s) + " A=" + std::to_string(A);
+        const Toy toy{P, 64, g.layout.dp_rank, V};
+        CountingGroup counting(*g.pp);
+        int bad = 0;
+        const StageRun run = run_stage(counting, toy, A, nullptr, [&](const Tensor* input) {
+          const std::vector<const void*> want = input ? std::vector<const void*>{input->raw()} : std::vector<const void*>{};
+          if (counting.waited != want && bad++ < 3)
+            ADD_FAILURE() << where << ": computation " << counting.recvs_started << " waited for "
+                          << counting.waited.size() << " receive(s), not just its input's";
+          counting.waited.clear();
+        });
+        expect_run_matches(run, reference(toy, A), s, P, V, A, where);
+        EXPECT_EQ(bad, 0) << where;
+        EXPECT_TRUE(counting.waited.empty()) << where << ": receives waited for after the last computation";
       }
   }
 }
