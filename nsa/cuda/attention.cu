@@ -27,7 +27,6 @@
 //
 // Masks: window s in (t-w, t]; compression i*d+l-1 <= t; selection s <= t.
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <type_traits>
 

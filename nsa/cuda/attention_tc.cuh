@@ -1149,23 +1149,6 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   }
 }
 
-// The device's L2 in bytes (per device, asked once).
-inline std::int64_t device_l2_bytes() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<std::int64_t> cache[kMaxDevices] = {};
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= kMaxDevices) dev = kMaxDevices - 1;
-  std::int64_t v = cache[dev].load();
-  if (v == 0) {
-    int l2 = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-    v = l2;
-    cache[dev].store(v);
-  }
-  return v;
-}
-
 // Whether a launch of the two-stage row kernels takes the LATE schedule (row_kernel): where the
 // keys and values it streams (K and V of every (batch, group), all parts) take at most
 // row_late_issue_bytes() (selection_loop.h; by default half the device's L2), so that they stay
@@ -1176,7 +1159,7 @@ template <int DP, int BR, bool BWD>
 bool row_late_issue(const Geo& g) {
   const std::int64_t nk = BR == kCmp ? g.N : g.T;
   const std::int64_t bytes = std::int64_t(g.B) * nk * g.G * DP * 2 * 2 * row_kv_parts<DP, BR, BWD>();
-  const std::int64_t limit = row_late_issue_bytes() >= 0 ? row_late_issue_bytes() : device_l2_bytes() / 2;
+  const std::int64_t limit = row_late_issue_bytes() >= 0 ? row_late_issue_bytes() : std::int64_t(l2_cache_bytes()) / 2;
   return bytes <= limit;
 }
 

@@ -29,12 +29,17 @@ int padded_dim(int D) {
                   " is not supported (at most 128)");
 }
 
-int smem_optin() {
-  int dev = 0, optin = 0;
+namespace {
+int current_device_attribute(cudaDeviceAttr attribute) {
+  int dev = 0, value = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return optin;
+  CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, dev));
+  return value;
 }
+}  // namespace
+
+int smem_optin() { return current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
+int l2_cache_bytes() { return current_device_attribute(cudaDevAttrL2CacheSize); }
 
 namespace {
 
