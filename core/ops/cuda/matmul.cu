@@ -134,6 +134,9 @@ const Plan& plan_for(cudaDataType_t ab, cudaDataType_t c_type, bool ta, bool tb,
   return s.plans.emplace(key, p).first->second;
 }
 
+// cuBLASLt's type of a bf16 or fp32 operand.
+cudaDataType_t lt_type(DType t) { return t == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
 // C = alpha op(A) op(B) + beta C with a plan of plan_for.
 void run_plan(const Plan& p, double alpha, const void* A, const void* B, double beta, void* C, cudaStream_t stream) {
   const float alpha32 = float(alpha), beta32 = float(beta);
@@ -161,8 +164,7 @@ void gemm(DType dtype, DType c_dtype, bool ta, bool tb, std::int64_t M, std::int
       throw std::runtime_error("cublasGemmEx failed with status " + std::to_string(int(st)));
     return;
   }
-  const cudaDataType_t ab = dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  const cudaDataType_t c_type = c_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t ab = lt_type(dtype), c_type = lt_type(c_dtype);
   if (K == 0) {  // C = beta C: cuBLASLt wants K >= 1
     if (beta == 0.0) CUDA_CHECK(cudaMemset2DAsync(C, std::size_t(ldc) * (c_dtype == DType::BF16 ? 2 : 4), 0,
                                                   std::size_t(N) * (c_dtype == DType::BF16 ? 2 : 4), std::size_t(M), stream));
@@ -187,9 +189,8 @@ void gemm_strided_batched(DType dtype, DType c_dtype, bool ta, bool tb, std::int
     throw std::logic_error("gemm_strided_batched: fp32, or bf16 into bf16 or fp32");
   if (K == 0 || stride_a <= 0 || stride_b <= 0 || stride_c <= 0)
     throw std::logic_error("gemm_strided_batched: K and the strides must be positive");
-  const cudaDataType_t ab = dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  const cudaDataType_t c_type = c_dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-  const std::size_t e = dtype == DType::BF16 ? 2 : 4, ec = c_dtype == DType::BF16 ? 2 : 4;
+  const cudaDataType_t ab = lt_type(dtype), c_type = lt_type(c_dtype);
+  const std::size_t e = dtype_size(dtype), ec = dtype_size(c_dtype);
   // Every matrix of the batch at the alignment the algorithm assumes: the first one's, and
   // the strides'.
   auto align = [](const void* p, std::int64_t stride_bytes) {
