@@ -53,6 +53,26 @@ std::string where(const Communicator& c) {
   return "the " + c.name() + " group (rank " + std::to_string(c.rank()) + " of " + std::to_string(c.size()) + ")";
 }
 
+// Throws for a failed CUDA runtime or driver call: "copy-engine <what> on the pp group (rank
+// r of n)<dir><peer>: <call> failed: <reason>" (no peer where peer < 0), the text built only then.
+struct CallCheck {
+  const Communicator& group;
+  const char* what;       // "send", "receive", ...
+  const char* dir = "";   // " to rank ", " from rank ", ...
+  int peer = -1;
+  [[noreturn]] void fail(const char* call, const std::string& reason) const {
+    throw std::runtime_error(std::string("copy-engine ") + what + " on " + where(group) +
+                             (peer >= 0 ? std::string(dir) + std::to_string(peer) : std::string()) + ": " + call +
+                             " failed" + reason);
+  }
+  void operator()(cudaError_t e, const char* call) const {
+    if (e != cudaSuccess) fail(call, std::string(": ") + cudaGetErrorString(e));
+  }
+  void operator()(CUresult e, const char* call) const {
+    if (e != CUDA_SUCCESS) fail(call, " (CUresult " + std::to_string(int(e)) + ")");
+  }
+};
+
 // This host's name as kHostBytes byte values (zero-padded), to tell ranks of one host apart
 // from others before any IPC handle is opened (a handle means nothing on another host).
 constexpr std::size_t kHostBytes = 64;
@@ -68,10 +88,10 @@ std::vector<double> host_name_bytes() {
 struct LinkLayout {
   std::size_t slot_bytes = 0, full = 0, empty = 0, total = 0;
   LinkLayout(std::size_t slot, int slots) {
-    slot_bytes = (slot + 255) / 256 * 256;
+    slot_bytes = std::size_t(copy_engine_slot_pitch(std::int64_t(slot)));
     full = slot_bytes * std::size_t(slots);
     empty = full + std::size_t(slots) * 4;
-    total = empty + std::size_t(slots) * 4;
+    total = std::size_t(copy_engine_link_bytes(std::int64_t(slot), slots));
   }
 };
 
@@ -113,11 +133,7 @@ std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communica
             " communicator posts its transfers ahead");
   const int rank = host.rank(), size = host.size();
   int device = 0;
-  auto cuda = [&](cudaError_t e, const char* call) {
-    if (e != cudaSuccess)
-      throw std::runtime_error("copy-engine transfers on " + where(host) + ": " + call + " failed: " +
-                               cudaGetErrorString(e));
-  };
+  const CallCheck cuda{host, "transfers"};
   cuda(cudaGetDevice(&device), "cudaGetDevice");
   std::shared_ptr<CopyEngineCommunicator> c(new CopyEngineCommunicator(std::move(inner), slot_bytes, slots, device));
   const LinkLayout layout(slot_bytes, slots);
@@ -283,16 +299,7 @@ CopyEngineCommunicator::Request CopyEngineCommunicator::do_start_send(const Tens
   Link* link = link_to(peer);
   if (link == nullptr) return inner_->start_send(t, peer);  // (a request of inner_: see do_wait)
   check_fits(t, "start_send");
-  auto cuda = [&](cudaError_t e, const char* call) {
-    if (e != cudaSuccess)
-      throw std::runtime_error("copy-engine send on " + where(*this) + " to rank " + std::to_string(peer) + ": " +
-                               call + " failed: " + cudaGetErrorString(e));
-  };
-  auto driver = [&](CUresult e, const char* call) {
-    if (e != CUDA_SUCCESS)
-      throw std::runtime_error("copy-engine send on " + where(*this) + " to rank " + std::to_string(peer) + ": " +
-                               call + " failed (CUresult " + std::to_string(int(e)) + ")");
-  };
+  const CallCheck check{*this, "send", " to rank ", peer};
   const StreamValueOps& ops = stream_value_ops();
   const std::uint64_t k = link->sent++;
   const int s = int(k % std::uint64_t(slots_));
@@ -300,21 +307,21 @@ CopyEngineCommunicator::Request CopyEngineCommunicator::do_start_send(const Tens
   CUstream copies = reinterpret_cast<CUstream>(link->copies);
   // After the kernels that wrote t; once p consumed the slot's previous message; the bytes,
   // then the flag that tells p they are there.
-  cuda(cudaEventRecord(ready_, kStream), "cudaEventRecord");
-  cuda(cudaStreamWaitEvent(link->copies, ready_, 0), "cudaStreamWaitEvent");
-  driver(ops.wait(copies, link->flag(link->mine, link->layout.empty, s), use, CU_STREAM_WAIT_VALUE_GEQ),
-         "cuStreamWaitValue32 (a free slot)");
-  cuda(cudaMemcpyAsync(link->theirs + std::size_t(s) * link->layout.slot_bytes, t.raw(), t.nbytes(),
-                       cudaMemcpyDefault, link->copies),
-       "cudaMemcpyAsync (to the peer's slot)");
-  driver(ops.write(copies, link->flag(link->theirs, link->layout.full, s), use + 1, CU_STREAM_WRITE_VALUE_DEFAULT),
-         "cuStreamWriteValue32 (full)");
+  check(cudaEventRecord(ready_, kStream), "cudaEventRecord");
+  check(cudaStreamWaitEvent(link->copies, ready_, 0), "cudaStreamWaitEvent");
+  check(ops.wait(copies, link->flag(link->mine, link->layout.empty, s), use, CU_STREAM_WAIT_VALUE_GEQ),
+        "cuStreamWaitValue32 (a free slot)");
+  check(cudaMemcpyAsync(link->theirs + std::size_t(s) * link->layout.slot_bytes, t.raw(), t.nbytes(),
+                        cudaMemcpyDefault, link->copies),
+        "cudaMemcpyAsync (to the peer's slot)");
+  check(ops.write(copies, link->flag(link->theirs, link->layout.full, s), use + 1, CU_STREAM_WRITE_VALUE_DEFAULT),
+        "cuStreamWriteValue32 (full)");
   auto p = std::make_unique<Pending>();
   p->request = next_request_++;
   p->send = true;
   p->link = link;
-  cuda(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  cuda(cudaEventRecord(p->done, link->copies), "cudaEventRecord");
+  check(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  check(cudaEventRecord(p->done, link->copies), "cudaEventRecord");
   if (Watchdog::instance().armed())
     watch_stream_work(Watchdog::describe(name(), "copy-engine send", rank(), size()), link->copies, device_);
   pending_.push_back(std::move(p));
@@ -344,34 +351,25 @@ void CopyEngineCommunicator::do_wait(Request request) {
   std::unique_ptr<Pending> p = std::move(*it);
   pending_.erase(it);
   Link* link = p->link;
-  auto cuda = [&](cudaError_t e, const char* call) {
-    if (e != cudaSuccess)
-      throw std::runtime_error("copy-engine transfer on " + where(*this) + " with rank " +
-                               std::to_string(link->peer) + ": " + call + " failed: " + cudaGetErrorString(e));
-  };
   if (p->send) {  // the compute stream goes on once the copy has read the tensor
-    cuda(cudaStreamWaitEvent(kStream, p->done, 0), "cudaStreamWaitEvent");
-    cuda(cudaEventDestroy(p->done), "cudaEventDestroy");
+    const CallCheck check{*this, "send", " to rank ", link->peer};
+    check(cudaStreamWaitEvent(kStream, p->done, 0), "cudaStreamWaitEvent");
+    check(cudaEventDestroy(p->done), "cudaEventDestroy");
     return;
   }
-  auto driver = [&](CUresult e, const char* call) {
-    if (e != CUDA_SUCCESS)
-      throw std::runtime_error("copy-engine receive on " + where(*this) + " from rank " +
-                               std::to_string(link->peer) + ": " + call + " failed (CUresult " +
-                               std::to_string(int(e)) + ")");
-  };
+  const CallCheck check{*this, "receive", " from rank ", link->peer};
   const StreamValueOps& ops = stream_value_ops();
   const int s = int(p->index % std::uint64_t(slots_));
   const auto use = static_cast<cuuint32_t>(p->index / std::uint64_t(slots_));
   CUstream compute = reinterpret_cast<CUstream>(kStream);
   // The message in slot s, out into the tensor, then the slot back to the sender.
-  driver(ops.wait(compute, link->flag(link->mine, link->layout.full, s), use + 1, CU_STREAM_WAIT_VALUE_GEQ),
-         "cuStreamWaitValue32 (full)");
-  cuda(cudaMemcpyAsync(p->tensor.raw(), link->mine + std::size_t(s) * link->layout.slot_bytes, p->tensor.nbytes(),
-                       cudaMemcpyDeviceToDevice, kStream),
-       "cudaMemcpyAsync (from the slot)");
-  driver(ops.write(compute, link->flag(link->theirs, link->layout.empty, s), use + 1, CU_STREAM_WRITE_VALUE_DEFAULT),
-         "cuStreamWriteValue32 (empty)");
+  check(ops.wait(compute, link->flag(link->mine, link->layout.full, s), use + 1, CU_STREAM_WAIT_VALUE_GEQ),
+        "cuStreamWaitValue32 (full)");
+  check(cudaMemcpyAsync(p->tensor.raw(), link->mine + std::size_t(s) * link->layout.slot_bytes, p->tensor.nbytes(),
+                        cudaMemcpyDeviceToDevice, kStream),
+        "cudaMemcpyAsync (from the slot)");
+  check(ops.write(compute, link->flag(link->theirs, link->layout.empty, s), use + 1, CU_STREAM_WRITE_VALUE_DEFAULT),
+        "cuStreamWriteValue32 (empty)");
   if (Watchdog::instance().armed())
     watch_stream_work(Watchdog::describe(name(), "copy-engine receive", rank(), size()), kStream, device_);
 }

@@ -32,9 +32,9 @@
 // wait() on a send makes the compute stream wait for its copy (the caller may then reuse or
 // free the tensor). The pipeline waits for a send at its next sending step, a micro-batch's
 // computation later, when the copy is long done, unless the copy waited for a slot: S must
-// exceed the messages one rank can run ahead of its neighbour (the caller sizes it from the
-// schedule: 2 P V + 2 for P stages of V chunks). A copy waiting for a slot delays only its own
-// stream until then.
+// exceed the messages one rank receives ahead of their use (the caller sizes it from the
+// schedule: copy_engine_slots in core/comm/pipeline_schedule.h). A copy waiting for a slot
+// delays only its own stream until then.
 //
 // Bits: the transfers copy bytes; every result is the same as with NCCL's send and recv.
 // Watchdog: each receive's wait and each send's copy are watched until their events complete

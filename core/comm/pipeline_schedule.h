@@ -209,4 +209,16 @@ std::vector<PipelineEvent> pipeline_events(const std::vector<PipelineStep>& step
 // (P - 1) / (V A). 0 with one stage.
 double pipeline_bubble_fraction(int stages, std::int64_t micro_batches, int chunks);
 
+// The copy-engine transport's receive slots per pipeline neighbour
+// (parallel/copy_engine_communicator.h): more than the messages a stage receives ahead of their
+// use (at most W + 1 <= P V + P - 1, W the interleaved warmup above), so that a copy never waits
+// for the compute it precedes.
+inline int copy_engine_slots(int stages, int chunks) { return 2 * stages * chunks + 2; }
+// Its device memory per neighbour for messages of `message_bytes`: the slots, each rounded up
+// to 256 bytes, and two 4-byte flags per slot.
+inline std::int64_t copy_engine_slot_pitch(std::int64_t message_bytes) { return (message_bytes + 255) / 256 * 256; }
+inline std::int64_t copy_engine_link_bytes(std::int64_t message_bytes, int slots) {
+  return slots * (copy_engine_slot_pitch(message_bytes) + 8);
+}
+
 }  // namespace nsatron::parallel

@@ -442,9 +442,10 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std
       e.activations = estimate_activation_bytes(dims, plan);
       if (copy_engines) {  // the receive slots per pipeline neighbour (launch/train/setup.cpp; "auto"
         // counted as if the copy engines are taken, its usual outcome on one host)
-        const std::int64_t neighbours = pp == 2 ? 1 : 2, V = cfg.parallel.virtual_stages;
-        const std::int64_t slot = (cfg.train.micro_batch * cfg.train.seq_len * dims.C * std::int64_t(dtype_size(plan.dtype)) + 255) / 256 * 256;
-        e.activations += neighbours * ((2 * pp * V + 2) * (slot + 8));
+        const std::int64_t neighbours = pp == 2 ? 1 : 2;
+        const std::int64_t message = cfg.train.micro_batch * cfg.train.seq_len * dims.C * std::int64_t(dtype_size(plan.dtype));
+        e.activations += neighbours * parallel::copy_engine_link_bytes(
+                                          message, parallel::copy_engine_slots(int(pp), int(cfg.parallel.virtual_stages)));
       }
       if (!any || e.total() > best.total()) best = e;
       any = true;

@@ -3,6 +3,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/comm/pipeline_schedule.h"
 #include "core/comm/watchdog.h"
 #include "core/device/device.h"
 #include "core/util/error.h"
@@ -36,7 +37,7 @@ std::string choose_pipeline_transport(Run& run) {
 #if NSATRON_WITH_NCCL
   const int P = int(cfg.parallel.pp), V = int(cfg.parallel.virtual_stages);
   const std::size_t slot = std::size_t(cfg.train.micro_batch * cfg.train.seq_len * run.dims.C) * dtype_size(run.dtype);
-  const int slots = 2 * P * V + 2;  // more than a stage can run ahead of its neighbour
+  const int slots = parallel::copy_engine_slots(P, V);
   std::string why;
   auto ce = parallel::CopyEngineCommunicator::create(*run.groups.pp, run.tensor_groups.pp, slot, slots, &why);
   if (ce) {
