@@ -81,15 +81,14 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
     if (forward) return {&output[at(step.fwd_chunk, step.fwd_mb)], next};
     return {&d_input[at(step.bwd_chunk, step.bwd_mb)], prev};
   };
-  std::vector<Communicator::Request> recv_request(steps.size(), Communicator::kDone);
-  // Posted ahead: the receives whose transfer step has passed, waited for only by the
-  // computation that reads their buffer (not at the step: a rank then waits for a neighbour's
-  // message only when it needs it, not at every exchange of the lockstep schedule).
-  std::map<const Tensor*, Communicator::Request> unread;
-  auto wait_unread = [&](const Tensor* t) {
-    if (auto it = unread.find(t); it != unread.end()) {
+  // Posted ahead: the started receives, by buffer, each waited for by the computation that
+  // reads it (not at its transfer step: a rank then waits for a neighbour's message only when it
+  // needs it, not at every exchange of the lockstep schedule).
+  std::map<const Tensor*, Communicator::Request> receives;
+  auto wait_received = [&](const Tensor* t) {
+    if (auto it = receives.find(t); it != receives.end()) {
       pp.wait(it->second);
-      unread.erase(it);
+      receives.erase(it);
     }
   };
   std::vector<Communicator::Request> sends;  // started, not yet completed
@@ -107,7 +106,7 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
     if (event.kind == PipelineEvent::Kind::PostRecv) {
       const End in = recv_end(step);
       *in.t = fresh();
-      recv_request[event.step] = pp.start_recv(*in.t, in.peer);
+      receives[in.t] = pp.start_recv(*in.t, in.peer);
       ++posted_ahead;
       continue;
     }
@@ -115,9 +114,8 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
       const End in = recv_end(step), out = send_end(step);
       if (in.t && !event.recv_posted) *in.t = fresh();
       if (ahead) {
-        if (in.t && !event.recv_posted) recv_request[event.step] = pp.start_recv(*in.t, in.peer);
+        if (in.t && !event.recv_posted) receives[in.t] = pp.start_recv(*in.t, in.peer);
         if (out.t) sends.push_back(pp.start_send(*out.t, out.peer));
-        if (in.t) unread[in.t] = recv_request[event.step];
       } else if (in.t && out.t) {
         pp.send_recv(*out.t, out.peer, *in.t, in.peer);
       } else if (out.t) {
@@ -142,7 +140,7 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
     Tensor& in = fwd ? input[i] : d_output[i];
     Tensor& out = fwd ? output[i] : d_input[i];
     const Tensor* taken = (fwd ? first(chunk) : last(chunk)) ? nullptr : &in;
-    if (taken) wait_unread(taken);
+    if (taken) wait_received(taken);
     out = fwd ? stage.forward(chunk, mb, taken) : stage.backward(chunk, mb, taken);
     in = Tensor();
     if (fwd ? last(chunk) : first(chunk))
@@ -151,7 +149,7 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
       check_message(out, shape, dtype, stage.device, fwd ? "output" : "input gradient", mb, s);
   }
   // (Every received buffer is read by a computation; none is left.)
-  for (const auto& [t, request] : unread) pp.wait(request);
+  for (const auto& [t, request] : receives) pp.wait(request);
   return posted_ahead;
 }
 
