@@ -53,11 +53,11 @@ run pp2_7_5_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set "parallel.pp_layer
 # The same balance with the interleaved schedule: chunks of 4, 3, 3, 2 layers (stage 0: 7).
 run pp2_v2_4332_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2 \
   --set "parallel.pp_layers=[4, 3, 3, 2]"
-# The pipeline rows above send their messages with NCCL (parallel.pp_transport's default); the
-# same two balanced layouts with the copy engines (posted ahead, each receive waited for where
-# it is read):
-run pp2_7_5_ce_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set "parallel.pp_layers=[7, 5]" \
-  --set parallel.pp_transport=copy_engine
-run pp2_v2_4332_ce_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2 \
-  --set "parallel.pp_layers=[4, 3, 3, 2]" --set parallel.pp_transport=copy_engine
+# The pipeline rows above send their messages with parallel.pp_transport's default ("auto": the
+# copy engines on one host, posted ahead, each receive waited for where it is read); the same
+# two balanced layouts with NCCL's send and receive kernels:
+run pp2_7_5_nccl_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set "parallel.pp_layers=[7, 5]" \
+  --set parallel.pp_transport=nccl
+run pp2_v2_4332_nccl_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2 \
+  --set "parallel.pp_layers=[4, 3, 3, 2]" --set parallel.pp_transport=nccl
 run tp2_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2

@@ -88,7 +88,7 @@ struct ParallelConfig {
   double comm_timeout_s = 600;
   // GPU pipeline transfers: "auto" (the copy engines where every pipeline neighbour is on this
   // host and reachable, else NCCL), "nccl", "copy_engine" (parallel/copy_engine_communicator.h).
-  std::string pp_transport = "nccl";
+  std::string pp_transport = "auto";
 };
 
 struct RecomputeConfig {
