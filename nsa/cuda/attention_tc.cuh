@@ -1008,40 +1008,63 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
 #endif
         }
       }
-      // Masks (-inf where a row may not see a key) and probabilities (fp32).
-      const std::uint32_t mbits[2] = {thread_key_bits(vis[0], gc), thread_key_bits(vis[1], gc)};
-      mask_scores(s, mbits);
-      if (!BWD || phase == 0) {  // online softmax (forward; backward statistics pass)
-        if constexpr (BWD) {
-          online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, corr);
+      // A warp none of whose rows sees the tile (the selection: a tile in the block's union
+      // only for other positions' blocks; on sm_90a the products are the warpgroup's, so it
+      // takes part in them) skips the masks and the softmax: its probabilities (and dS) are 0
+      // and its statistics unchanged, the bits the softmax would give them (online_softmax_tile
+      // on a row of -inf: corr = 2^0 = 1 or, before any key, 1; p = 2^-inf = 0). Not in the
+      // two-stage forward (padded D <= 64): at D = 64 the branch cost it 64 bytes of spills
+      // under its 128-register bound.
+      constexpr bool kWarpSkip = BR == kSlc && (BWD || kDefer);
+      const bool rows_see = !kWarpSkip || warp_sees;
+      if (!rows_see) {
 #if NSATRON_WGMMA
-          wg::wait(dp);
-#endif
-          softmax_tile_dot<NT>(s, dp, corr, us);  // us: the online sum of p dP
-        } else if constexpr (kDefer) {
-          online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, corr);
-        } else {
-          online_softmax_tile<NT, DT>(s, sl2, m2, ls, acc);
-        }
-      } else {  // p from the statistics, then (dP done) dS or the lsum pass's sum of p dP
-#pragma unroll
-        for (int n = 0; n < NT; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[n][e] = ex2(fmaf(s[n][e], sl2, -lrow2[e >> 1]));
-#if NSATRON_WGMMA
-        wg::wait(dp);
+        if constexpr (BWD) wg::wait(dp);  // in flight (DP_LATER) until here
 #endif
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int h2 = e >> 1;
-            if (pass2) {
-              dp[n][e] = s[n][e] * (dp[n][e] - dot[h2]);  // dS / scale
-            } else {
-              ls[h2] += s[n][e] * dp[n][e];
-            }
+            s[n][e] = 0.f;
+            if constexpr (BWD) dp[n][e] = 0.f;
           }
+        corr[0] = corr[1] = 1.f;
+      } else {
+        // Masks (-inf where a row may not see a key) and probabilities (fp32).
+        const std::uint32_t mbits[2] = {thread_key_bits(vis[0], gc), thread_key_bits(vis[1], gc)};
+        mask_scores(s, mbits);
+        if (!BWD || phase == 0) {  // online softmax (forward; backward statistics pass)
+          if constexpr (BWD) {
+            online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, corr);
+#if NSATRON_WGMMA
+            wg::wait(dp);
+#endif
+            softmax_tile_dot<NT>(s, dp, corr, us);  // us: the online sum of p dP
+          } else if constexpr (kDefer) {
+            online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, corr);
+          } else {
+            online_softmax_tile<NT, DT>(s, sl2, m2, ls, acc);
+          }
+        } else {  // p from the statistics, then (dP done) dS or the lsum pass's sum of p dP
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[n][e] = ex2(fmaf(s[n][e], sl2, -lrow2[e >> 1]));
+#if NSATRON_WGMMA
+          wg::wait(dp);
+#endif
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int h2 = e >> 1;
+              if (pass2) {
+                dp[n][e] = s[n][e] * (dp[n][e] - dot[h2]);  // dS / scale
+              } else {
+                ls[h2] += s[n][e] * dp[n][e];
+              }
+            }
+        }
       }
       if constexpr (BWD) {
         if (pass2)  // acc += dS K (dS in row_ds_parts(DP) parts)
@@ -1050,10 +1073,11 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
 #if NSATRON_WGMMA
         wg::wait(acc);  // the previous tile's product
 #endif
+        if (rows_see)
 #pragma unroll
-        for (int j = 0; j < DT; ++j)
+          for (int j = 0; j < DT; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[j][e] *= corr[e >> 1];
+            for (int e = 0; e < 4; ++e) acc[j][e] *= corr[e >> 1];
 #pragma unroll
         for (int k2 = 0; k2 < NT / 2; ++k2) pack_a<NT>(pa[k2], s, k2);
         v_prev = Vt;
