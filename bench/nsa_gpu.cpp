@@ -6,6 +6,7 @@
 //   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups]
 //                 [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
 //                 [--sel-loop auto|union|inverted|both] [--inputs random|local]
+//                 [--row-fwd auto|plain|ws|both]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
 // "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); "groups", the GQA
@@ -22,6 +23,10 @@
 // --sel-loop: the selection row side's loop (nsa/cuda/selection_loop.h; bf16): auto (default)
 // as the trainer runs it, union or inverted forced, or both (each shape twice, its name
 // suffixed /u and /i).
+//
+// --row-fwd: the row kernels' forward at padded D = 128 (nsa/cuda/selection_loop.h, RowForward):
+// auto (default) as the trainer runs it, the 64-row kernel (plain, suffix /p), the
+// warp-specialised one (ws, /w), or both.
 //
 // --inputs: random (default): every input independent, so neighbouring positions choose
 // unrelated blocks (the selection's union loop at its worst: a block of positions streams the
@@ -256,7 +261,7 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128}, hs = {1, 2, 4, 6, 8, 16};
   int reps = 0;
   bool dense = true;
-  std::string sel_loop = "auto", inputs = "random";
+  std::string sel_loop = "auto", inputs = "random", row_fwd = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -275,11 +280,13 @@ int main(int argc, char** argv) {
     else if (a == "--no-dense") dense = false;
     else if (a == "--sel-loop") sel_loop = val();
     else if (a == "--inputs") inputs = val();
+    else if (a == "--row-fwd") row_fwd = val();
     else {
       std::fprintf(stderr,
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups] "
                    "[--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
-                   "[--sel-loop auto|union|inverted|both] [--inputs random|local]\n");
+                   "[--sel-loop auto|union|inverted|both] [--inputs random|local] "
+                   "[--row-fwd auto|plain|ws|both]\n");
       return 2;
     }
   }
@@ -339,12 +346,24 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--sel-loop: auto, union, inverted or both, not %s\n", sel_loop.c_str());
     return 2;
   }
+  using RowFwd = cuda::RowForward;
+  std::vector<std::pair<RowFwd, std::string>> row_fwds;
+  if (row_fwd == "auto") row_fwds = {{RowFwd::kAuto, ""}};
+  else if (row_fwd == "plain") row_fwds = {{RowFwd::kPlain, "/p"}};
+  else if (row_fwd == "ws") row_fwds = {{RowFwd::kWarpSpecialised, "/w"}};
+  else if (row_fwd == "both") row_fwds = {{RowFwd::kPlain, "/p"}, {RowFwd::kWarpSpecialised, "/w"}};
+  else {
+    std::fprintf(stderr, "--row-fwd: auto, plain, ws or both, not %s\n", row_fwd.c_str());
+    return 2;
+  }
   for (const auto& s : shapes)
-    for (const auto& [loop, suffix] : loops) {
-      cuda::set_selection_row_loop(loop);
-      const Shape named{s.name + suffix + (local_inputs ? "/L" : ""), s.dims};
-      if (dtype == "fp32") run<float>(named, reps, dense, local_inputs);
-      else run<cuda::bf16>(named, reps, dense, local_inputs);
-    }
+    for (const auto& [loop, suffix] : loops)
+      for (const auto& [rf, rsuffix] : row_fwds) {
+        cuda::set_selection_row_loop(loop);
+        cuda::set_row_forward(rf);
+        const Shape named{s.name + suffix + rsuffix + (local_inputs ? "/L" : ""), s.dims};
+        if (dtype == "fp32") run<float>(named, reps, dense, local_inputs);
+        else run<cuda::bf16>(named, reps, dense, local_inputs);
+      }
   return 0;
 }

@@ -93,6 +93,7 @@ __device__ void load_key_tile(const Geo& g, int b, int gi, int s0, int cnt,
 #include "nsa/cuda/attention_tc.cuh"
 #include "nsa/cuda/select_tc.cuh"
 #include "nsa/cuda/select_inv.cuh"
+#include "nsa/cuda/row_ws.cuh"
 
 __device__ __forceinline__ float dot4(const float4 a, const float4 b) {
   return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
@@ -550,10 +551,30 @@ void check_grid_z(const Geo& g) {
     throw std::runtime_error("nsa cuda: B * G must be at most 65535");
 }
 
+// Whether the forward of branch BR (selection or window, padded D = 128, bf16 tiles) runs the
+// warp-specialised kernel (row_ws.cuh): the setting at its h (selection_loop.h), a build with sm_90a code
+// on a compute capability 9.0 device, and its shared memory within the device's.
+template <int BR>
+bool row_forward_ws_applies(const Geo& g) {
+#ifdef NSATRON_BUILD_SM90A
+  if (!row_forward_ws(g.h) || compute_capability_major() != 9) return false;
+  const int ntw = int(((g.T + tc::RowCfg<128>::KT - 1) / tc::RowCfg<128>::KT + 31) / 32);
+  return tc::ws_smem<BR>(g.n, ntw).total <= std::size_t(smem_optin());
+#else
+  (void)g;
+  return false;
+#endif
+}
+
 template <class T, int DP, int BR, bool BWD>
 void row_impl(const Geo& g, const RowArgs& a, cudaStream_t s) {
   if constexpr (std::is_same_v<T, bf16>) {
     if (a.tck) {
+      if constexpr (DP == 128 && !BWD && BR != kCmp)
+        if (row_forward_ws_applies<BR>(g)) {
+          tc::row_fwd_ws_launch<BR>(g, a, s);
+          return;
+        }
       tc::row_launch<DP, BR, BWD>(g, a, s);
       return;
     }

@@ -643,6 +643,40 @@ __device__ __forceinline__ void store_row_output(const float (*acc)[4], int h2, 
   if (gc == 0) *lse_row = any ? m2 * 0.6931471805599453f + logf(l) : -INFINITY;
 }
 
+// The row kernels' forward epilogue for one of a thread's rows (h2, global row index row, full
+// sum l, max m2 in the exp2 domain): the branch output and its lse (store_row_output) and,
+// where a.gated_out (the window branch, the last), the gated sum of the three branches as
+// combine_kernel computes it.
+template <int DT>
+__device__ __forceinline__ void row_forward_store(const Geo& g, const RowArgs& a, const float (*acc)[4], int h2,
+                                                  float l, float m2, std::int64_t row, int gc) {
+  if (a.o_f32)
+    store_row_output<DT>(acc, h2, l, m2, static_cast<float*>(a.o) + row * g.D, a.lse + row, g.D, gc);
+  else
+    store_row_output<DT>(acc, h2, l, m2, static_cast<bf16*>(a.o) + row * g.D, a.lse + row, g.D, gc);
+  if (!a.gated_out) return;
+  const bf16* gt = static_cast<const bf16*>(a.gate) + row * 3;
+  const float g0 = sigmoidf(ldf(gt[0])), g1 = sigmoidf(ldf(gt[1])), g2 = sigmoidf(ldf(gt[2]));
+  const float inv = l > 0.f ? 1.f / l : 0.f;  // this branch's o, as stored above
+  float2 oc[DT], osl[DT];
+#pragma unroll
+  for (int j = 0; j < DT; ++j) {
+    const int dd = j * 8 + gc * 2;
+    const bool in = dd < g.D;
+    oc[j] = in ? *reinterpret_cast<const float2*>(a.o_cmp_in + row * g.D + dd) : make_float2(0.f, 0.f);
+    osl[j] = in ? *reinterpret_cast<const float2*>(a.o_slc_in + row * g.D + dd) : make_float2(0.f, 0.f);
+  }
+  bf16* out = static_cast<bf16*>(a.gated_out) + row * g.D;
+#pragma unroll
+  for (int j = 0; j < DT; ++j) {
+    const int dd = j * 8 + gc * 2;
+    if (dd >= g.D) continue;
+    const float w0 = acc[j][2 * h2] * inv, w1 = acc[j][2 * h2 + 1] * inv;
+    *reinterpret_cast<std::uint32_t*>(out + dd) =
+        pack2(g0 * oc[j].x + g1 * osl[j].x + g2 * w0, g0 * oc[j].y + g1 * osl[j].y + g2 * w1);
+  }
+}
+
 // Blocks per SM the row kernel's registers must allow (__launch_bounds__): at DP <= 64, 4 for
 // the forward (<= 128 registers; its shared memory fits 4) and 3 for the backward (<= 168);
 // measured on an H100 (docs/performance.md, 2026-11-25): without a bound the forward took 133
@@ -1098,34 +1132,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     if (!rv[h2]) continue;
     const std::int64_t row = rowg[h2];
     if constexpr (!BWD) {
-      if (a.o_f32)
-        store_row_output<DT>(acc, h2, ls[h2], m2[h2], static_cast<float*>(a.o) + row * g.D,
-                             a.lse + row, g.D, gc);
-      else
-        store_row_output<DT>(acc, h2, ls[h2], m2[h2], static_cast<bf16*>(a.o) + row * g.D,
-                             a.lse + row, g.D, gc);
-      if (a.gated_out) {  // the gated sum of the three branches, as combine_kernel computes it
-        const bf16* gt = static_cast<const bf16*>(a.gate) + row * 3;
-        const float g0 = sigmoidf(ldf(gt[0])), g1 = sigmoidf(ldf(gt[1])), g2 = sigmoidf(ldf(gt[2]));
-        const float inv = ls[h2] > 0.f ? 1.f / ls[h2] : 0.f;  // this branch's o, as stored above
-        float2 oc[DT], osl[DT];
-#pragma unroll
-        for (int j = 0; j < DT; ++j) {
-          const int dd = j * 8 + gc * 2;
-          const bool in = dd < g.D;
-          oc[j] = in ? *reinterpret_cast<const float2*>(a.o_cmp_in + row * g.D + dd) : make_float2(0.f, 0.f);
-          osl[j] = in ? *reinterpret_cast<const float2*>(a.o_slc_in + row * g.D + dd) : make_float2(0.f, 0.f);
-        }
-        bf16* out = static_cast<bf16*>(a.gated_out) + row * g.D;
-#pragma unroll
-        for (int j = 0; j < DT; ++j) {
-          const int dd = j * 8 + gc * 2;
-          if (dd >= g.D) continue;
-          const float w0 = acc[j][2 * h2] * inv, w1 = acc[j][2 * h2 + 1] * inv;
-          *reinterpret_cast<std::uint32_t*>(out + dd) =
-              pack2(g0 * oc[j].x + g1 * osl[j].x + g2 * w0, g0 * oc[j].y + g1 * osl[j].y + g2 * w1);
-        }
-      }
+      row_forward_store<DT>(g, a, acc, h2, ls[h2], m2[h2], row, gc);
     } else {
       const float gs = a.gate ? sigmoidf(ldf(static_cast<const bf16*>(a.gate)[row * 3 + BR])) : 1.f;
       const float dt = dot[h2];

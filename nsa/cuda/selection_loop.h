@@ -101,10 +101,36 @@ inline std::atomic<bool>& cmp_select_pipeline_setting() {
 inline void set_cmp_select_pipeline(bool on) { cmp_select_pipeline_setting().store(on); }
 inline bool cmp_select_pipeline() { return cmp_select_pipeline_setting().load(); }
 
+// The row kernels' forward at padded D = 128 (selection and window branches, bf16): the 64-row
+// kernel or the warp-specialised one (nsa/cuda/row_ws.cuh: 128 rows per block, a producer
+// warpgroup and two consumers; sm_90a builds on compute capability 9.0). kAuto takes the latter
+// at h <= kRowForwardWsMaxHeads heads per group, where it was measured faster on an H100
+// (docs/performance.md, 2026-11-27, seventh session: forward -4 to -6% at h = 1 and 4, +5% at
+// h = 16). The same bits for the selection; the window's tiles start at a different key, so
+// its bits may differ in rounding. Tests and bench_nsa_gpu force either.
+enum class RowForward { kAuto, kPlain, kWarpSpecialised };
+constexpr int kRowForwardWsMaxHeads = 4;
+inline std::atomic<RowForward>& row_forward_setting() {
+  static std::atomic<RowForward> v{RowForward::kAuto};
+  return v;
+}
+inline void set_row_forward(RowForward r) { row_forward_setting().store(r); }
+// Whether the setting takes the warp-specialised forward at h heads per group (the device
+// permitting).
+inline bool row_forward_ws(std::int64_t h) {
+  switch (row_forward_setting().load()) {
+    case RowForward::kPlain: return false;
+    case RowForward::kWarpSpecialised: return true;
+    default: return h <= kRowForwardWsMaxHeads;
+  }
+}
+
 // The loop's name for the run log.
 inline std::string selection_loop_name(const NsaDims& dims) {
-  return selection_inverted(dims) ? "inverted loop (per selected block, partials merged in slot order)"
-                                  : "union of the blocks of 64 / h positions";
+  const bool ws = dims.D > 64 && row_forward_ws(dims.heads_per_group());  // padded D = 128
+  return std::string(selection_inverted(dims) ? "inverted loop (per selected block, partials merged in slot order)"
+                                              : "union of the blocks of 64 / h positions") +
+         (ws ? "; row forward warp-specialised (nsa/cuda/row_ws.cuh, on sm_90a)" : "");
 }
 
 }  // namespace nsatron::nsa::cuda

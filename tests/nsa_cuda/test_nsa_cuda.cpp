@@ -440,6 +440,40 @@ TEST(NsaCuda, RowScheduleGivesTheSameBits) {
   }
 }
 
+// The warp-specialised forward at padded D = 128 (nsa/cuda/row_ws.cuh: 128 rows per block, a
+// producer warpgroup, two consumers that each walk the tiles their own 64 rows see) gives the
+// bits of the 64-row kernel where their key tiles coincide: every selection tile (at multiples
+// of 64), and the window's where it reaches position 0 for every row (w >= T). Ragged T, h = 16
+// (a consumer = 4 whole positions), h = 3 at D = 100 (positions straddle the consumers), h = 1
+// (64 positions per consumer), and a batch of 2.
+struct RowForwardWsScope {
+  explicit RowForwardWsScope(bool on) {
+    cuda::set_row_forward(on ? cuda::RowForward::kWarpSpecialised : cuda::RowForward::kPlain);
+  }
+  ~RowForwardWsScope() { cuda::set_row_forward(cuda::RowForward::kAuto); }
+  RowForwardWsScope(const RowForwardWsScope&) = delete;
+  RowForwardWsScope& operator=(const RowForwardWsScope&) = delete;
+};
+TEST(NsaCuda, WarpSpecialisedForwardGivesTheSameBits) {
+  if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
+  const LoopScope loop(cuda::SelectionRowLoop::kUnion);
+  for (const NsaDims& dm : {make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 1111),
+                            make_dims(2, 1111, 6, 2, 100, 32, 16, 64, 7, 2048),
+                            make_dims(1, 1500, 2, 2, 128, 32, 16, 64, 8, 1500)}) {
+    const Problem<float> p = test::random_problem<float>(dm, base_seed() + 23);
+    GpuResult plain, ws;
+    {
+      const RowForwardWsScope scope(false);
+      plain = run_gpu<bf16>(p);
+    }
+    {
+      const RowForwardWsScope scope(true);
+      ws = run_gpu<bf16>(p);
+    }
+    EXPECT_TRUE(bit_equal(plain, ws)) << dm.str();
+  }
+}
+
 // The fused compression + selection kernel's pipelined pass 1 (padded D = 128, h = 16 or 8)
 // gives the bits of its one-tile-at-a-time schedule, in the full layout (D = 128, h = 16, ragged
 // T) and the streamed one (1000 selection blocks at h = 8, D = 72: 16 positions per block with
