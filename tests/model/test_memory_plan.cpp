@@ -470,7 +470,8 @@ TEST(MemoryPlan, CudaEstimateMatchesRecordedGpuPeaks) {
       {batch(128, "none", 2048), 1, 74.16, 0.01, "memory limits table"},
       {batch(1, "full", 65536), 1, 5.37, 0.01, "memory limits table"},
       {batch(1, "full", 131072), 1, 8.68, 0.01, "memory limits table"},
-      {{"parallel.pp=2", "train.global_batch=256"}, 4, 10.4, 0.1, "GPU ranks, pp2 x dp2"},
+      {{"parallel.pp=2", "train.global_batch=256", "parallel.pp_transport=nccl"}, 4, 10.4, 0.1,
+       "GPU ranks, pp2 x dp2 (NCCL pipeline messages, the default then)"},
       {{"parallel.tp=2", "train.global_batch=256"}, 4, 6.7, 0.1, "GPU ranks, tp2 x dp2"},
   };
   for (const Recorded& r : recorded) {
