@@ -405,6 +405,22 @@ __device__ __forceinline__ void pack_a_parts(std::uint32_t (&xh)[4], std::uint32
   split2(x[2 * k2 + 1][2], x[2 * k2 + 1][3], xh[3], xl[3]);
 }
 
+// The forward's deferred P V (FlashAttention-3's overlap within a warpgroup), once the previous
+// tile's product is done: acc *= corr (the tile's softmax factors; skipped where the warp's
+// rows saw nothing, corr = 1), and the tile's probabilities s packed as the A fragments pa of
+// the product issued at the next step.
+template <int NT, int DT>
+__device__ __forceinline__ void rescale_and_pack(float (&acc)[DT][4], const float (&corr)[2], bool rescale,
+                                                 std::uint32_t (&pa)[NT / 2][4], const float (&s)[NT][4]) {
+  if (rescale)
+#pragma unroll
+    for (int j = 0; j < DT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] *= corr[e >> 1];
+#pragma unroll
+  for (int k2 = 0; k2 < NT / 2; ++k2) pack_a<NT>(pa[k2], s, k2);
+}
+
 // A thread's two row sums (rows lane/4 and lane/4 + 8) over the 4 threads that hold each row,
 // in the fixed order of the xor tree.
 __device__ __forceinline__ void quad_row_sums(float (&x)[2]) {
@@ -1107,13 +1123,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
 #if NSATRON_WGMMA
         wg::wait(acc);  // the previous tile's product
 #endif
-        if (rows_see)
-#pragma unroll
-          for (int j = 0; j < DT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[j][e] *= corr[e >> 1];
-#pragma unroll
-        for (int k2 = 0; k2 < NT / 2; ++k2) pack_a<NT>(pa[k2], s, k2);
+        rescale_and_pack<NT, DT>(acc, corr, rows_see, pa, s);
         v_prev = Vt;
         pv_pending = true;
       } else {

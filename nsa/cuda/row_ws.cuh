@@ -332,13 +332,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
     }
     wg::wait(acc);  // the previous seen tile's P V: its stage is free
     if (pv_pending) release(prev_stage);
-    if (warp_sees)
-#pragma unroll
-      for (int j = 0; j < DT; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j][e] *= corr[e >> 1];
-#pragma unroll
-    for (int k2 = 0; k2 < NT / 2; ++k2) pack_a<NT>(pa[k2], s, k2);
+    rescale_and_pack<NT, DT>(acc, corr, warp_sees, pa, s);
     v_prev = Vt;
     prev_stage = stage;
     pv_pending = true;
