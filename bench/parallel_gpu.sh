@@ -53,6 +53,13 @@ run pp2_7_5_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set "parallel.pp_layer
 # The same balance with the interleaved schedule: chunks of 4, 3, 3, 2 layers (stage 0: 7).
 run pp2_v2_4332_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2 \
   --set "parallel.pp_layers=[4, 3, 3, 2]"
+# Other chunkings: stage 0's chunks [3, 4] layers and stage 1's [4, 1] + the LM head (the chunks
+# as equal as whole layers allow with 2 virtual stages), and 3 virtual stages, [3, 2, 2, 2, 2, 1]
+# (chunk times ~3, 2, 2, 2, 2 and 1 + the head's ~2 layers; a bubble of 1/49 at 16 micro-batches).
+run pp2_v2_3441_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2 \
+  --set "parallel.pp_layers=[3, 4, 4, 1]"
+run pp2_v3_322221_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=3 \
+  --set "parallel.pp_layers=[3, 2, 2, 2, 2, 1]"
 # The pipeline rows above send their messages with parallel.pp_transport's default ("auto": the
 # copy engines on one host, posted ahead, each receive waited for where it is read); the same
 # two balanced layouts with NCCL's send and receive kernels:
