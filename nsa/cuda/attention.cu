@@ -553,13 +553,14 @@ void check_grid_z(const Geo& g) {
 
 // Whether the forward of branch BR (selection or window, padded D = 128, bf16 tiles) runs the
 // warp-specialised kernel (row_ws.cuh): the setting at its h (selection_loop.h), a build with sm_90a code
-// on a compute capability 9.0 device, and its shared memory within the device's.
+// on a compute capability 9.0 device, its shared memory within the device's and its registers
+// enough for setmaxnreg's split (row_fwd_ws_registers_fit).
 template <int BR>
 bool row_forward_ws_applies(const Geo& g) {
 #ifdef NSATRON_BUILD_SM90A
   if (!row_forward_ws(g.h) || compute_capability_major() != 9) return false;
   const int ntw = int(((g.T + tc::RowCfg<128>::KT - 1) / tc::RowCfg<128>::KT + 31) / 32);
-  return tc::ws_smem<BR>(g.n, ntw).total <= std::size_t(smem_optin());
+  return tc::ws_smem<BR>(g.n, ntw).total <= std::size_t(smem_optin()) && tc::row_fwd_ws_registers_fit<BR>();
 #else
   (void)g;
   return false;

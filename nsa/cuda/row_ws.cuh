@@ -342,15 +342,37 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2)
     if (rv[h2]) row_forward_store<DT>(g, a, acc, h2, ls[h2], m2[h2], rowg[h2], gc);
+#else
+  __trap();  // sm_90a only: the host launches it only where the build made that code
 #endif
 }
 
+// Whether the compiled kernel can take setmaxnreg's registers: the block's allocation (its
+// register count, 168 under __launch_bounds__(384, 1) with nvcc 13, times 384 threads) must
+// hold the producer's 128 x kWsProducerRegs and the consumers' 256 x kWsConsumerRegs, or the
+// consumers' setmaxnreg.inc would wait for ever. Checked once per branch (row_forward_ws_applies).
+template <int BR>
+bool row_fwd_ws_registers_fit() {
+  static const bool fit = [] {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, row_fwd_ws_kernel<BR>) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attr.numRegs * kWsThreads >= 128 * kWsProducerRegs + 128 * kWsConsumers * kWsConsumerRegs;
+  }();
+  return fit;
+}
+
 // Launches row_fwd_ws_kernel (selection or window, bf16 tiles at padded D = 128; the caller
-// checks ws_row_forward_applies).
+// checks row_forward_ws_applies).
 template <int BR>
 void row_fwd_ws_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
   const std::int64_t nblocks = (std::int64_t(g.T) * g.h + kWsRows - 1) / kWsRows;
   if (nblocks == 0) return;
+  if (std::int64_t(g.T) * g.h + kWsRows >= (std::int64_t(1) << 31))
+    throw std::runtime_error("tc::row_fwd_ws_kernel: T * heads per group = " + std::to_string(std::int64_t(g.T) * g.h) +
+                             " rows of one (batch, group); at most 2^31 - 129 are supported");
   const int ntw = int(((g.T + RowCfg<128>::KT - 1) / RowCfg<128>::KT + 31) / 32);
   const std::size_t smem = ws_smem<BR>(g.n, ntw).total;
   CUDA_CHECK(cudaFuncSetAttribute(row_fwd_ws_kernel<BR>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

@@ -349,6 +349,9 @@ const std::vector<Case>& cases() {
       // last block of fewer positions (ragged T).
       {"D=128, h=16, ragged T", make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 256)},
       {"D=96, h=8, ragged T", make_dims(2, 555, 16, 2, 96, 32, 16, 64, 8, 128)},
+      // The warp-specialised forward (padded D = 128, h <= 4: nsa/cuda/row_ws.cuh) with a window
+      // shorter than T (its tiles start where the 64-row kernel's do not) and h = 4.
+      {"D=128, h=4, w<T", make_dims(1, 1300, 8, 2, 128, 32, 16, 64, 12, 200)},
   };
   return c;
 }
@@ -445,7 +448,7 @@ TEST(NsaCuda, RowScheduleGivesTheSameBits) {
 // bits of the 64-row kernel where their key tiles coincide: every selection tile (at multiples
 // of 64), and the window's where it reaches position 0 for every row (w >= T). Ragged T, h = 16
 // (a consumer = 4 whole positions), h = 3 at D = 100 (positions straddle the consumers), h = 1
-// (64 positions per consumer), and a batch of 2.
+// (64 positions per consumer), h = 2, and a batch of 2.
 struct RowForwardWsScope {
   explicit RowForwardWsScope(bool on) {
     cuda::set_row_forward(on ? cuda::RowForward::kWarpSpecialised : cuda::RowForward::kPlain);
@@ -459,7 +462,8 @@ TEST(NsaCuda, WarpSpecialisedForwardGivesTheSameBits) {
   const LoopScope loop(cuda::SelectionRowLoop::kUnion);
   for (const NsaDims& dm : {make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 1111),
                             make_dims(2, 1111, 6, 2, 100, 32, 16, 64, 7, 2048),
-                            make_dims(1, 1500, 2, 2, 128, 32, 16, 64, 8, 1500)}) {
+                            make_dims(1, 1500, 2, 2, 128, 32, 16, 64, 8, 1500),
+                            make_dims(1, 1000, 4, 2, 128, 32, 16, 64, 8, 1000)}) {
     const Problem<float> p = test::random_problem<float>(dm, base_seed() + 23);
     GpuResult plain, ws;
     {
