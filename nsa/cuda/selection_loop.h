@@ -105,8 +105,8 @@ inline bool cmp_select_pipeline() { return cmp_select_pipeline_setting().load();
 // kernel or the warp-specialised one (nsa/cuda/row_ws.cuh: 128 rows per block, a producer
 // warpgroup and two consumers; sm_90a builds on compute capability 9.0). kAuto takes the latter
 // at h <= kRowForwardWsMaxHeads heads per group, where it was measured faster on an H100
-// (docs/performance.md, 2026-11-27, seventh session: forward -4 to -6% at h = 1 and 4, +5% at
-// h = 16). The same bits for the selection; the window's tiles start at a different key, so
+// (docs/performance.md, 2026-11-27, seventh session: forward -4 to -5% at h = 1, 2 and 4, -1
+// to +0.4% at h = 8, +3% at h = 16). The same bits for the selection; the window's tiles start at a different key, so
 // its bits may differ in rounding. Tests and bench_nsa_gpu force either.
 enum class RowForward { kAuto, kPlain, kWarpSpecialised };
 constexpr int kRowForwardWsMaxHeads = 4;
