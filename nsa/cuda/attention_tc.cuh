@@ -659,6 +659,32 @@ __device__ __forceinline__ void store_row_output(const float (*acc)[4], int h2, 
   if (gc == 0) *lse_row = any ? m2 * 0.6931471805599453f + logf(l) : -INFINITY;
 }
 
+// A row block of R rows of one (batch, group) (blockIdx.y = b G + gi): rows rho0 .. rho0 + R - 1,
+// row rho = (position rho / h, head rho % h); its positions t_first .. t_last (npos of them).
+// (32-bit: the launchers check T h + R < 2^31.)
+struct RowBlock {
+  int b, gi, rho0, t_first, t_last, npos;
+};
+__device__ __forceinline__ RowBlock row_block(const Geo& g, int R) {
+  RowBlock r;
+  r.b = blockIdx.y / g.G;
+  r.gi = blockIdx.y % g.G;
+  r.rho0 = int(blockIdx.x) * R;
+  r.t_first = g.hdiv.div(r.rho0);
+  r.t_last = min(g.T - 1, g.hdiv.div(r.rho0 + R - 1));
+  r.npos = r.t_last - r.t_first + 1;
+  return r;
+}
+// The selection: the selected blocks of the row block's positions into selp [P][n] (P >= npos;
+// -1 past the last position), by all the block's threads.
+__device__ __forceinline__ void load_selected_blocks(int* selp, const Geo& g, const RowArgs& a, const RowBlock& rb,
+                                                     int P) {
+  for (int idx = threadIdx.x; idx < P * g.n; idx += blockDim.x) {
+    const int p = idx / g.n, e = idx % g.n;
+    selp[idx] = p < rb.npos ? a.sel[((std::int64_t(rb.b) * g.T + rb.t_first + p) * g.G + rb.gi) * g.n + e] : -1;
+  }
+}
+
 // The row kernels' forward epilogue for one of a thread's rows (h2, global row index row, full
 // sum l, max m2 in the exp2 domain): the branch output and its lse (store_row_output) and,
 // where a.gated_out (the window branch, the last), the gated sum of the three branches as
@@ -734,16 +760,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   auto* kmask = reinterpret_cast<unsigned long long*>(sm + L.kmask);  // slc: [kStages][parts][kMaxPos]
   int* selp = reinterpret_cast<int*>(sm + L.selp);                    // slc: [kMaxPos][n]
   auto* tbits = reinterpret_cast<std::uint32_t*>(sm + L.tbits);       // slc: [ntw]
-  const int b = blockIdx.y / g.G, gi = blockIdx.y % g.G;
   const bf16* kp = static_cast<const bf16*>(a.tck);
   const bf16* vp = static_cast<const bf16*>(a.tcv);
-
-  // Rows of the block: rho = blockIdx.x * 64 + i -> (t = rho / h, head = rho % h).
-  // (32-bit: row_launch checks T h < 2^31.)
-  const int rho0 = int(blockIdx.x) * kRowsPerBlock;
-  const int t_first = g.hdiv.div(rho0);
-  const int t_last = min(g.T - 1, g.hdiv.div(rho0 + kRowsPerBlock - 1));
-  const int npos = t_last - t_first + 1;
+  const RowBlock rb = row_block(g, kRowsPerBlock);
+  const int b = rb.b, gi = rb.gi, rho0 = rb.rho0, t_first = rb.t_first, t_last = rb.t_last, npos = rb.npos;
   auto row_of = [&](int i, int& t, int& head) -> bool {
     const int rho = rho0 + i;
     g.hdiv.divmod(rho, t, head);
@@ -788,11 +808,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   const int NK = BR == kCmp ? g.N : g.T;
   if constexpr (BR == kSlc) {
     for (int idx = tid; idx < ntw; idx += blockDim.x) tbits[idx] = 0u;
-    for (int idx = tid; idx < kMaxPos * g.n; idx += blockDim.x) {
-      const int p = idx / g.n, e = idx % g.n;
-      selp[idx] = p < npos ? a.sel[((std::int64_t(b) * g.T + t_first + p) * g.G + gi) * g.n + e]
-                           : -1;
-    }
+    load_selected_blocks(selp, g, a, rb, kMaxPos);
     __syncthreads();
     for (int idx = tid; idx < npos * g.n; idx += blockDim.x) {
       const int j = selp[idx];

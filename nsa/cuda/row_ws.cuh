@@ -109,13 +109,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
   auto* full = reinterpret_cast<std::uint64_t*>(sm + L.bar);
   std::uint64_t* empty = full + kWsStages;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wgi = warp >> 2;
-  const int b = blockIdx.y / g.G, gi = blockIdx.y % g.G;
   const bf16* kp = static_cast<const bf16*>(a.tck);
   const bf16* vp = static_cast<const bf16*>(a.tcv);
-  const int rho0 = int(blockIdx.x) * kWsRows;
-  const int t_first = g.hdiv.div(rho0);
-  const int t_last = min(g.T - 1, g.hdiv.div(rho0 + kWsRows - 1));
-  const int npos = t_last - t_first + 1;
+  const RowBlock rb = row_block(g, kWsRows);
+  const int b = rb.b, gi = rb.gi, rho0 = rb.rho0, t_first = rb.t_first, t_last = rb.t_last, npos = rb.npos;
   const int key_end = t_last + 1;
   // The positions of consumer c's rows: [wg_first(c), wg_last(c)] (a position may straddle).
   auto wg_first = [&](int c) { return g.hdiv.div(rho0 + 64 * c); };
@@ -128,10 +125,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
   int ntiles = 0, beg = 0;
   if constexpr (BR == kSlc) {
     for (int idx = tid; idx < (1 + kWsConsumers) * ntw; idx += blockDim.x) tbits[idx] = 0u;
-    for (int idx = tid; idx < kWsRows * g.n; idx += blockDim.x) {
-      const int p = idx / g.n, e = idx % g.n;
-      selp[idx] = p < npos ? a.sel[((std::int64_t(b) * g.T + t_first + p) * g.G + gi) * g.n + e] : -1;
-    }
+    load_selected_blocks(selp, g, a, rb, kWsRows);
     __syncthreads();
     for (int idx = tid; idx < npos * g.n; idx += blockDim.x) {
       const int j = selp[idx];
