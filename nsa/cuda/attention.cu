@@ -559,7 +559,7 @@ template <int BR>
 bool row_forward_ws_applies(const Geo& g) {
 #ifdef NSATRON_BUILD_SM90A
   if (!row_forward_ws(g.h) || compute_capability_major() != 9) return false;
-  const int ntw = int(((g.T + tc::RowCfg<128>::KT - 1) / tc::RowCfg<128>::KT + 31) / 32);
+  const int ntw = tc::row_tile_words(g);
   return tc::ws_smem<BR>(g.n, ntw).total <= std::size_t(smem_optin()) && tc::row_fwd_ws_registers_fit<BR>();
 #else
   (void)g;

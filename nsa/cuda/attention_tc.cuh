@@ -282,6 +282,27 @@ __device__ __forceinline__ unsigned long long key_bits(int lo, int hi) {
   return upto & ~((1ull << lo) - 1ull);
 }
 
+// The selection: the keys of the 64-key tile [s0, s0 + KT) that position t may see through
+// every STEP-th of its selected blocks (row: its n selected blocks, ascending, -1 after the
+// last), as key_bits; the caller ORs the STEP parts. mcur: this part's cursor into row, moved
+// past the blocks that end before s0 (the tiles of a pass ascend, so it only moves forward).
+template <int KT, int STEP>
+__device__ __forceinline__ unsigned long long selected_tile_keys(const int* row, const Geo& g, int t, int s0,
+                                                                 int& mcur) {
+  unsigned long long m = 0ull;
+  for (; mcur < g.n; mcur += STEP) {  // skip the blocks that end before s0
+    const int j = row[mcur];
+    if (j < 0 || j * g.ls + g.ls > s0) break;
+  }
+  for (int e = mcur; e < g.n; e += STEP) {  // the blocks that meet the tile
+    const int j = row[e];
+    if (j < 0 || j * g.ls >= s0 + KT) break;
+    m |= key_bits(max(j * g.ls, s0) - s0, min(j * g.ls + g.ls, s0 + KT) - s0);
+  }
+  if (t - s0 < KT - 1) m &= key_bits(0, t - s0 + 1);
+  return m;
+}
+
 // 2^x on the special function unit, denormal results flushed to zero (they are below the fp32
 // resolution of every sum they enter: each row's sum holds a term of at least 1) and
 // 2^-inf = 0, which is how masked keys drop out.
@@ -874,19 +895,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         unsigned long long m = 0ull;
         const int t = t_first + p;
         if (issue_j == 0) mcur = part;  // a new pass
-        if (p < npos && t >= s0) {
-          const int* row = selp + p * g.n;
-          for (; mcur < g.n; mcur += kMaskParts) {  // skip the blocks that end before s0
-            const int j = row[mcur];
-            if (j < 0 || j * g.ls + g.ls > s0) break;
-          }
-          for (int e = mcur; e < g.n; e += kMaskParts) {  // the blocks that meet the tile
-            const int j = row[e];
-            if (j < 0 || j * g.ls >= s0 + KT) break;
-            m |= key_bits(max(j * g.ls, s0) - s0, min(j * g.ls + g.ls, s0 + KT) - s0);
-          }
-          if (t - s0 < KT - 1) m &= key_bits(0, t - s0 + 1);
-        }
+        if (p < npos && t >= s0) m = selected_tile_keys<KT, kMaskParts>(selp + p * g.n, g, t, s0, mcur);
         kmask[(stage_of(k) * kMaskParts + part) * kMaxPos + p] = m;
       }
       s0_next = s0;
@@ -1220,9 +1229,12 @@ bool row_late_issue(const Geo& g) {
   return bytes <= limit;
 }
 
+// 32-bit words of a row block's set of 64-key tiles over the keys (the selection's tbits).
+inline int row_tile_words(const Geo& g) { return int(((g.T + RowCfg<128>::KT - 1) / RowCfg<128>::KT + 31) / 32); }
+
 template <int DP, int BR, bool BWD, bool LATE>
 void row_launch_schedule(const Geo& g, const RowArgs& a, cudaStream_t s, std::int64_t nblocks) {
-  const int ntw = int(((g.T + RowCfg<DP>::KT - 1) / RowCfg<DP>::KT + 31) / 32);
+  const int ntw = row_tile_words(g);
   const std::size_t smem = row_smem<DP, BR, BWD>(g.n, ntw).total;
   CUDA_CHECK(cudaFuncSetAttribute(row_kernel<DP, BR, BWD, LATE>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

@@ -187,18 +187,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
         }
         if constexpr (BR == kSlc) {  // position p's keys of the tile (as the 64-row kernel's)
           unsigned long long m = 0ull;
-          if (p < npos && t >= s0) {
-            for (; mcur < g.n; ++mcur) {  // skip the blocks that end before s0
-              const int j = row[mcur];
-              if (j < 0 || j * g.ls + g.ls > s0) break;
-            }
-            for (int e = mcur; e < g.n; ++e) {  // the blocks that meet the tile
-              const int j = row[e];
-              if (j < 0 || j * g.ls >= s0 + KT) break;
-              m |= key_bits(max(j * g.ls, s0) - s0, min(j * g.ls + g.ls, s0 + KT) - s0);
-            }
-            if (t - s0 < KT - 1) m &= key_bits(0, t - s0 + 1);
-          }
+          if (p < npos && t >= s0) m = selected_tile_keys<KT, 1>(row, g, t, s0, mcur);
           kmask[stage * kWsRows + p] = m;
         }
       }
@@ -367,7 +356,7 @@ void row_fwd_ws_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
   if (std::int64_t(g.T) * g.h + kWsRows >= (std::int64_t(1) << 31))
     throw std::runtime_error("tc::row_fwd_ws_kernel: T * heads per group = " + std::to_string(std::int64_t(g.T) * g.h) +
                              " rows of one (batch, group); at most 2^31 - 129 are supported");
-  const int ntw = int(((g.T + RowCfg<128>::KT - 1) / RowCfg<128>::KT + 31) / 32);
+  const int ntw = row_tile_words(g);
   const std::size_t smem = ws_smem<BR>(g.n, ntw).total;
   CUDA_CHECK(cudaFuncSetAttribute(row_fwd_ws_kernel<BR>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned(nblocks), unsigned(g.B * g.G));
