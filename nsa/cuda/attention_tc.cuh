@@ -460,12 +460,16 @@ __device__ __forceinline__ void quad_row_sums(float (&x)[2]) {
 // kernels' forward at padded D = 64: see kSplitS there). Elsewhere mma.sync with ldmatrix
 // fragments of the tiles. DP_LATER (sm_90a, BWD): S and dP are two product groups and only S is
 // waited for; dP is left running (the caller computes the probabilities from S meanwhile and
-// then waits with wg::wait(dp)).
+// then waits with wg::wait(dp)). `under` runs once the products are issued and before any wait
+// (on sm_90a, under them: the row kernel's next-tile copies and masks).
+struct Nothing {
+  __device__ void operator()() const {}
+};
 template <int DP, int KT, int KPARTS, bool BWD, bool SPLIT_S, int NQ, int NO, int NDP, bool WAIT = true,
-          bool DP_LATER = false>
+          bool DP_LATER = false, class Under = Nothing>
 __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[NDP][4], std::uint32_t (&qa)[NQ][4],
                                             std::uint32_t (&oa)[NO][4], const bf16* Kt, const bf16* Vt,
-                                            bool with_dp, int lane) {
+                                            bool with_dp, int lane, Under&& under = Under{}) {
 #if NSATRON_WGMMA
   wg::pin(qa);
   if constexpr (BWD) {
@@ -497,6 +501,7 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
     }
   }
   wg::commit();
+  under();
   if constexpr (DP_LATER) {
     wg::wait_all_but_newest(s);  // S; dP (the newest group, empty without with_dp) runs on
   } else if constexpr (WAIT) {  // else the caller waits (the forward's deferred P V)
@@ -528,6 +533,7 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
       }
     }
   }
+  under();
 #endif
 }
 
@@ -862,7 +868,22 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // blocks that end before the tiles still to come in this pass (which ascend too).
   int mcur = 0;
   int s0_next = 0;
-  auto issue = [&](int k) {  // step k into stage stage_of(k)
+  // Step k into stage stage_of(k): its key and value tiles (one cp.async group per step, empty
+  // past the last) and, for the selection, its positions' key masks, written by write_masks
+  // (s0: the tile's first key; new_pass: the step begins a pass) with the copies (issue) or
+  // after them (issue_copies(k, false), then issue_masks(k)).
+  auto write_masks = [&](int k, int s0, bool new_pass) {
+    if constexpr (BR == kSlc) {  // kMaskParts threads per position, each over every
+      // kMaskParts-th selected block; the row's mask is the OR of the parts
+      const int p = tid % kMaxPos, part = tid / kMaxPos;
+      unsigned long long m = 0ull;
+      const int t = t_first + p;
+      if (new_pass) mcur = part;
+      if (p < npos && t >= s0) m = selected_tile_keys<KT, kMaskParts>(selp + p * g.n, g, t, s0, mcur);
+      kmask[(stage_of(k) * kMaskParts + part) * kMaxPos + p] = m;
+    }
+  };
+  auto issue_copies = [&](int k, auto with_masks) {
     if (k < nsteps) {
       if constexpr (BR == kSlc) {
         issue_tile = next_set_bit(tbits, ntw, issue_j == 0 ? -1 : issue_tile);
@@ -889,19 +910,15 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, vp + po, ok);
         }
       }
-      if constexpr (BR == kSlc) {  // kMaskParts threads per position, each over every
-        // kMaskParts-th selected block; the row's mask is the OR of the parts
-        const int p = tid % kMaxPos, part = tid / kMaxPos;
-        unsigned long long m = 0ull;
-        const int t = t_first + p;
-        if (issue_j == 0) mcur = part;  // a new pass
-        if (p < npos && t >= s0) m = selected_tile_keys<KT, kMaskParts>(selp + p * g.n, g, t, s0, mcur);
-        kmask[(stage_of(k) * kMaskParts + part) * kMaxPos + p] = m;
-      }
+      if constexpr (decltype(with_masks)::value) write_masks(k, s0, issue_j == 0);
       s0_next = s0;
       if (++issue_j == ntiles) issue_j = 0;
     }
     cp_commit();
+  };
+  auto issue = [&](int k) { issue_copies(k, std::true_type{}); };
+  auto issue_masks = [&](int k) {  // after issue_copies(k, false): its step began a pass if
+    if (k < nsteps) write_masks(k, s0_next, issue_j == 1 || ntiles == 1);  // issue_j moved 0 -> 1
   };
 
   const float sl2 = g.scale * kLog2e;
@@ -977,14 +994,35 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       issue(k + 1);
       s0_cur = s0_next;
     }
+    // With one barrier the next tile is issued after it. On sm_90a the selection's masks (and
+    // in the forward its copies) are issued under this step's first products, where they
+    // were ~30% of the stall samples between the barrier and the products
+    // (docs/performance.md, eighth session: the backward's copies issued there were slower, as
+    // was the D <= 64 backward, whose 168 registers spilled); elsewhere at once (a warp that
+    // sees no key there skips the products, and with them what runs under them).
+    constexpr bool kMasksUnder = kOneBarrier && NSATRON_WGMMA && BR == kSlc && (DP > 64 || !BWD);
+    constexpr bool kCopiesUnder = kMasksUnder && !BWD;
+    auto issue_next = [&] {
+      if constexpr (kCopiesUnder) {
+        issue(k + 1);
+        s0_cur = s0_next;
+      } else {
+        issue_masks(k + 1);
+      }
+    };
     if constexpr (kOneBarrier) {  // the step's one barrier, before its masks are read: tile k
       cp_wait0();  // is in (the only group in flight) and every warp finished step k - 1 (and,
 #if NSATRON_WGMMA  // kDefer, waited there for its deferred product of tile k - 2's values), so
       wg::fence_proxy_async();  // tile k + 1 goes into the stage of tile k - 1 (two stages) or
 #endif                          // k - 2 (three)
       __syncthreads();
-      issue(k + 1);
-      s0_cur = s0_next;
+      if constexpr (!kMasksUnder) {
+        issue(k + 1);
+        s0_cur = s0_next;
+      } else if constexpr (!kCopiesUnder) {  // the masks below
+        issue_copies(k + 1, std::false_type{});
+        s0_cur = s0_next;
+      }
     }
     // Which keys of the tile each of this thread's rows may see (the selection's masks of
     // stage stage_of(k) were written by issue(k), before this step's barrier (kOneBarrier) or
@@ -1062,8 +1100,12 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           frag_a<STR>(oa[kk], Os, kk * 16, lane);
         }
         // dP left running while the probabilities are computed from S (waited for below)
-        tile_scores<DP, KT, kKParts, true, kSplitS, DP / 16, DP / 16, NT, true, true>(s, dp, qa, oa, Kt, Vt,
-                                                                                     with_dp, lane);
+        if constexpr (kMasksUnder)
+          tile_scores<DP, KT, kKParts, true, kSplitS, DP / 16, DP / 16, NT, true, true>(s, dp, qa, oa, Kt, Vt,
+                                                                                       with_dp, lane, issue_next);
+        else
+          tile_scores<DP, KT, kKParts, true, kSplitS, DP / 16, DP / 16, NT, true, true>(s, dp, qa, oa, Kt, Vt,
+                                                                                       with_dp, lane);
         if constexpr (kQParts == 2) {
           std::uint32_t ql[DP / 16][4];
 #pragma unroll
@@ -1071,13 +1113,19 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           scores_add_qlo<DP, KT>(s, ql, Kt, lane);
         }
       } else {
-        tile_scores<DP, KT, kKParts, false, kSplitS, DP / 16, DP / 16, 1, !kDefer>(s, dp, qf, qf, Kt, Vt, false, lane);
+        if constexpr (kMasksUnder && !kDefer)
+          tile_scores<DP, KT, kKParts, false, kSplitS, DP / 16, DP / 16, 1>(s, dp, qf, qf, Kt, Vt, false, lane,
+                                                                            issue_next);
+        else
+          tile_scores<DP, KT, kKParts, false, kSplitS, DP / 16, DP / 16, 1, !kDefer>(s, dp, qf, qf, Kt, Vt, false,
+                                                                                     lane);
         if constexpr (kQParts == 2) scores_add_qlo<DP, KT, DP / 16, !kDefer>(s, qlf, Kt, lane);
         if constexpr (kDefer) {  // the previous tile's P V, issued after these scores and left
           // running (the first tile's: P = 0, a product that adds +0; the same instructions on
           // every path, which ptxas needs to keep the products asynchronous)
           if (!pv_pending) v_prev = Vt;
           acc_add_packed<NT, DT, KT, kKParts, false>(acc, pa, v_prev, lane);
+          if constexpr (kMasksUnder) issue_next();  // under both products
 #if NSATRON_WGMMA
           wg::wait_all_but_newest(s);  // the scores alone
 #endif
