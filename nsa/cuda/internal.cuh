@@ -198,19 +198,26 @@ __device__ __forceinline__ float rope_elem(const X* x, int dd, int half, const f
   const int i = lo ? dd : dd - half;
   return rope_pair(ldf(x[dd]), ldf(x[lo ? dd + half : dd - half]), cs[i], lo);
 }
-// rope_elem of the elements dd and dd + 1 of a bf16 row, by two-element loads (a bf16 pair,
-// its partner pair half away, two table entries as one float4). Needs dd and half even (both
-// elements in the same half; every load aligned: x's rows and cs's hold an even number of
-// elements).
-__device__ __forceinline__ void rope_elem_pair(const __nv_bfloat16* x, int dd, int half, const float2* cs, float& y0,
-                                               float& y1) {
+// rope_elem of the elements dd and dd + 1 of a bf16 row, by two-element loads, in two steps so
+// that a caller can issue the loads of several rows before the first rotation: rope_pair_load
+// (a bf16 pair, its partner pair half away, two table entries as one float4) and
+// rope_pair_apply. Needs dd and half even (both elements in the same half; every load aligned:
+// x's rows and cs's hold an even number of elements).
+struct RopePairLoad {
+  __nv_bfloat162 x, partner;
+  float4 cs;  // (c, s) of pairs i and i + 1
+};
+__device__ __forceinline__ RopePairLoad rope_pair_load(const __nv_bfloat16* x, int dd, int half, const float2* cs) {
   const bool lo = dd < half;
   const int i = lo ? dd : dd - half;
-  const float2 xv = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + dd));
-  const float2 xp = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(x + (lo ? dd + half : dd - half)));
-  const float4 r = *reinterpret_cast<const float4*>(cs + i);  // (c, s) of pairs i and i + 1
-  y0 = rope_pair(xv.x, xp.x, make_float2(r.x, r.y), lo);
-  y1 = rope_pair(xv.y, xp.y, make_float2(r.z, r.w), lo);
+  return {*reinterpret_cast<const __nv_bfloat162*>(x + dd),
+          *reinterpret_cast<const __nv_bfloat162*>(x + (lo ? dd + half : dd - half)),
+          *reinterpret_cast<const float4*>(cs + i)};
+}
+__device__ __forceinline__ void rope_pair_apply(const RopePairLoad& l, bool lo, float& y0, float& y1) {
+  const float2 xv = __bfloat1622float2(l.x), xp = __bfloat1622float2(l.partner);
+  y0 = rope_pair(xv.x, xp.x, make_float2(l.cs.x, l.cs.y), lo);
+  y1 = rope_pair(xv.y, xp.y, make_float2(l.cs.z, l.cs.w), lo);
 }
 // Inverse rotation (the backward of rope_elem): dx[i] = dy[i] c + dy[i+half] s,
 // dx[i+half] = dy[i+half] c - dy[i] s. rope_back_pair: one element from its value yv, its

@@ -432,24 +432,50 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   // Stage the warp's 16 rotated query rows, scaled, as fp16 hi + lo: the global loads of 8 rows
   // are issued before the first row's reduction (one memory latency per 8 rows, not per row).
   constexpr int kQC = (DP + 63) / 64, kQRows = 8;
-  // Element pairs by two-element loads where they are aligned (rope_elem_pair): with a two-byte
+  // Element pairs by two-element loads where they are aligned (rope_pair_load): with a two-byte
   // load per element and per partner, and eight bytes per table entry, this prologue was ~23%
   // of the kernel at the paper's T = 8192 (docs/performance.md, 2026-11-27, fifth session).
   const bool pairs = g.half % 2 == 0 && (reinterpret_cast<std::uintptr_t>(a.q) & 3u) == 0;
   for (int r0 = 0; r0 < 16; r0 += kQRows) {
     float v[kQRows][kQC][2];
+    if (pairs) {
+      // Every load of the 8 rows first, unconditionally (an invalid row or element reads row
+      // 0's first pair and is zeroed after), then the rotations: with a load and its use in
+      // one branch per row and element, each row waited for its own loads (~12% of the
+      // kernel's stall samples at the paper's 8192; docs/performance.md, eighth session).
+      RopePairLoad ld[kQRows][kQC];
+      bool valid[kQRows][kQC];
 #pragma unroll
-    for (int r = 0; r < kQRows; ++r) {
-      int t, hd;
-      const bool ok = row_of(warp * 16 + r0 + r, t, hd);
-      const std::int64_t row = (std::int64_t(b) * g.T + (ok ? t : 0)) * g.H + gi * g.h + hd;
-      const float2* cs = a.rope + std::int64_t(ok ? t : 0) * g.half;
+      for (int r = 0; r < kQRows; ++r) {
+        int t, hd;
+        const bool ok = row_of(warp * 16 + r0 + r, t, hd);
+        const std::int64_t row = (std::int64_t(b) * g.T + (ok ? t : 0)) * g.H + gi * g.h + hd;
 #pragma unroll
-      for (int c = 0; c < kQC; ++c) {
-        const int dd = c * 64 + lane * 2;
-        if (pairs && ok && dd + 1 < g.D) {
-          rope_elem_pair(a.q + row * g.D, dd, g.half, cs, v[r][c][0], v[r][c][1]);
-        } else {
+        for (int c = 0; c < kQC; ++c) {
+          const int dd = c * 64 + lane * 2;
+          valid[r][c] = ok && dd + 1 < g.D;
+          const bool use = valid[r][c];  // (addresses selected, one load path)
+          ld[r][c] = rope_pair_load(a.q + (use ? row * g.D : 0), use ? dd : 0, g.half,
+                                    a.rope + (use ? std::int64_t(t) * g.half : 0));
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kQRows; ++r)
+#pragma unroll
+        for (int c = 0; c < kQC; ++c) {
+          rope_pair_apply(ld[r][c], c * 64 + lane * 2 < g.half, v[r][c][0], v[r][c][1]);
+          if (!valid[r][c]) v[r][c][0] = v[r][c][1] = 0.f;
+        }
+    } else {
+#pragma unroll
+      for (int r = 0; r < kQRows; ++r) {
+        int t, hd;
+        const bool ok = row_of(warp * 16 + r0 + r, t, hd);
+        const std::int64_t row = (std::int64_t(b) * g.T + (ok ? t : 0)) * g.H + gi * g.h + hd;
+        const float2* cs = a.rope + std::int64_t(ok ? t : 0) * g.half;
+#pragma unroll
+        for (int c = 0; c < kQC; ++c) {
+          const int dd = c * 64 + lane * 2;
           v[r][c][0] = ok && dd < g.D ? rope_elem(a.q + row * g.D, dd, g.half, cs) : 0.f;
           v[r][c][1] = ok && dd + 1 < g.D ? rope_elem(a.q + row * g.D, dd + 1, g.half, cs) : 0.f;
         }
