@@ -422,8 +422,10 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
           if (values && p < VP) cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, a.vparts + po, ok);
         }
       }
+      // (asynchronous too: loaded and stored by the thread, each step's first two warps waited
+      // for an L2 latency before their warpgroup's products; docs/performance.md, eighth session)
       for (int kk = tid; kk < KT; kk += kCmpSelWarps * 32)
-        kvd[kk] = kk < cnt ? a.kinv[base + std::int64_t(s0 + kk) * g.G] : 0.f;
+        cp4(kvd + kk, a.kinv + (kk < cnt ? base + std::int64_t(s0 + kk) * g.G : 0), kk < cnt);
     }
     cp_commit();
   };
@@ -641,7 +643,14 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
 #endif
       issue(kPipe && pass1 ? k + 2 : k + 1);
       const __half* Kt = Ks + (k & 1) * 2 * KT * DP;
+      // This thread's keys' inverse scales, read before the products are issued (read after
+      // their wait, each step waited for these shared loads: ~8% of the stall samples at 64k).
       const float* kiv = kinv_tile(k);
+      float kv[NT][2];
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) kv[n][c] = kiv[n * 8 + gc * 2 + c];
       float s[NT][4];
 #pragma unroll
       for (int n = 0; n < NT; ++n)
@@ -702,7 +711,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         for (int e = 0; e < 4; ++e) {
           const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
           ok[n][e] = kk < nvis[h2];
-          s[n][e] *= rinv[h2] * kiv[kk];  // undo the two scales (powers of two: exact)
+          s[n][e] *= rinv[h2] * kv[n][e & 1];  // undo the two scales (powers of two: exact)
         }
       if (!pass1) {
         if (any) {
