@@ -340,6 +340,66 @@ __device__ __forceinline__ void warp_head_sums(const float (&p)[NT][4], float* o
 // PIPE (padded D = 128, h = 16 or 8: cmp_select_pipelined): pass 1 pipelined on sm_90a, the
 // next tile's score products on the tensor cores under this tile's CUDA-core work (the key
 // loop's phase 1); the same products and sums in the same order: the same bits as without.
+// The take best candidates j = 1..last of S (ranks_before; NaN as -inf) into chosen[0, take),
+// best first, by one warp: the same set (and order) as take rounds of a warp-wide argmax over
+// all of them, as a merge of the lanes' streams. Lane l's candidates are 1 + l + 32 i; one scan
+// keeps its kTopCache best in order (a sorted list in registers), each round takes the best of
+// the lanes' heads, and the winning lane pops its head, rescanning for the best that rank after
+// its last taken candidate only when its list ran out. (Rounds of scans over every candidate
+// were ~15% of the fused kernel's stall samples at the paper's T = 64k, docs/performance.md,
+// eighth session.)
+constexpr int kTopCache = 4;
+__device__ __forceinline__ void warp_take_best(const float* S, int last, int take, int* chosen, int lane) {
+  float cv[kTopCache];
+  int cj[kTopCache];
+  // Inserts (v, j) into the sorted list where it ranks before an entry (the last falls off).
+  auto insert = [&](float v, int j) {
+#pragma unroll
+    for (int q = 0; q < kTopCache; ++q)
+      if (ranks_before(v, j, cv[q], cj[q])) {
+        const float tv = cv[q];
+        const int tj = cj[q];
+        cv[q] = v;
+        cj[q] = j;
+        v = tv;
+        j = tj;
+      }
+  };
+  // Fills the list with the lane's best candidates that rank after (av, aj) (aj < 0: all).
+  auto fill = [&](float av, int aj) {
+#pragma unroll
+    for (int q = 0; q < kTopCache; ++q) {
+      cv[q] = -INFINITY;
+      cj[q] = INT_MAX;
+    }
+    for (int j = 1 + lane; j <= last; j += 32) {
+      float v = S[j];
+      if (v != v) v = -INFINITY;
+      if (aj < 0 || ranks_before(av, aj, v, j)) insert(v, j);
+    }
+  };
+  fill(0.f, -1);
+  int mine = lane < last ? (last - lane - 1) / 32 + 1 : 0;  // the lane's candidates not yet taken
+  for (int round = 0; round < take; ++round) {
+    float bv = cv[0];
+    int bj = cj[0];
+    warp_best_candidate(bv, bj);
+    if (lane == 0) chosen[round] = bj;
+    if (cj[0] == bj) {  // this lane's head was taken: pop it
+      --mine;
+#pragma unroll
+      for (int q = 0; q + 1 < kTopCache; ++q) {
+        cv[q] = cv[q + 1];
+        cj[q] = cj[q + 1];
+      }
+      cv[kTopCache - 1] = -INFINITY;
+      cj[kTopCache - 1] = INT_MAX;
+      if (cj[0] == INT_MAX && mine > 0) fill(bv, bj);
+    }
+  }
+  __syncwarp();
+}
+
 template <int DP, bool STREAMED, bool PIPE = false>
 __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     cmp_select_kernel(Geo g, CmpSelArgs a, int P, int ring_arg) {
@@ -880,17 +940,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
                                   g.n, lane);
       continue;
     }
-    for (int round = 0; round < take; ++round) {
-      float bv = -INFINITY;
-      int bj = INT_MAX;
-      scan_candidates(S, 1 + lane, bt - 2, 32, bv, bj);
-      warp_best_candidate(bv, bj);
-      if (lane == 0) {
-        chosen[round] = bj;
-        S[bj] = kTakenScore;
-      }
-      __syncwarp();
-    }
+    warp_take_best(S, bt - 2, take, chosen, lane);
     if (take <= 32) {  // chosen[] by lanes, each placed by rank (lane 0 sorted them: 2.5% of
       __syncwarp();    // the kernel at T = 8192, h = 16)
       warp_write_selection_row(out, lane < take ? chosen[lane] : INT_MAX, take, bt, g.n, lane);

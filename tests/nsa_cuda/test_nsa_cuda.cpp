@@ -352,6 +352,10 @@ const std::vector<Case>& cases() {
       // The warp-specialised forward (padded D = 128, h <= 4: nsa/cuda/row_ws.cuh) with a window
       // shorter than T (its tiles start where the 64-row kernel's do not) and h = 4.
       {"D=128, h=4, w<T", make_dims(1, 1300, 8, 2, 128, 32, 16, 64, 12, 200)},
+      // 250 selection blocks and n = 64: 61 of up to 248 candidates (~8 per lane) taken by the
+      // merge of the lanes' streams (warp_take_best), where a lane often gives more than the 4
+      // it keeps in registers and rescans for the ones after its last taken.
+      {"n=64, 250 blocks: lane lists refilled", make_dims(1, 2000, 8, 2, 32, 8, 8, 8, 64, 64)},
   };
   return c;
 }
