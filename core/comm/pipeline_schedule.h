@@ -209,6 +209,13 @@ std::vector<PipelineEvent> pipeline_events(const std::vector<PipelineStep>& step
 // (P - 1) / (V A). 0 with one stage.
 double pipeline_bubble_fraction(int stages, std::int64_t micro_batches, int chunks);
 
+// One pipeline message (a micro-batch's activations or their gradient at a stage boundary:
+// micro_batch x seq_len x C elements of elem_bytes), as the transport sends it and the memory
+// plan counts its receive slots.
+inline std::int64_t pipeline_message_bytes(std::int64_t micro_batch, std::int64_t seq_len, std::int64_t C,
+                                           std::int64_t elem_bytes) {
+  return micro_batch * seq_len * C * elem_bytes;
+}
 // The copy-engine transport's receive slots per pipeline neighbour
 // (parallel/copy_engine_communicator.h): more than the messages a stage receives ahead of their
 // use (at most W + 1 <= P V + P - 1, W the interleaved warmup above), so that a copy never waits

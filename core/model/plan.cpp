@@ -443,7 +443,8 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std
       if (copy_engines) {  // the receive slots per pipeline neighbour (launch/train/setup.cpp; "auto"
         // counted as if the copy engines are taken, its usual outcome on one host)
         const std::int64_t neighbours = pp == 2 ? 1 : 2;
-        const std::int64_t message = cfg.train.micro_batch * cfg.train.seq_len * dims.C * std::int64_t(dtype_size(plan.dtype));
+        const std::int64_t message = parallel::pipeline_message_bytes(cfg.train.micro_batch, cfg.train.seq_len, dims.C,
+                                                                      std::int64_t(dtype_size(plan.dtype)));
         e.activations += neighbours * parallel::copy_engine_link_bytes(
                                           message, parallel::copy_engine_slots(int(pp), int(cfg.parallel.virtual_stages)));
       }

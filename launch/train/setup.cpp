@@ -36,7 +36,8 @@ std::string choose_pipeline_transport(Run& run) {
   if (cfg.parallel.pp_transport == "nccl") return "NCCL send/recv on the compute stream (pp_transport = \"nccl\")";
 #if NSATRON_WITH_NCCL
   const int P = int(cfg.parallel.pp), V = int(cfg.parallel.virtual_stages);
-  const std::size_t slot = std::size_t(cfg.train.micro_batch * cfg.train.seq_len * run.dims.C) * dtype_size(run.dtype);
+  const auto slot = std::size_t(parallel::pipeline_message_bytes(cfg.train.micro_batch, cfg.train.seq_len, run.dims.C,
+                                                                 std::int64_t(dtype_size(run.dtype))));
   const int slots = parallel::copy_engine_slots(P, V);
   std::string why;
   auto ce = parallel::CopyEngineCommunicator::create(*run.groups.pp, run.tensor_groups.pp, slot, slots, &why);
