@@ -917,8 +917,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     cp_commit();
   };
   auto issue = [&](int k) { issue_copies(k, std::true_type{}); };
-  auto issue_masks = [&](int k) {  // after issue_copies(k, false): its step began a pass if
-    if (k < nsteps) write_masks(k, s0_next, issue_j == 1 || ntiles == 1);  // issue_j moved 0 -> 1
+  // The masks of step k, right after issue_copies(k, false) and before any other issue: they
+  // read the tile that call chose (s0_next) and whether it began a pass (issue_j moved 0 -> 1).
+  auto issue_masks = [&](int k) {
+    if (k < nsteps) write_masks(k, s0_next, issue_j == 1 || ntiles == 1);
   };
 
   const float sl2 = g.scale * kLog2e;
