@@ -7,7 +7,8 @@ Prints the kernel's warp-state samples in buckets of --bucket consecutive instru
 its first instruction, to find the place in the code) and the --top instructions with the most
 samples, each with its two largest stall reasons. A stall is charged to the instruction a warp
 waits to issue: a barrier's wait shows on the instruction after the BAR, a load's on its first
-use. docs/performance.md (eighth session) shows how the row and fused kernels were read this way.
+use. docs/performance.md (eighth session) shows how the row and fused kernels were read this way;
+bench/ncu_sass.sh takes the profile and runs this on it.
 
   python3 bench/ncu_sass.py sass.csv [--bucket 50] [--top 25] [--min-share 0.01]
 """
