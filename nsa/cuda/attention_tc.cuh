@@ -712,6 +712,25 @@ __device__ __forceinline__ void load_selected_blocks(int* selp, const Geo& g, co
   }
 }
 
+// The union of the selected tiles of a row block's positions (selp: load_selected_blocks): bit
+// tt of tbits for every KT-key tile that holds a key s <= t of a block position t chose; and
+// also(t, tt) for each such (position, tile), for a caller that keeps more bit sets. By all the
+// block's threads, after tbits is zeroed and selp is in (a barrier between).
+template <int KT, class Also>
+__device__ __forceinline__ void mark_selected_tiles(const int* selp, const Geo& g, int t_first, int npos,
+                                                    std::uint32_t* tbits, Also&& also) {
+  for (int idx = threadIdx.x; idx < npos * g.n; idx += blockDim.x) {
+    const int j = selp[idx];
+    if (j < 0) continue;
+    const int t = t_first + idx / g.n;
+    const int last = min(j * g.ls + g.ls - 1, t);  // s <= t
+    for (int tt = (j * g.ls) / KT; tt <= last / KT; ++tt) {
+      atomicOr(&tbits[tt >> 5], 1u << (tt & 31));
+      also(t, tt);
+    }
+  }
+}
+
 // The row kernels' forward epilogue for one of a thread's rows (h2, global row index row, full
 // sum l, max m2 in the exp2 domain): the branch output and its lse (store_row_output) and,
 // where a.gated_out (the window branch, the last), the gated sum of the three branches as
@@ -837,13 +856,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     for (int idx = tid; idx < ntw; idx += blockDim.x) tbits[idx] = 0u;
     load_selected_blocks(selp, g, a, rb, kMaxPos);
     __syncthreads();
-    for (int idx = tid; idx < npos * g.n; idx += blockDim.x) {
-      const int j = selp[idx];
-      if (j < 0) continue;
-      const int t = t_first + idx / g.n;
-      const int last = min(j * g.ls + g.ls - 1, t);  // s <= t
-      for (int tt = (j * g.ls) / KT; tt <= last / KT; ++tt) atomicOr(&tbits[tt >> 5], 1u << (tt & 31));
-    }
+    mark_selected_tiles<KT>(selp, g, t_first, npos, tbits, [](int, int) {});
     __syncthreads();
     for (int w2 = 0; w2 < ntw; ++w2) ntiles += __popc(tbits[w2]);
   } else {

@@ -127,18 +127,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
     for (int idx = tid; idx < (1 + kWsConsumers) * ntw; idx += blockDim.x) tbits[idx] = 0u;
     load_selected_blocks(selp, g, a, rb, kWsRows);
     __syncthreads();
-    for (int idx = tid; idx < npos * g.n; idx += blockDim.x) {
-      const int j = selp[idx];
-      if (j < 0) continue;
-      const int t = t_first + idx / g.n;
-      const int last = min(j * g.ls + g.ls - 1, t);  // s <= t
-      for (int tt = (j * g.ls) / KT; tt <= last / KT; ++tt) {
-        atomicOr(&tbits[tt >> 5], 1u << (tt & 31));
+    mark_selected_tiles<KT>(selp, g, t_first, npos, tbits, [&](int t, int tt) {  // and each consumer's own
 #pragma unroll
-        for (int c = 0; c < kWsConsumers; ++c)
-          if (t >= wg_first(c) && t <= wg_last(c)) atomicOr(&tbits[(1 + c) * ntw + (tt >> 5)], 1u << (tt & 31));
-      }
-    }
+      for (int c = 0; c < kWsConsumers; ++c)
+        if (t >= wg_first(c) && t <= wg_last(c)) atomicOr(&tbits[(1 + c) * ntw + (tt >> 5)], 1u << (tt & 31));
+    });
     __syncthreads();
     for (int w2 = 0; w2 < ntw; ++w2) ntiles += __popc(tbits[w2]);
   } else {
