@@ -1017,11 +1017,11 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     // sees no key there skips the products, and with them what runs under them).
     constexpr bool kMasksUnder = kOneBarrier && NSATRON_WGMMA && BR == kSlc && (DP > 64 || !BWD);
     constexpr bool kCopiesUnder = kMasksUnder && !BWD;
-    auto issue_next = [&] {
+    auto issue_next = [&] {  // what goes under the products (nothing without kMasksUnder)
       if constexpr (kCopiesUnder) {
         issue(k + 1);
         s0_cur = s0_next;
-      } else {
+      } else if constexpr (kMasksUnder) {
         issue_masks(k + 1);
       }
     };
@@ -1115,12 +1115,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           frag_a<STR>(oa[kk], Os, kk * 16, lane);
         }
         // dP left running while the probabilities are computed from S (waited for below)
-        if constexpr (kMasksUnder)
-          tile_scores<DP, KT, kKParts, true, kSplitS, DP / 16, DP / 16, NT, true, true>(s, dp, qa, oa, Kt, Vt,
-                                                                                       with_dp, lane, issue_next);
-        else
-          tile_scores<DP, KT, kKParts, true, kSplitS, DP / 16, DP / 16, NT, true, true>(s, dp, qa, oa, Kt, Vt,
-                                                                                       with_dp, lane);
+        tile_scores<DP, KT, kKParts, true, kSplitS, DP / 16, DP / 16, NT, true, true>(s, dp, qa, oa, Kt, Vt, with_dp,
+                                                                                     lane, issue_next);
         if constexpr (kQParts == 2) {
           std::uint32_t ql[DP / 16][4];
 #pragma unroll
@@ -1128,19 +1124,17 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           scores_add_qlo<DP, KT>(s, ql, Kt, lane);
         }
       } else {
-        if constexpr (kMasksUnder && !kDefer)
-          tile_scores<DP, KT, kKParts, false, kSplitS, DP / 16, DP / 16, 1>(s, dp, qf, qf, Kt, Vt, false, lane,
-                                                                            issue_next);
-        else
-          tile_scores<DP, KT, kKParts, false, kSplitS, DP / 16, DP / 16, 1, !kDefer>(s, dp, qf, qf, Kt, Vt, false,
-                                                                                     lane);
+        tile_scores<DP, KT, kKParts, false, kSplitS, DP / 16, DP / 16, 1, !kDefer>(
+            s, dp, qf, qf, Kt, Vt, false, lane, [&] {
+              if constexpr (!kDefer) issue_next();  // (kDefer: under both products, below)
+            });
         if constexpr (kQParts == 2) scores_add_qlo<DP, KT, DP / 16, !kDefer>(s, qlf, Kt, lane);
         if constexpr (kDefer) {  // the previous tile's P V, issued after these scores and left
           // running (the first tile's: P = 0, a product that adds +0; the same instructions on
           // every path, which ptxas needs to keep the products asynchronous)
           if (!pv_pending) v_prev = Vt;
           acc_add_packed<NT, DT, KT, kKParts, false>(acc, pa, v_prev, lane);
-          if constexpr (kMasksUnder) issue_next();  // under both products
+          issue_next();  // under both products
 #if NSATRON_WGMMA
           wg::wait_all_but_newest(s);  // the scores alone
 #endif
