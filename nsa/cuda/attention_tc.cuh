@@ -237,7 +237,7 @@ __host__ __device__ inline RowSmem row_smem(int n, int ntw) {
   using C = RowCfg<DP>;
   constexpr int kMaxPos = 16 * kRowWarps, kStages = row_stages<DP, BWD>();
   RowSmem L;
-  const std::size_t rows = std::size_t(16 * kRowWarps) * C::STR * 2;
+  const std::size_t rows = std::size_t(16 * kRowWarps) * DP * 2;  // the block's rows: one tile
   const std::size_t stage = std::size_t(C::KT) * DP * 2;  // one tile, laid out as wgmma.cuh says
   constexpr int kKParts = row_kv_parts<DP, BR, BWD>();
   const std::size_t q_bytes = rows * (row_q_parts<DP, BR>() == 2 ? 2 : 1);
@@ -454,8 +454,9 @@ __device__ __forceinline__ void quad_row_sums(float (&x)[2]) {
 
 // S += Q K^T for a warp's 16 rows over a tile of KT keys and, with BWD and with_dp,
 // dP += dO V^T: A fragments qa (and oa) of the rows, DP / 16 of 16 dims each in mma.sync's
-// layout; K and V as KPARTS parts of wgmma.cuh tiles KT x DP, KT * DP apart (the products of
-// the smallest part first). On sm_90a one warpgroup product per 16 dims and part (every warp
+// layout, or on sm_90a the warpgroup's 64 rows in shared memory (wg::SharedRowsA); K and V
+// as KPARTS parts of wgmma.cuh tiles KT x DP, KT * DP apart (the products of the smallest
+// part first). On sm_90a one warpgroup product per 16 dims and part (every warp
 // of the block calls it together); SPLIT_S computes S as two N = 32 products (the row
 // kernels' forward at padded D = 64: see kSplitS there). Elsewhere mma.sync with ldmatrix
 // fragments of the tiles. DP_LATER (sm_90a, BWD): S and dP are two product groups and only S is
@@ -465,11 +466,11 @@ __device__ __forceinline__ void quad_row_sums(float (&x)[2]) {
 struct Nothing {
   __device__ void operator()() const {}
 };
-template <int DP, int KT, int KPARTS, bool BWD, bool SPLIT_S, int NQ, int NO, int NDP, bool WAIT = true,
-          bool DP_LATER = false, class Under = Nothing>
-__device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[NDP][4], std::uint32_t (&qa)[NQ][4],
-                                            std::uint32_t (&oa)[NO][4], const bf16* Kt, const bf16* Vt,
-                                            bool with_dp, int lane, Under&& under = Under{}) {
+template <int DP, int KT, int KPARTS, bool BWD, bool SPLIT_S, bool WAIT = true, bool DP_LATER = false, int NDP,
+          class QA, class OA, class Under = Nothing>
+__device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[NDP][4], QA& qa, OA& oa,
+                                            const bf16* Kt, const bf16* Vt, bool with_dp, int lane,
+                                            Under&& under = Under{}) {
 #if NSATRON_WGMMA
   wg::pin(qa);
   if constexpr (BWD) {
@@ -784,7 +785,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   constexpr int kKParts = row_kv_parts<DP, BR, BWD>();
   constexpr int kQParts = row_q_parts<DP, BR>();  // 2: S += Q_lo K_hi too (win_score_parts)
   constexpr int kStages = row_stages<DP, BWD>();
-  constexpr int KT = C::KT, STR = C::STR, NT = KT / 8, DT = DP / 8, CH = DP / 8;
+  constexpr int KT = C::KT, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   auto stage_of = [](int k) { return kStages == 2 ? (k & 1) : int(unsigned(k) % unsigned(kStages)); };
   // The forward's three stages hold the tile whose P V product is still running (deferred to
   // the next step, under that step's softmax: FlashAttention-3's overlap within a warpgroup),
@@ -798,9 +799,11 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   char* sm = reinterpret_cast<char*>(smem4);
   const RowSmem L = row_smem<DP, BR, BWD>(g.n, ntw);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  bf16* Qs = reinterpret_cast<bf16*>(sm + L.q) + warp * 16 * STR;
-  bf16* Qls = reinterpret_cast<bf16*>(sm + L.ql) + warp * 16 * STR;  // kQParts == 2 only
-  bf16* Os = reinterpret_cast<bf16*>(sm + L.o) + warp * 16 * STR;  // backward: d_out rows
+  // The block's rows as wgmma.cuh tiles of kRowsPerBlock x DP (warp w's at rows 16 w ..): the
+  // rotated queries, their residuals (kQParts == 2), the backward's d_out rows.
+  bf16* Qs = reinterpret_cast<bf16*>(sm + L.q);
+  bf16* Qls = reinterpret_cast<bf16*>(sm + L.ql);
+  bf16* Os = reinterpret_cast<bf16*>(sm + L.o);
   bf16* Ks = reinterpret_cast<bf16*>(sm + L.k);  // [kStages][parts] wgmma.cuh tiles of KT x DP
   bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);  // [kStages][parts] wgmma.cuh tiles of KT x DP
   auto* kmask = reinterpret_cast<unsigned long long*>(sm + L.kmask);  // slc: [kStages][parts][kMaxPos]
@@ -828,9 +831,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       int t, hd;
       const bool ok = row_of(warp * 16 + i, t, hd);
       const std::int64_t off = ok ? ((std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd) * DP + ch * 8 : 0;
-      cp16(Qs + i * STR + ch * 8, qsrc + off, ok);
-      if constexpr (kQParts == 2) cp16(Qls + i * STR + ch * 8, static_cast<const bf16*>(a.tcql) + off, ok);
-      if constexpr (BWD) cp16(Os + i * STR + ch * 8, osrc + off, ok);
+      const int to = wg::tile_offset<DP, kRowsPerBlock>(warp * 16 + i, ch);
+      cp16(reinterpret_cast<char*>(Qs) + to, qsrc + off, ok);
+      if constexpr (kQParts == 2) cp16(reinterpret_cast<char*>(Qls) + to, static_cast<const bf16*>(a.tcql) + off, ok);
+      if constexpr (BWD) cp16(reinterpret_cast<char*>(Os) + to, osrc + off, ok);
     }
     cp_commit();
   }
@@ -965,8 +969,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     __syncwarp();
 #pragma unroll
     for (int kk = 0; kk < DP / 16; ++kk) {
-      frag_a<STR>(qf[kk], Qs, kk * 16, lane);
-      if constexpr (kQParts == 2) frag_a<STR>(qlf[kk], Qls, kk * 16, lane);
+      tile_frag_a<DP, kRowsPerBlock>(qf[kk], Qs, warp * 16, kk * 16, lane);
+      if constexpr (kQParts == 2) tile_frag_a<DP, kRowsPerBlock>(qlf[kk], Qls, warp * 16, kk * 16, lane);
     }
   }
   __syncthreads();  // the masks of step 0 (the loop reads a step's masks before its barrier)
@@ -1106,25 +1110,32 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       // the other D, the backward and the unit tests of both shapes were right; the cause was
       // not found (docs/performance.md, 2026-11-26). The split form passes every parity case.
       constexpr bool kSplitS = DP == 64 && !BWD;
-      // S = Q K^T (and dP = dO V^T); the backward's fragments per tile, the forward's kept.
+      // S = Q K^T (and dP = dO V^T). The forward's query fragments are kept in registers; the
+      // backward's rows are A from shared memory on sm_90a (no registers, no loads: as
+      // fragments loaded per tile they took 64 registers and 16 ldmatrix per warp and tile;
+      // docs/performance.md, ninth session), fragments per tile elsewhere.
       if constexpr (BWD) {
+#if NSATRON_WGMMA
+        const wg::SharedRowsA<DP> qa{Qs}, oa{Os};
+#else
         std::uint32_t qa[DP / 16][4], oa[DP / 16][4];
 #pragma unroll
         for (int kk = 0; kk < DP / 16; ++kk) {
-          frag_a<STR>(qa[kk], Qs, kk * 16, lane);
-          frag_a<STR>(oa[kk], Os, kk * 16, lane);
+          tile_frag_a<DP, kRowsPerBlock>(qa[kk], Qs, warp * 16, kk * 16, lane);
+          tile_frag_a<DP, kRowsPerBlock>(oa[kk], Os, warp * 16, kk * 16, lane);
         }
+#endif
         // dP left running while the probabilities are computed from S (waited for below)
-        tile_scores<DP, KT, kKParts, true, kSplitS, DP / 16, DP / 16, NT, true, true>(s, dp, qa, oa, Kt, Vt, with_dp,
-                                                                                     lane, issue_next);
+        tile_scores<DP, KT, kKParts, true, kSplitS, true, true>(s, dp, qa, oa, Kt, Vt, with_dp, lane,
+                                                                issue_next);
         if constexpr (kQParts == 2) {
           std::uint32_t ql[DP / 16][4];
 #pragma unroll
-          for (int kk = 0; kk < DP / 16; ++kk) frag_a<STR>(ql[kk], Qls, kk * 16, lane);
+          for (int kk = 0; kk < DP / 16; ++kk) tile_frag_a<DP, kRowsPerBlock>(ql[kk], Qls, warp * 16, kk * 16, lane);
           scores_add_qlo<DP, KT>(s, ql, Kt, lane);
         }
       } else {
-        tile_scores<DP, KT, kKParts, false, kSplitS, DP / 16, DP / 16, 1, !kDefer>(
+        tile_scores<DP, KT, kKParts, false, kSplitS, !kDefer>(
             s, dp, qf, qf, Kt, Vt, false, lane, [&] {
               if constexpr (!kDefer) issue_next();  // (kDefer: under both products, below)
             });

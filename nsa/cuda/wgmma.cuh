@@ -18,7 +18,8 @@
 //     kk) for dims kk * 16 ..;
 //   MN-major (B = X: rows are B's K, dims its N; O += P V, dQ += dS K, dV += P^T dO):
 //     mnmajor_desc(tile, kr) for rows kr * 16 .., with the instruction's B-transpose bit set.
-// A K-major tile also serves as A from shared memory (the key side's keys and values).
+// A K-major tile also serves as A from shared memory (the key side's keys and values, the row
+// backward's query and d_out rows: SharedRowsA).
 // Order: shared memory written by cp.async or ordinary stores needs fence_proxy_async() in the
 // writing threads before the barrier that precedes the products; pin() on the batch's
 // accumulators and A fragments, then fence() (their registers were written by ordinary
@@ -95,6 +96,15 @@ __device__ __forceinline__ std::uint64_t mnmajor_desc(const void* tile, int kr) 
   else return desc_at<R * 128u, 1024u, 1>(a16, kr * 2048);
 }
 
+// A from shared memory for the warpgroup's 64 rows: a K-major tile of 64 rows x DP (the row
+// kernel's query and d_out rows); a[kk] is the descriptor of dims kk * 16 .., so that a product
+// written as mma(d, a[kk], b) takes registers or this alike. Nothing to pin (pin below).
+template <int DP>
+struct SharedRowsA {
+  const void* tile;
+  __device__ __forceinline__ std::uint64_t operator[](int kk) const { return kmajor_desc<DP, 64>(tile, kk); }
+};
+
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -145,6 +155,8 @@ __device__ __forceinline__ void pin(std::uint32_t (&a)[NA][4]) {
 #pragma unroll
   for (int i = 0; i < NA; ++i) pin(a[i]);
 }
+template <int DP>
+__device__ __forceinline__ void pin(const SharedRowsA<DP>&) {}  // shared memory: no registers
 
 // d (+)= a B for N = 32, 64, 128 (scale_d 0: d = a B). TNSP: 0 K-major B, 1 MN-major B.
 // (Operand lists written out by a generator: one asm per instruction shape.) N = 32 acts on
