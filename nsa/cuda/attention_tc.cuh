@@ -879,7 +879,12 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // Steps are issued in order: issue_j is the next one's tile index within its pass (counters,
   // not k % ntiles: an integer division per step cost ~4% of the selection forward).
   int issue_j = 0;
-  int issue_tile = -1;  // selection: the tile index of the last issued step
+  int issue_tile = -1;  // the tile index (selection) or first key of the last issued step
+  // Selection: the union's tiles in ascending order, a cursor over tbits in registers (the word
+  // of the last issued tile and its bits not yet issued), which reads shared memory once per
+  // 32 tiles instead of at every step (next_set_bit's chain of loads and bit scans).
+  int tword = -1;
+  std::uint32_t tleft = 0u;
   // Selection: this thread's cursor into its position's selected blocks (entries part,
   // part + kMaskParts, ...; they ascend, -1 after the last: write_selection_row), past the
   // blocks that end before the tiles still to come in this pass (which ascend too).
@@ -891,7 +896,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // after them (issue_copies(k, false), then issue_masks(k)).
   auto write_masks = [&](int k, int s0, bool new_pass) {
     if constexpr (BR == kSlc) {  // kMaskParts threads per position, each over every
-      // kMaskParts-th selected block; the row's mask is the OR of the parts
+      // kMaskParts-th selected block; the row's mask is the OR of the parts (thread p of each
+      // half: with few positions, h = 16's 4, the first lanes of two warps; spread over every
+      // warp instead the selection kernels were 4-8% slower: docs/performance.md, ninth session)
       const int p = tid % kMaxPos, part = tid / kMaxPos;
       unsigned long long m = 0ull;
       const int t = t_first + p;
@@ -903,7 +910,13 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   auto issue_copies = [&](int k, auto with_masks) {
     if (k < nsteps) {
       if constexpr (BR == kSlc) {
-        issue_tile = next_set_bit(tbits, ntw, issue_j == 0 ? -1 : issue_tile);
+        if (issue_j == 0) {  // a pass begins: from the first word
+          tword = -1;
+          tleft = 0u;
+        }
+        while (tleft == 0u && tword + 1 < ntw) tleft = tbits[++tword];
+        issue_tile = tword * 32 + __ffs(tleft) - 1;  // (a step of the pass: a bit is left)
+        tleft &= tleft - 1u;
       } else {
         issue_tile = beg + issue_j * KT;
       }
