@@ -462,9 +462,12 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     }
     return kinv + (k & 1) * KT;
   };
+  // Step k's tile: k of pass 0 or k - ntiles of pass 1 (a compare, not k % ntiles: an integer
+  // division, at every step of both passes, and in the issue too).
+  auto tile_of = [&](int k) { return k < ntiles ? k : k - ntiles; };
   auto issue = [&](int k) {  // step k into stage k & 1 (kinv: kinv_tile)
     if (k < nsteps) {
-      const int s0 = (k % ntiles) * KT;
+      const int s0 = tile_of(k) * KT;
       const int cnt = min(KT, key_end - s0);
       __half* kd = Ks + (k & 1) * 2 * KT * DP;
       float* kvd = kinv_tile(k);
@@ -659,7 +662,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     }
   };
 
-  // The key loop, step k on tile k % ntiles: one loop for both passes; or, pipelined (kPipe),
+  // The key loop, step k on tile tile_of(k): one loop for both passes; or, pipelined (kPipe),
   // one for pass 0 (phase 0) and one for pass 1 (phase 1), so that each knows its pass (pass 0's
   // code and acc, whose 64 registers the pipeline needs, drop out of pass 1's loop), and the
   // pipeline's start between them.
@@ -682,7 +685,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     for (int k = kPipe && phase == 1 ? ntiles : 0; k < (kPipe && phase == 0 ? ntiles : nsteps); ++k) {
       const bool pass1 = kPipe ? phase == 1 : k >= ntiles;
       if (!kPipe && k == ntiles) finish_pass0();
-      const int s0 = (k % ntiles) * KT;
+      const int s0 = tile_of(k) * KT;
       // Keys [0, nvis[h2]) of this tile are visible to this thread's rows.
       int nvis[2];
 #pragma unroll
