@@ -297,10 +297,6 @@ __device__ inline void stream_topn(int ja, int jb, float* ring, int mask, float*
   }
 }
 
-// At D <= 64 two blocks fit an SM (shared memory), which needs <= 128 registers.
-// STREAMED: the ring and the per-position lists (ring > 0); else the full [P][NB] scores, with
-// none of the streamed top-n's code in the kernel (its runtime checks alone cost the full
-// path 4-8% at h = 16: docs/performance.md, 2026-11-26, third session).
 // The head sums of one warp's p (an m16n8 accumulator layout: rows gr and gr + 8, keys
 // n * 8 + 2 gc + (e & 1), NT = 8 tiles of 8 keys) where its 16 rows are the 16 heads of one
 // position (WHOLE: out[key]) or the 8 heads of each of two (rows gr: out[key], rows gr + 8:
@@ -337,9 +333,6 @@ __device__ __forceinline__ void warp_head_sums(const float (&p)[NT][4], float* o
     if (room > 1) *reinterpret_cast<float2*>(out + KT + gr * 8 + gc * 2) = make_float2(v[0][2], v[0][3]);
 }
 
-// PIPE (padded D = 128, h = 16 or 8: cmp_select_pipelined): pass 1 pipelined on sm_90a, the
-// next tile's score products on the tensor cores under this tile's CUDA-core work (the key
-// loop's phase 1); the same products and sums in the same order: the same bits as without.
 // The take best candidates j = 1..last of S (ranks_before; NaN as -inf) into chosen[0, take),
 // best first, by one warp: the same set (and order) as take rounds of a warp-wide argmax over
 // all of them, as a merge of the lanes' streams. Lane l's candidates are 1 + l + 32 i; one scan
@@ -400,6 +393,13 @@ __device__ __forceinline__ void warp_take_best(const float* S, int last, int tak
   __syncwarp();
 }
 
+// At D <= 64 two blocks fit an SM (shared memory), which needs <= 128 registers.
+// STREAMED: the ring and the per-position lists (ring > 0); else the full [P][NB] scores, with
+// none of the streamed top-n's code in the kernel (its runtime checks alone cost the full
+// path 4-8% at h = 16: docs/performance.md, 2026-11-26, third session).
+// PIPE (padded D = 128, h = 16 or 8: cmp_select_pipelined): pass 1 pipelined on sm_90a, the
+// next tile's score products on the tensor cores under this tile's CUDA-core work (the key
+// loop's phase 1); the same products and sums in the same order: the same bits as without.
 template <int DP, bool STREAMED, bool PIPE = false>
 __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
     cmp_select_kernel(Geo g, CmpSelArgs a, int P, int ring_arg) {
