@@ -879,7 +879,6 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // Steps are issued in order: issue_j is the next one's tile index within its pass (counters,
   // not k % ntiles: an integer division per step cost ~4% of the selection forward).
   int issue_j = 0;
-  int issue_tile = -1;  // the tile index (selection) or first key of the last issued step
   // Selection: the union's tiles in ascending order, a cursor over tbits in registers (the word
   // of the last issued tile and its bits not yet issued), which reads shared memory once per
   // 32 tiles instead of at every step (next_set_bit's chain of loads and bit scans).
@@ -909,18 +908,18 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   };
   auto issue_copies = [&](int k, auto with_masks) {
     if (k < nsteps) {
+      int s0;  // the tile's first key
       if constexpr (BR == kSlc) {
         if (issue_j == 0) {  // a pass begins: from the first word
           tword = -1;
           tleft = 0u;
         }
         while (tleft == 0u && tword + 1 < ntw) tleft = tbits[++tword];
-        issue_tile = tword * 32 + __ffs(tleft) - 1;  // (a step of the pass: a bit is left)
+        s0 = (tword * 32 + __ffs(tleft) - 1) * KT;  // (a step of the pass: a bit is left)
         tleft &= tleft - 1u;
       } else {
-        issue_tile = beg + issue_j * KT;
+        s0 = beg + issue_j * KT;
       }
-      const int s0 = BR == kSlc ? issue_tile * KT : issue_tile;
       const int cnt = min(KT, key_end - s0);
       bf16* kd = Ks + stage_of(k) * kKParts * KT * DP;
       bf16* vd = Vs + stage_of(k) * kKParts * KT * DP;
@@ -1030,7 +1029,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     // in the forward its copies) are issued under this step's first products, where they
     // were ~30% of the stall samples between the barrier and the products
     // (docs/performance.md, eighth session: the backward's copies issued there were slower, as
-    // was the D <= 64 backward, whose 168 registers spilled); elsewhere at once (a warp that
+    // was the D <= 64 backward: with spills at its 168 registers then, and in the ninth
+    // session, without them, still slower); elsewhere at once (a warp that
     // sees no key there skips the products, and with them what runs under them).
     constexpr bool kMasksUnder = kOneBarrier && NSATRON_WGMMA && BR == kSlc && (DP > 64 || !BWD);
     constexpr bool kCopiesUnder = kMasksUnder && !BWD;
