@@ -225,12 +225,21 @@ constexpr int row_q_parts() {
 // barrier per tile; the tile whose P V product runs under the next tile's softmax, the
 // current tile, the next one in flight: row_kernel's kDefer): its query rows are read once,
 // into registers, before the first tile, so they are staged where the third stage's tiles go
-// (row_smem) and its two blocks per SM still fit. The backward reads its rows at every tile
-// (two stages, two barriers per tile); so does every kernel at smaller D, where three stages
-// would cost a block per SM.
+// (row_smem) and its two blocks per SM still fit. The backward and every kernel at smaller D
+// take two (three would cost a block per SM at smaller D); the backward at D = 128 gives its
+// key tiles a third (row_defers_dq).
 template <int DP, bool BWD>
 constexpr int row_stages() {
   return !BWD && DP == 128 ? 3 : 2;
+}
+// The backward at padded D = 128 defers its dq += dS K product to the next step (row_kernel's
+// kDeferDq), so its key tiles take a third stage: the tile that product reads, the current
+// one, the next in flight (its value tiles keep two). Its d_out rows are read once, into
+// registers, before the first tile, and are staged where the third key stage's tiles go, so
+// the footprint (and two blocks per SM) is the two-stage backward's.
+template <int DP, bool BWD>
+constexpr bool row_defers_dq() {
+  return BWD && DP == 128;
 }
 template <int DP, int BR, bool BWD>
 __host__ __device__ inline RowSmem row_smem(int n, int ntw) {
@@ -248,6 +257,14 @@ __host__ __device__ inline RowSmem row_smem(int n, int ntw) {
     L.ql = L.q + rows;
     L.o = L.ql;  // unused (forward)
     L.kmask = std::max(L.k + kStages * stage * kKParts, L.q + q_bytes);
+  } else if constexpr (row_defers_dq<DP, BWD>()) {  // [q][k stages 0, 1, 2 = d_out rows][v stages]
+    static_assert(16 * kRowWarps <= C::KT, "the d_out rows fit one key stage");
+    L.q = 0;
+    L.ql = L.q + rows;
+    L.k = L.q + q_bytes;
+    L.o = L.k + 2 * stage * kKParts;
+    L.v = L.k + 3 * stage * kKParts;
+    L.kmask = L.v + kStages * stage * kKParts;
   } else {
     L.q = 0;
     L.ql = L.q + rows;  // the queries' residuals (row_q_parts == 2)
@@ -462,22 +479,32 @@ __device__ __forceinline__ void quad_row_sums(float (&x)[2]) {
 // fragments of the tiles. DP_LATER (sm_90a, BWD): S and dP are two product groups and only S is
 // waited for; dP is left running (the caller computes the probabilities from S meanwhile and
 // then waits with wg::wait(dp)). `under` runs once the products are issued and before any wait
-// (on sm_90a, under them: the row kernel's next-tile copies and masks).
+// (on sm_90a, under them: the row kernel's next-tile copies and masks). OVERWRITE: s and dp
+// need not be zeroed; the first products overwrite them (on sm_90a, so that no ordinary
+// instruction writes their registers while an earlier product still runs: wgmma.cuh's
+// mma_ss_n64_overwrite).
 struct Nothing {
   __device__ void operator()() const {}
 };
-template <int DP, int KT, int KPARTS, bool BWD, bool SPLIT_S, bool WAIT = true, bool DP_LATER = false, int NDP,
-          class QA, class OA, class Under = Nothing>
+// x where A, else y (of different types: a kernel's register fragments or its shared tile).
+template <bool A, class X, class Y>
+__device__ __forceinline__ auto& pick(X& x, Y& y) {
+  if constexpr (A) return x;
+  else return y;
+}
+template <int DP, int KT, int KPARTS, bool BWD, bool SPLIT_S, bool WAIT = true, bool DP_LATER = false,
+          bool OVERWRITE = false, int NDP, class QA, class OA, class Under = Nothing>
 __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[NDP][4], QA& qa, OA& oa,
                                             const bf16* Kt, const bf16* Vt, bool with_dp, int lane,
                                             Under&& under = Under{}) {
+  static_assert(!OVERWRITE || (KT == 64 && !SPLIT_S), "overwriting products: N = 64, S in one product");
 #if NSATRON_WGMMA
   wg::pin(qa);
   if constexpr (BWD) {
     wg::pin(oa);
-    wg::pin(dp);
+    if constexpr (!OVERWRITE) wg::pin(dp);
   }
-  wg::pin(s);
+  if constexpr (!OVERWRITE) wg::pin(s);
   wg::fence();
 #pragma unroll
   for (int kk = 0; kk < DP / 16; ++kk)
@@ -488,7 +515,13 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
         wg::mma_rs_n32_at<0, 0>(s, qa[kk], wg::kmajor_desc<DP, KT>(kt, kk));
         wg::mma_rs_n32_at<0, 4>(s, qa[kk], wg::kmajor_desc<DP, KT>(kt + wg::row_group_offset<DP>(32), kk));
       } else {
-        wg::mma<KT, 0>(s, qa[kk], wg::kmajor_desc<DP, KT>(Kt + p * KT * DP, kk));
+        const std::uint64_t kd = wg::kmajor_desc<DP, KT>(Kt + p * KT * DP, kk);
+        if constexpr (OVERWRITE) {
+          if (kk == 0 && p == KPARTS - 1) wg::mma_overwrite<0>(s, qa[kk], kd);  // (unrolled: known)
+          else wg::mma<KT, 0>(s, qa[kk], kd);
+        } else {
+          wg::mma<KT, 0>(s, qa[kk], kd);
+        }
       }
     }
   if constexpr (DP_LATER) wg::commit();  // S alone
@@ -497,8 +530,15 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
 #pragma unroll
       for (int kk = 0; kk < DP / 16; ++kk)
 #pragma unroll
-        for (int p = KPARTS - 1; p >= 0; --p)
-          wg::mma<KT, 0>(dp, oa[kk], wg::kmajor_desc<DP, KT>(Vt + p * KT * DP, kk));
+        for (int p = KPARTS - 1; p >= 0; --p) {
+          const std::uint64_t vd = wg::kmajor_desc<DP, KT>(Vt + p * KT * DP, kk);
+          if constexpr (OVERWRITE) {
+            if (kk == 0 && p == KPARTS - 1) wg::mma_overwrite<0>(dp, oa[kk], vd);
+            else wg::mma<KT, 0>(dp, oa[kk], vd);
+          } else {
+            wg::mma<KT, 0>(dp, oa[kk], vd);
+          }
+        }
     }
   }
   wg::commit();
@@ -510,6 +550,15 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
     if constexpr (BWD) wg::pin(dp);
   }
 #else
+  if constexpr (OVERWRITE) {
+#pragma unroll
+    for (int n = 0; n < KT / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = 0.f;
+        if constexpr (BWD) dp[n][e] = 0.f;
+      }
+  }
 #pragma unroll
   for (int kk = 0; kk < DP / 16; ++kk) {
 #pragma unroll
@@ -787,6 +836,13 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   constexpr int kStages = row_stages<DP, BWD>();
   constexpr int KT = C::KT, NT = KT / 8, DT = DP / 8, CH = DP / 8;
   auto stage_of = [](int k) { return kStages == 2 ? (k & 1) : int(unsigned(k) % unsigned(kStages)); };
+  // The backward at D = 128 leaves step k's dq product running into step k + 1, where each
+  // warp's wait for that step's scores retires it; tile k + 3, the next copy into its key
+  // stage, is issued after a block barrier that follows every warp's wait (step k + 2's, or
+  // with two barriers step k + 1's closing one). So its key tiles take three stages
+  // (row_defers_dq); its value tiles (read by dP, waited for within the step) keep two.
+  constexpr bool kDeferDq = row_defers_dq<DP, BWD>();
+  auto kstage_of = [&](int k) { return kDeferDq ? int(unsigned(k) % 3u) : stage_of(k); };
   // The forward's three stages hold the tile whose P V product is still running (deferred to
   // the next step, under that step's softmax: FlashAttention-3's overlap within a warpgroup),
   // the current tile and the next one in flight.
@@ -921,7 +977,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         s0 = beg + issue_j * KT;
       }
       const int cnt = min(KT, key_end - s0);
-      bf16* kd = Ks + stage_of(k) * kKParts * KT * DP;
+      bf16* kd = Ks + kstage_of(k) * kKParts * KT * DP;
       bf16* vd = Vs + stage_of(k) * kKParts * KT * DP;
       const std::int64_t part_stride = std::int64_t(g.B) * NK * g.G * DP;
       // This thread's chunks: chunk kch of keys kk0 + it * kKeyStep; the global and tile
@@ -961,6 +1017,12 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   for (int j = 0; j < DT; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+#if NSATRON_WGMMA
+  // kDeferDq: the zeros held in acc's registers (else the compiler writes them again on the
+  // path that skips the loop, beside the path where a dq product still runs, and ptxas then
+  // serialises every product: C7515)
+  if constexpr (kDeferDq) wg::pin(acc);
+#endif
   float lrow2[2] = {0.f, 0.f};  // backward: lse in the exp2 domain
   if constexpr (BWD) {
 #pragma unroll
@@ -974,15 +1036,22 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   std::uint32_t pa[kDefer ? NT / 2 : 1][4] = {};
   const bf16* v_prev = nullptr;
   bool pv_pending = false;
+  // kDeferDq: the d_out rows' fragments, kept (their tile is the third key stage's place), and
+  // the running dq product's A fragments (dS as bf16), rewritten only after its wait.
+  std::uint32_t of[kDeferDq ? DP / 16 : 1][4], dsa[kDeferDq ? NT / 2 : 1][4];
   issue(0);
   const int s0_first = s0_next;
-  if constexpr (!BWD) {  // the forward keeps its query fragments in registers
-    cp_wait1();  // the queries' group (the rows are in stage 2's place with three stages)
-    __syncwarp();
+  if constexpr (!BWD || kDeferDq) {  // fragments kept in registers: the forward's queries,
+    cp_wait1();  // the deferred-dq backward's d_out rows (their group: the rows are in the
+    __syncwarp();  // third stage's place, first overwritten by step 2's copies, after a barrier)
 #pragma unroll
     for (int kk = 0; kk < DP / 16; ++kk) {
-      tile_frag_a<DP, kRowsPerBlock>(qf[kk], Qs, warp * 16, kk * 16, lane);
-      if constexpr (kQParts == 2) tile_frag_a<DP, kRowsPerBlock>(qlf[kk], Qls, warp * 16, kk * 16, lane);
+      if constexpr (!BWD) {
+        tile_frag_a<DP, kRowsPerBlock>(qf[kk], Qs, warp * 16, kk * 16, lane);
+        if constexpr (kQParts == 2) tile_frag_a<DP, kRowsPerBlock>(qlf[kk], Qls, warp * 16, kk * 16, lane);
+      } else {
+        tile_frag_a<DP, kRowsPerBlock>(of[kk], Os, warp * 16, kk * 16, lane);
+      }
     }
   }
   __syncthreads();  // the masks of step 0 (the loop reads a step's masks before its barrier)
@@ -1046,7 +1115,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       cp_wait0();  // is in (the only group in flight) and every warp finished step k - 1 (and,
 #if NSATRON_WGMMA  // kDefer, waited there for its deferred product of tile k - 2's values), so
       wg::fence_proxy_async();  // tile k + 1 goes into the stage of tile k - 1 (two stages) or
-#endif                          // k - 2 (three)
+#endif                          // k - 2 (three; kDeferDq: its keys, its values into k - 1's)
       __syncthreads();
       if constexpr (!kMasksUnder) {
         issue(k + 1);
@@ -1088,6 +1157,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       cp_wait1();
       wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
       sees = __syncthreads_or(warp_sees);
+      if constexpr (kDeferDq)
+        if (!sees) wg::wait(acc);  // no S to retire the running dq product with: before the
+                                   // closing barrier, as step k + 2's copies need its tile
     }
 #else
     if constexpr (!kOneBarrier) {
@@ -1106,17 +1178,21 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       }
 #endif
     if (sees) {  // else: nothing to see here
-      const bf16* Kt = Ks + stage_of(k) * kKParts * KT * DP;
+      const bf16* Kt = Ks + kstage_of(k) * kKParts * KT * DP;
       const bf16* Vt = Vs + stage_of(k) * kKParts * KT * DP;
       float s[NT][4], dp[BWD ? NT : 1][4];
+      if constexpr (!kDeferDq) {  // (kDeferDq: the first products overwrite them)
 #pragma unroll
-      for (int n = 0; n < NT; ++n)
+        for (int n = 0; n < NT; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[n][e] = 0.f;
-          if constexpr (BWD) dp[n][e] = 0.f;
-        }
-      const bool with_dp = BWD && (phase > 0 || BR == kCmp);
+          for (int e = 0; e < 4; ++e) {
+            s[n][e] = 0.f;
+            if constexpr (BWD) dp[n][e] = 0.f;
+          }
+      }
+      // Every backward pass takes dP: the compression's statistics pass for its online sum of
+      // p dP, the lsum pass for its sum, the dq pass for dS.
+      constexpr bool with_dp = BWD;
       // The forward at padded D = 64 computes S as two N = 32 products on sm_90a: as one N = 64
       // product (the same instruction shape as its O += P V) its outputs were wrong on every
       // seed (selection and window, out errors 0.1-0.2), while S alone or P V alone on wgmma,
@@ -1129,18 +1205,20 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       // docs/performance.md, ninth session), fragments per tile elsewhere.
       if constexpr (BWD) {
 #if NSATRON_WGMMA
-        const wg::SharedRowsA<DP> qa{Qs}, oa{Os};
+        const wg::SharedRowsA<DP> qa{Qs}, oa_tile{Os};
 #else
-        std::uint32_t qa[DP / 16][4], oa[DP / 16][4];
+        std::uint32_t qa[DP / 16][4], oa_tile[kDeferDq ? 1 : DP / 16][4];
 #pragma unroll
         for (int kk = 0; kk < DP / 16; ++kk) {
           tile_frag_a<DP, kRowsPerBlock>(qa[kk], Qs, warp * 16, kk * 16, lane);
-          tile_frag_a<DP, kRowsPerBlock>(oa[kk], Os, warp * 16, kk * 16, lane);
+          if constexpr (!kDeferDq) tile_frag_a<DP, kRowsPerBlock>(oa_tile[kk], Os, warp * 16, kk * 16, lane);
         }
 #endif
-        // dP left running while the probabilities are computed from S (waited for below)
-        tile_scores<DP, KT, kKParts, true, kSplitS, true, true>(s, dp, qa, oa, Kt, Vt, with_dp, lane,
-                                                                issue_next);
+        auto& oa = pick<kDeferDq>(of, oa_tile);  // the d_out rows: kept fragments, or the tile
+        // dP left running while the probabilities are computed from S (waited for below; with
+        // kDeferDq the wait for S also retires the previous step's dq product, issued before)
+        tile_scores<DP, KT, kKParts, true, kSplitS, true, true, kDeferDq>(s, dp, qa, oa, Kt, Vt, with_dp, lane,
+                                                                          issue_next);
         if constexpr (kQParts == 2) {
           std::uint32_t ql[DP / 16][4];
 #pragma unroll
@@ -1223,8 +1301,15 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         }
       }
       if constexpr (BWD) {
-        if (pass2)  // acc += dS K (dS in row_ds_parts(DP) parts)
-          acc_add_product<NT, DT, DP, KT, kKParts, true, row_ds_parts(DP)>(acc, dp, Kt, lane);
+        if (pass2) {  // acc += dS K (dS in row_ds_parts(DP) parts)
+          if constexpr (kDeferDq) {  // left running: waited for with the next step's S
+#pragma unroll
+            for (int k2 = 0; k2 < NT / 2; ++k2) pack_a<NT>(dsa[k2], dp, k2);
+            acc_add_packed<NT, DT, KT, kKParts, false>(acc, dsa, Kt, lane);
+          } else {
+            acc_add_product<NT, DT, DP, KT, kKParts, true, row_ds_parts(DP)>(acc, dp, Kt, lane);
+          }
+        }
       } else if constexpr (kDefer) {  // acc += P V at the next step (or after the loop)
 #if NSATRON_WGMMA
         wg::wait(acc);  // the previous tile's product
@@ -1236,10 +1321,14 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         acc_add_product<NT, DT, DP, KT, kKParts, true>(acc, s, Vt, lane);  // acc += P V
       }
     }
-    if constexpr (!kOneBarrier) __syncthreads();  // stage k & 1 is refilled by issue(k + 2)
+    if constexpr (!kOneBarrier) __syncthreads();  // issue(k + 2) refills stage k & 1 (kDeferDq:
+                                                  // its values; its keys go into (k + 2) % 3)
   }
   if constexpr (kDefer)
     if (pv_pending) acc_add_packed<NT, DT, KT, kKParts>(acc, pa, v_prev, lane);
+#if NSATRON_WGMMA
+  if constexpr (kDeferDq) wg::wait(acc);  // the last dq product
+#endif
   cp_wait0();
 
   if constexpr (!BWD) quad_row_sums(ls);

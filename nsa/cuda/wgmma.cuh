@@ -272,16 +272,51 @@ __device__ __forceinline__ void mma_ss_n64(float (&d)[8][4], std::uint64_t a, st
   if constexpr (F16) NSATRON_WG_SS_N64("f16", "+f");
   else NSATRON_WG_SS_N64("bf16", "+f");
 }
-// d = A B (scale_d 0), fp16 operands from shared memory, d an output only: no instruction need
-// zero it, and the compiler copies nothing into its registers for the product (copies that it
-// may place after the batch's fence). A tile's first product in cmp_select_kernel's pipelined
-// pass 1 (select_tc.cuh).
+// d = A B (scale_d 0), operands from shared memory (F16: fp16, else bf16), d an output only:
+// no instruction need zero it, and the compiler copies nothing into its registers for the
+// product (copies that it may place after the batch's fence; and ordinary instructions that
+// write a product's accumulators while another product runs make ptxas serialise every
+// product, C7515). A tile's first product in cmp_select_kernel's pipelined pass 1
+// (select_tc.cuh) and in the row backward's deferred-dq schedule (attention_tc.cuh).
+template <int TNSP, bool F16 = false>
+__device__ __forceinline__ void mma_ss_n64_overwrite(float (&d)[8][4], std::uint64_t a, std::uint64_t b) {
+  const int scale_d = 0;
+  if constexpr (F16) NSATRON_WG_SS_N64("f16", "=f");
+  else NSATRON_WG_SS_N64("bf16", "=f");
+}
 template <int TNSP>
 __device__ __forceinline__ void mma_f16_overwrite(float (&d)[8][4], std::uint64_t a, std::uint64_t b) {
-  const int scale_d = 0;
-  NSATRON_WG_SS_N64("f16", "=f");
+  mma_ss_n64_overwrite<TNSP, true>(d, a, b);
 }
 #undef NSATRON_WG_SS_N64
+
+// d = a B (scale_d 0) with A from registers, N = 64: as mma_ss_n64_overwrite.
+template <int TNSP>
+__device__ __forceinline__ void mma_rs_n64_overwrite(float (&d)[8][4], const std::uint32_t (&a)[4], std::uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+      : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]),
+        "=f"(d[1][2]), "=f"(d[1][3]), "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]),
+        "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3]), "=f"(d[4][0]), "=f"(d[4][1]),
+        "=f"(d[4][2]), "=f"(d[4][3]), "=f"(d[5][0]), "=f"(d[5][1]), "=f"(d[5][2]), "=f"(d[5][3]),
+        "=f"(d[6][0]), "=f"(d[6][1]), "=f"(d[6][2]), "=f"(d[6][3]), "=f"(d[7][0]), "=f"(d[7][1]),
+        "=f"(d[7][2]), "=f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0), "n"(TNSP));
+}
+// d = a B, N = 64, overwriting d: a from registers or a shared tile's descriptor.
+template <int TNSP>
+__device__ __forceinline__ void mma_overwrite(float (&d)[8][4], const std::uint32_t (&a)[4], std::uint64_t b) {
+  mma_rs_n64_overwrite<TNSP>(d, a, b);
+}
+template <int TNSP>
+__device__ __forceinline__ void mma_overwrite(float (&d)[8][4], std::uint64_t a, std::uint64_t b) {
+  mma_ss_n64_overwrite<TNSP>(d, a, b);
+}
 
 template <int N, int TNSP>
 __device__ __forceinline__ void mma(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b,
