@@ -369,10 +369,13 @@ __device__ __forceinline__ void mask_scores(float (&s)[8][4], const std::uint32_
 // are updated, and acc, when given, is rescaled to the new max. With corr_out given, it
 // receives the two rows' factors (2^(old m2 - new m2)) for a caller that rescales its
 // accumulators later (the forward's deferred P V product; softmax_tile_dot's running sum).
-// sl2 = scale log2(e) > 0, so the max of sl2 s is sl2 times the max of s.
+// sl2 = scale log2(e) > 0, so the max of sl2 s is sl2 times the max of s; one factor per row
+// (sl2[h2]) where the caller folds a row's own scale into it. The accumulators are rescaled
+// only where some row of the warp has a new max (a factor of 1 leaves them as they are).
 template <int NT, int DT>
-__device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], float sl2, float (&m2)[2],
+__device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], const float (&sl2)[2], float (&m2)[2],
                                                     float (&ls)[2], float (*acc)[4], float* corr_out = nullptr) {
+  float corr[2];
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     float mx = -INFINITY;
@@ -380,9 +383,9 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], float sl2
     for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h2], s[n][2 * h2 + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mnew = fmaxf(m2[h2], mx * sl2);
+    const float mnew = fmaxf(m2[h2], mx * sl2[h2]);
     const bool none = mnew == -INFINITY;  // nothing seen yet
-    const float corr = none ? 1.f : ex2(m2[h2] - mnew);
+    corr[h2] = none ? 1.f : ex2(m2[h2] - mnew);
     const float nsub = none ? 0.f : -mnew;
     float sum = 0.f;
 #pragma unroll
@@ -390,20 +393,25 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], float sl2
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int ee = 2 * h2 + e;
-        s[n][ee] = ex2(fmaf(s[n][ee], sl2, nsub));
+        s[n][ee] = ex2(fmaf(s[n][ee], sl2[h2], nsub));
         sum += s[n][ee];
       }
-    ls[h2] = ls[h2] * corr + sum;
+    ls[h2] = ls[h2] * corr[h2] + sum;
     m2[h2] = mnew;
-    if (corr_out) corr_out[h2] = corr;  // the caller rescales its accumulators
-    if (acc) {
-#pragma unroll
-      for (int j = 0; j < DT; ++j) {
-        acc[j][2 * h2] *= corr;
-        acc[j][2 * h2 + 1] *= corr;
-      }
-    }
+    if (corr_out) corr_out[h2] = corr[h2];  // the caller rescales its accumulators
   }
+  if (acc && __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < DT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] *= corr[e >> 1];
+  }
+}
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[NT][4], float sl2, float (&m2)[2], float (&ls)[2],
+                                                    float (*acc)[4], float* corr_out = nullptr) {
+  const float sl2r[2] = {sl2, sl2};
+  online_softmax_tile<NT, DT>(s, sl2r, m2, ls, acc, corr_out);
 }
 
 // The running sum beside online_softmax_tile's: xs (this thread's keys of its two rows) becomes

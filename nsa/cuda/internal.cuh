@@ -28,6 +28,7 @@ struct Geo {
   int half;     // D / 2
   float scale;  // 1 / sqrt(D)
   FastDiv hdiv;  // division by h (row index -> position, head)
+  FastDiv ddiv;  // division by d (position -> compressed blocks it sees)
 };
 
 // Whether the tensor-core row side can finish dq itself (RowArgs::dq_final): where D is its
@@ -53,6 +54,7 @@ inline Geo make_geo(const NsaDims& dm) {
   g.half = g.D / 2;
   g.scale = float(1.0 / std::sqrt(double(dm.D)));
   g.hdiv = FastDiv(std::max(1, g.h));
+  g.ddiv = FastDiv(std::max(1, g.d));
   return g;
 }
 
@@ -86,6 +88,14 @@ __host__ __device__ inline int visible_blocks(const Geo& g, int t) {
   const int v = (t - g.l + 1) / g.d + 1;
   return v < g.N ? v : g.N;
 }
+#ifdef __CUDACC__
+// visible_blocks by a multiply-high (Geo::ddiv) instead of an integer division.
+__device__ __forceinline__ int visible_blocks_fast(const Geo& g, int t) {
+  if (t < g.l - 1) return 0;
+  const int v = g.ddiv.div(t - g.l + 1) + 1;
+  return v < g.N ? v : g.N;
+}
+#endif
 
 // ---- the selection rule (selection.cu, select_tc.cuh) ----
 // For a position in selection block bt: the blocks 0, bt - 1, bt are forced, the candidates

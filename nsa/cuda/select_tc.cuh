@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   float* Lv = reinterpret_cast<float*>(sm + L.lv);       // ring: [P][n] the lists' scores,
   int* Lj = reinterpret_cast<int*>(sm + L.lj);           // blocks (best first)
   StreamPos* Lp = reinterpret_cast<StreamPos*>(sm + L.pos);  // and StreamPos [P]
-  const int l_units = g.l / g.d, ls_units = g.ls / g.d;  // the overlap weights' bounds (streamed)
+  const int l_units = g.l / g.d, ls_units = g.ls / g.d;  // the overlap weights' bounds
   const int sb_stride = ring > 0 ? ring : g.NB;
   const int sb_mask = ring > 0 ? ring - 1 : -1;          // slot of block j: j & sb_mask
   int* chosen = reinterpret_cast<int*>(sm + L.chosen) + warp * g.n;
@@ -592,6 +592,13 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) rvis[h2] = rv[h2] ? visible_blocks(g, rt[h2]) : 0;
   const float sl2 = g.scale * kLog2e;
+  // Per row: the softmax's factor with the row's inverse scale folded in, so that a score
+  // takes one product with its key's (s kv, then s kv sl2r in the exponent's fma). Both
+  // scales are powers of two, so the exponent is the one rounding of s rinv kv sl2 that
+  // scaling s by rinv kv first gave.
+  float sl2r[2];
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) sl2r[h2] = sl2 * rinv[h2];
   float m2[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f}, lrow2[2] = {0.f, 0.f};
   float acc[DT][4];
 #pragma unroll
@@ -774,7 +781,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         for (int e = 0; e < 4; ++e) {
           const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
           ok[n][e] = kk < nvis[h2];
-          s[n][e] *= rinv[h2] * kv[n][e & 1];  // undo the two scales (powers of two: exact)
+          s[n][e] *= kv[n][e & 1];  // undo the key's scale (the row's is in sl2r)
         }
       if (!pass1) {
         if (any) {
@@ -782,7 +789,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
           for (int n = 0; n < NT; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[n][e] = ok[n][e] ? s[n][e] : -INFINITY;
-          online_softmax_tile<NT, DT>(s, sl2, m2, ls, acc);
+          online_softmax_tile<NT, DT>(s, sl2r, m2, ls, acc);
           acc_add_product<NT, DT, DP, KT, VP, true>(acc, s, Vs + (k & 1) * VP * KT * DP, lane);
         }
       } else {
@@ -799,7 +806,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
 #pragma unroll
           for (int n = 0; n < NT; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) p[n][e] = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[e >> 1]) : 0.f;
+            for (int e = 0; e < 4; ++e) p[n][e] = ok[n][e] ? ex2(fmaf(s[n][e], sl2r[e >> 1], -lrow2[e >> 1])) : 0.f;
           if (g.h == 16)
             warp_head_sums<NT, true>(p, Pi + warp * KT, P - warp, lane);
           else
@@ -812,7 +819,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int kk = n * 8 + gc * 2 + (e & 1), h2 = e >> 1;
-              pw[(gr + 8 * h2) * (KT + 1) + kk] = ok[n][e] ? exp2f(s[n][e] * sl2 - lrow2[h2]) : 0.f;
+              pw[(gr + 8 * h2) * (KT + 1) + kk] = ok[n][e] ? ex2(fmaf(s[n][e], sl2r[h2], -lrow2[h2])) : 0.f;
             }
           __syncthreads();
           if (!p_is_row) {
@@ -872,14 +879,13 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
             }
         } else {
           for (int idx = tid; idx < npos * nj; idx += kCmpSelWarps * 32) {
-            const int pl = idx / nj, j = j_lo + idx % nj;
-            const int t = t_first + pl;
-            int i_lo, i_hi;
-            overlapping_cmp_blocks(g, j, i_lo, i_hi);
-            i_lo = max(i_lo, s0);
-            i_hi = min(i_hi, min(s0 + cnt, visible_blocks(g, t)) - 1);
+            const int pl = idx / nj, j = j_lo + (idx - pl * nj);
+            // The compressed blocks overlapping j, in units of d (overlapping_cmp_blocks' bounds
+            // without its divisions: [j S - L + 1, (j + 1) S - 1]), that the position sees.
+            const int i_lo = max(max(0, j * ls_units - l_units + 1), s0);
+            const int i_hi = min((j + 1) * ls_units - 1, min(s0 + cnt, visible_blocks_fast(g, t_first + pl)) - 1);
             float sum = 0.f;
-            for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight(g, i, j) * Pr[pl * prs + (i - s0)];
+            for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight_units(i, j, l_units, ls_units) * Pr[pl * prs + (i - s0)];
             Sb[pl * sb_stride + (j & sb_mask)] += sum;
           }
         }
