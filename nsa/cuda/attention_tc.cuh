@@ -992,15 +992,31 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       // offsets advance by constants (the tile layout repeats every 8 rows).
       const std::int64_t off0 = ((std::int64_t(b) * NK + s0 + kk0) * g.G + gi) * DP + kch * 8;
       const std::int64_t step = std::int64_t(kKeyStep) * g.G * DP;
+      if (cnt == KT) {  // a whole tile (all but a row block's last): sources by a moving pointer,
+        // no bounds (the general loop below took ~9 instructions per copy, a quarter of the
+        // compression backward's instructions, docs/performance.md, tenth session)
+        const bf16* ksrc = kp + off0;
+        const bf16* vsrc = vp + off0;
 #pragma unroll
-      for (int it = 0; it < kKeyIt; ++it) {
-        const bool ok = kk0 + it * kKeyStep < cnt;
-        const int to = to0 + wg::row_group_offset<DP>(it * kKeyStep);
+        for (int it = 0; it < kKeyIt; ++it, ksrc += step, vsrc += step) {
+          const int to = to0 + wg::row_group_offset<DP>(it * kKeyStep);
 #pragma unroll
-        for (int p = 0; p < kKParts; ++p) {
-          const std::int64_t po = ok ? p * part_stride + off0 + it * step : 0;
-          cp16(reinterpret_cast<char*>(kd + p * KT * DP) + to, kp + po, ok);
-          cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, vp + po, ok);
+          for (int p = 0; p < kKParts; ++p) {
+            cp16(reinterpret_cast<char*>(kd + p * KT * DP) + to, ksrc + p * part_stride, true);
+            cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, vsrc + p * part_stride, true);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int it = 0; it < kKeyIt; ++it) {
+          const bool ok = kk0 + it * kKeyStep < cnt;
+          const int to = to0 + wg::row_group_offset<DP>(it * kKeyStep);
+#pragma unroll
+          for (int p = 0; p < kKParts; ++p) {
+            const std::int64_t po = ok ? p * part_stride + off0 + it * step : 0;
+            cp16(reinterpret_cast<char*>(kd + p * KT * DP) + to, kp + po, ok);
+            cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, vp + po, ok);
+          }
         }
       }
       if constexpr (decltype(with_masks)::value) write_masks(k, s0, issue_j == 0);
