@@ -130,25 +130,28 @@ __device__ __forceinline__ void tile_frag_b(std::uint32_t* r, const bf16* tile, 
 // Rows are (b, s, g) with s < NK; the RoPE position of key s is s (tokens). With parts > 1,
 // also the rounding residuals, part p at dst + p * rows * DP: part p = bf16(x - the parts
 // before it), so 2 parts carry ~16 significant bits and 3 parts ~24 (fp32). One thread per 8
-// elements of a row (one 16-byte store per part).
+// elements of a row (one 16-byte store per part). Where the row is bf16 with no padding and its
+// 8 elements, their partners half away and their table entries are 16-byte aligned (the q,
+// d_out and key copies of the paper and 125M shapes), they come by 16-byte loads and the index
+// arithmetic is 32-bit: the general loop's 2-byte loads and 64-bit divisions held these copies
+// at ~1.8 TB/s (1.1 ms per copy of q at the paper's 64k; docs/performance.md, tenth session).
+// The same values either way.
+__device__ __forceinline__ void bf16x8_to_float(const uint4& w, float (&v)[8]) {
+  const std::uint32_t* wp = &w.x;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(wp + e));
+    v[2 * e] = f.x;
+    v[2 * e + 1] = f.y;
+  }
+}
 template <class S>
 __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
                            int parts, const float2* __restrict__ rope,
                            std::int64_t rows, int NK, int G, int D, int DP) {
   const int half = D / 2, chunks = DP / 8;
   const std::int64_t total = rows * chunks;
-  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
-       idx += std::int64_t(gridDim.x) * blockDim.x) {
-    const std::int64_t row = idx / chunks;
-    const int d0 = int(idx - row * chunks) * 8;
-    const S* x = src + row * D;
-    const float2* cs = rope ? rope + std::int64_t((row / G) % NK) * half : nullptr;
-    float v[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int dd = d0 + e;
-      v[e] = dd < D ? (rope ? rope_elem(x, dd, half, cs) : ldf(x[dd])) : 0.f;
-    }
+  auto store_parts = [&](float (&v)[8], std::int64_t row, int d0) {
     for (int p = 0; p < parts; ++p) {
       uint4 w;
       std::uint32_t* wp = &w.x;
@@ -162,6 +165,48 @@ __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
       }
       *reinterpret_cast<uint4*>(dst + p * rows * DP + row * DP + d0) = w;
     }
+  };
+  if constexpr (std::is_same_v<S, bf16>) {
+    const bool vec = D == DP && half % 8 == 0 && total < (std::int64_t(1) << 30) &&
+                     (reinterpret_cast<std::uintptr_t>(src) & 15u) == 0 &&
+                     (reinterpret_cast<std::uintptr_t>(rope) & 15u) == 0;
+    if (vec) {
+      for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < int(total); idx += gridDim.x * blockDim.x) {
+        const int row = idx / chunks, d0 = (idx - row * chunks) * 8;
+        const S* x = src + std::int64_t(row) * D;
+        float v[8];
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(x + d0), v);
+        if (rope) {
+          const bool lo = d0 < half;
+          const int i0 = lo ? d0 : d0 - half;
+          float xp[8];
+          bf16x8_to_float(*reinterpret_cast<const uint4*>(x + (lo ? d0 + half : d0 - half)), xp);
+          const float4* c4 = reinterpret_cast<const float4*>(rope + std::int64_t((row / G) % NK) * half + i0);
+#pragma unroll
+          for (int e2 = 0; e2 < 4; ++e2) {
+            const float4 c = c4[e2];
+            v[2 * e2] = rope_pair(v[2 * e2], xp[2 * e2], make_float2(c.x, c.y), lo);
+            v[2 * e2 + 1] = rope_pair(v[2 * e2 + 1], xp[2 * e2 + 1], make_float2(c.z, c.w), lo);
+          }
+        }
+        store_parts(v, row, d0);
+      }
+      return;
+    }
+  }
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t row = idx / chunks;
+    const int d0 = int(idx - row * chunks) * 8;
+    const S* x = src + row * D;
+    const float2* cs = rope ? rope + std::int64_t((row / G) % NK) * half : nullptr;
+    float v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int dd = d0 + e;
+      v[e] = dd < D ? (rope ? rope_elem(x, dd, half, cs) : ldf(x[dd])) : 0.f;
+    }
+    store_parts(v, row, d0);
   }
 }
 
