@@ -473,16 +473,39 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       float* kvd = kinv_tile(k);
       bf16* vd = Vs + (k & 1) * VP * KT * DP;
       const bool values = k < ntiles;
-      for (int idx = tid; idx < KT * CH; idx += kCmpSelWarps * 32) {
-        const int kk = idx / CH, ch = idx % CH;
-        const bool ok = kk < cnt;
-        const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch * 8 : 0;
-        const int to = wg::tile_offset<DP, KT>(kk, ch);
+      // Chunk ch of keys kk0 + it * kKeysPerIt for this thread (its chunk is the same in every
+      // iteration). A whole tile (all but the last) walks its sources by a constant, with no
+      // bounds (the row kernels' change 63, docs/performance.md, tenth session).
+      constexpr int kKeysPerIt = kCmpSelWarps * 32 / CH;
+      static_assert(KT % kKeysPerIt == 0, "whole iterations over the tile's chunks");
+      const int kk0 = tid / CH, ch = tid % CH;
+      if (cnt == KT) {
+        const std::int64_t off0 = (base + std::int64_t(s0 + kk0) * g.G) * DP + ch * 8;
+        const std::int64_t step = std::int64_t(kKeysPerIt) * g.G * DP;
+        const __half* ksrc = a.kparts + off0;
+        const bf16* vsrc = a.vparts + off0;
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
-          const std::int64_t po = ok ? p * rows_kv * DP + off : 0;
-          cp16(reinterpret_cast<char*>(kd + p * KT * DP) + to, a.kparts + po, ok);
-          if (values && p < VP) cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, a.vparts + po, ok);
+        for (int it = 0; it < KT / kKeysPerIt; ++it, ksrc += step, vsrc += step) {
+          const int to = wg::tile_offset<DP, KT>(kk0 + it * kKeysPerIt, ch);
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            cp16(reinterpret_cast<char*>(kd + p * KT * DP) + to, ksrc + p * rows_kv * DP, true);
+            if (values && p < VP) cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, vsrc + p * rows_kv * DP, true);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int it = 0; it < KT / kKeysPerIt; ++it) {
+          const int kk = kk0 + it * kKeysPerIt;
+          const bool ok = kk < cnt;
+          const std::int64_t off = ok ? (base + std::int64_t(s0 + kk) * g.G) * DP + ch * 8 : 0;
+          const int to = wg::tile_offset<DP, KT>(kk, ch);
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            const std::int64_t po = ok ? p * rows_kv * DP + off : 0;
+            cp16(reinterpret_cast<char*>(kd + p * KT * DP) + to, a.kparts + po, ok);
+            if (values && p < VP) cp16(reinterpret_cast<char*>(vd + p * KT * DP) + to, a.vparts + po, ok);
+          }
         }
       }
       // (asynchronous too: loaded and stored by the thread, each step's first two warps waited
