@@ -177,23 +177,28 @@ __device__ __forceinline__ void mma_rs_n32_at(float (&d)[NT][4], const std::uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP));
 }
 
+// The m64n64k16 bf16 product with A from registers; DC "+f" accumulates into d (scale_d), "=f"
+// writes it (scale_d 0: mma_rs_n64_overwrite).
+#define NSATRON_WG_RS_N64(DC)                                                                        \
+  asm volatile(                                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                   \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "                                        \
+      "{"                                                                                            \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                        \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"               \
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                              \
+      : DC(d[0][0]), DC(d[0][1]), DC(d[0][2]), DC(d[0][3]), DC(d[1][0]), DC(d[1][1]),               \
+        DC(d[1][2]), DC(d[1][3]), DC(d[2][0]), DC(d[2][1]), DC(d[2][2]), DC(d[2][3]),               \
+        DC(d[3][0]), DC(d[3][1]), DC(d[3][2]), DC(d[3][3]), DC(d[4][0]), DC(d[4][1]),               \
+        DC(d[4][2]), DC(d[4][3]), DC(d[5][0]), DC(d[5][1]), DC(d[5][2]), DC(d[5][3]),               \
+        DC(d[6][0]), DC(d[6][1]), DC(d[6][2]), DC(d[6][3]), DC(d[7][0]), DC(d[7][1]),               \
+        DC(d[7][2]), DC(d[7][3])                                                                     \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP))
+
 template <int TNSP>
 __device__ __forceinline__ void mma_rs_n64(float (&d)[8][4], const std::uint32_t (&a)[4],
                                               std::uint64_t b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP));
+  NSATRON_WG_RS_N64("+f");
 }
 
 template <int TNSP>
@@ -293,21 +298,10 @@ __device__ __forceinline__ void mma_f16_overwrite(float (&d)[8][4], std::uint64_
 // d = a B (scale_d 0) with A from registers, N = 64: as mma_ss_n64_overwrite.
 template <int TNSP>
 __device__ __forceinline__ void mma_rs_n64_overwrite(float (&d)[8][4], const std::uint32_t (&a)[4], std::uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-      : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]),
-        "=f"(d[1][2]), "=f"(d[1][3]), "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]),
-        "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3]), "=f"(d[4][0]), "=f"(d[4][1]),
-        "=f"(d[4][2]), "=f"(d[4][3]), "=f"(d[5][0]), "=f"(d[5][1]), "=f"(d[5][2]), "=f"(d[5][3]),
-        "=f"(d[6][0]), "=f"(d[6][1]), "=f"(d[6][2]), "=f"(d[6][3]), "=f"(d[7][0]), "=f"(d[7][1]),
-        "=f"(d[7][2]), "=f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(0), "n"(TNSP));
+  const int scale_d = 0;
+  NSATRON_WG_RS_N64("=f");
 }
+#undef NSATRON_WG_RS_N64
 // d = a B, N = 64, overwriting d: a from registers or a shared tile's descriptor.
 template <int TNSP>
 __device__ __forceinline__ void mma_overwrite(float (&d)[8][4], const std::uint32_t (&a)[4], std::uint64_t b) {
