@@ -177,6 +177,15 @@ __device__ __forceinline__ void mma_rs_n32_at(float (&d)[NT][4], const std::uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP));
 }
 
+// The 32 accumulator operands of an m64n64 product (d[8][4]), each with constraint DC ("+f" or
+// "=f"), for the asm macros below.
+#define NSATRON_WG_D32(DC)                                                                          \
+  DC(d[0][0]), DC(d[0][1]), DC(d[0][2]), DC(d[0][3]), DC(d[1][0]), DC(d[1][1]), DC(d[1][2]),         \
+      DC(d[1][3]), DC(d[2][0]), DC(d[2][1]), DC(d[2][2]), DC(d[2][3]), DC(d[3][0]), DC(d[3][1]),     \
+      DC(d[3][2]), DC(d[3][3]), DC(d[4][0]), DC(d[4][1]), DC(d[4][2]), DC(d[4][3]), DC(d[5][0]),     \
+      DC(d[5][1]), DC(d[5][2]), DC(d[5][3]), DC(d[6][0]), DC(d[6][1]), DC(d[6][2]), DC(d[6][3]),     \
+      DC(d[7][0]), DC(d[7][1]), DC(d[7][2]), DC(d[7][3])
+
 // The m64n64k16 bf16 product with A from registers; DC "+f" accumulates into d (scale_d), "=f"
 // writes it (scale_d 0: mma_rs_n64_overwrite).
 #define NSATRON_WG_RS_N64(DC)                                                                        \
@@ -187,12 +196,7 @@ __device__ __forceinline__ void mma_rs_n32_at(float (&d)[NT][4], const std::uint
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                        \
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"               \
       "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                              \
-      : DC(d[0][0]), DC(d[0][1]), DC(d[0][2]), DC(d[0][3]), DC(d[1][0]), DC(d[1][1]),               \
-        DC(d[1][2]), DC(d[1][3]), DC(d[2][0]), DC(d[2][1]), DC(d[2][2]), DC(d[2][3]),               \
-        DC(d[3][0]), DC(d[3][1]), DC(d[3][2]), DC(d[3][3]), DC(d[4][0]), DC(d[4][1]),               \
-        DC(d[4][2]), DC(d[4][3]), DC(d[5][0]), DC(d[5][1]), DC(d[5][2]), DC(d[5][3]),               \
-        DC(d[6][0]), DC(d[6][1]), DC(d[6][2]), DC(d[6][3]), DC(d[7][0]), DC(d[7][1]),               \
-        DC(d[7][2]), DC(d[7][3])                                                                     \
+      : NSATRON_WG_D32(DC)                                                                          \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP))
 
 template <int TNSP>
@@ -262,12 +266,7 @@ __device__ __forceinline__ void mma(float (&d)[N / 8][4], const std::uint32_t (&
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                        \
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"               \
       "}, %32, %33, p, 1, 1, 0, %35;\n}\n"                                                            \
-      : DC(d[0][0]), DC(d[0][1]), DC(d[0][2]), DC(d[0][3]), DC(d[1][0]), DC(d[1][1]),               \
-        DC(d[1][2]), DC(d[1][3]), DC(d[2][0]), DC(d[2][1]), DC(d[2][2]), DC(d[2][3]),               \
-        DC(d[3][0]), DC(d[3][1]), DC(d[3][2]), DC(d[3][3]), DC(d[4][0]), DC(d[4][1]),               \
-        DC(d[4][2]), DC(d[4][3]), DC(d[5][0]), DC(d[5][1]), DC(d[5][2]), DC(d[5][3]),               \
-        DC(d[6][0]), DC(d[6][1]), DC(d[6][2]), DC(d[6][3]), DC(d[7][0]), DC(d[7][1]),               \
-        DC(d[7][2]), DC(d[7][3])                                                                     \
+      : NSATRON_WG_D32(DC)                                                                          \
       : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP))
 
 // F16: fp16 operands (the compression forward's scaled hi + lo parts), else bf16.
@@ -302,6 +301,7 @@ __device__ __forceinline__ void mma_rs_n64_overwrite(float (&d)[8][4], const std
   NSATRON_WG_RS_N64("=f");
 }
 #undef NSATRON_WG_RS_N64
+#undef NSATRON_WG_D32
 // d = a B, N = 64, overwriting d: a from registers or a shared tile's descriptor.
 template <int TNSP>
 __device__ __forceinline__ void mma_overwrite(float (&d)[8][4], const std::uint32_t (&a)[4], std::uint64_t b) {
