@@ -136,7 +136,7 @@ __device__ __forceinline__ void tile_frag_b(std::uint32_t* r, const bf16* tile, 
 // arithmetic is 32-bit: the general loop's 2-byte loads and 64-bit divisions held these copies
 // at ~1.8 TB/s (1.1 ms per copy of q at the paper's 64k; docs/performance.md, tenth session).
 // The same values either way.
-__device__ __forceinline__ void bf16x8_to_float(const uint4& w, float (&v)[8]) {
+__device__ __forceinline__ void bf16x8_to_float(const uint4 w, float (&v)[8]) {  // by value: one 16-byte load
   const std::uint32_t* wp = &w.x;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
@@ -982,7 +982,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   const int passes = BWD ? (BR == kCmp ? 2 : (a.dot_in ? 1 : 2)) : 1;
   const int nsteps = passes * ntiles;
   constexpr int kKeyStep = kRowWarps * 32 / CH, kKeyIt = KT / kKeyStep;
-  static_assert(KT % kKeyStep == 0 && kKeyStep % 8 == 0, "whole passes over the chunks");
+  static_assert((kRowWarps * 32) % CH == 0 && KT % kKeyStep == 0 && kKeyStep % 8 == 0, "whole passes over the chunks");
   const int kk0 = tid / CH, kch = tid % CH;
   const int to0 = wg::tile_offset<DP, KT>(kk0, kch);
   // Steps are issued in order: issue_j is the next one's tile index within its pass (counters,

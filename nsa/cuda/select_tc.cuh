@@ -59,12 +59,16 @@ __device__ __forceinline__ void mma_f16(float* c, const std::uint32_t* a, std::u
 
 // Power-of-two scale of a row whose largest magnitude is mx: mx * scale < 2^14, inv = 1/scale
 // (exact). A zero or non-finite row keeps scale 1 (a NaN or inf then reaches the scores, as
-// in the fp32 kernels).
+// in the fp32 kernels). The exponent stops at 2^114 (rows below 2^-100 are scaled less than
+// fully, their scores ~0 either way): 2^(14 - e) overflowed to inf for rows below 2^-114 and
+// made their scores NaN, and inv stays a normal number, so that the fused kernel's factor
+// scale log2(e) inv is one (a second reader's finding, tenth session).
 __device__ __forceinline__ void pow2_scale(float mx, float& scale, float& inv) {
   scale = inv = 1.f;
   if (mx > 0.f && mx <= 3.0e38f) {
     int e = 0;
     frexpf(mx, &e);  // mx = m 2^e, m in [0.5, 1)
+    e = max(e, -100);
     scale = ldexpf(1.f, 14 - e);
     inv = ldexpf(1.f, e - 14);
   }
@@ -477,7 +481,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       // iteration). A whole tile (all but the last) walks its sources by a constant, with no
       // bounds (the row kernels' change 63, docs/performance.md, tenth session).
       constexpr int kKeysPerIt = kCmpSelWarps * 32 / CH;
-      static_assert(KT % kKeysPerIt == 0, "whole iterations over the tile's chunks");
+      static_assert((kCmpSelWarps * 32) % CH == 0 && KT % kKeysPerIt == 0, "whole iterations over the tile's chunks");
       const int kk0 = tid / CH, ch = tid % CH;
       if (cnt == KT) {
         const std::int64_t off0 = (base + std::int64_t(s0 + kk0) * g.G) * DP + ch * 8;

@@ -393,6 +393,26 @@ TEST(NsaCuda, Deterministic) {
   EXPECT_TRUE(bit_equal(run_gpu<bf16>(p), run_gpu<bf16>(p)));
 }
 
+// Query rows of tiny magnitude (largest element ~2^-116, every head of 40 positions) give
+// finite outputs and gradients in bf16: the fused compression + selection kernel scales each
+// row by a power of two, which overflowed to inf below 2^-114 (pow2_scale in
+// nsa/cuda/select_tc.cuh) and made those rows' scores NaN. D = 64 and 128, h = 4 and 16.
+TEST(NsaCuda, TinyQueryRowsStayFinite) {
+  if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
+  for (const NsaDims& dm : {make_dims(1, 300, 8, 2, 64, 32, 16, 64, 4, 64), make_dims(1, 500, 32, 2, 128, 32, 16, 64, 8, 128)}) {
+    Problem<float> p = test::random_problem<float>(dm, base_seed() + 29);
+    const float tiny = std::ldexp(1.f, -118);
+    for (std::int64_t t = 100; t < 140; ++t)
+      for (std::int64_t e = 0; e < dm.H * dm.D; ++e) p.x[0][std::size_t(t * dm.H * dm.D + e)] *= tiny;
+    const GpuResult got = run_gpu<bf16>(p);
+    const auto finite = [](const std::vector<float>& v) {
+      return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+    };
+    EXPECT_TRUE(finite(got.out)) << dm.str() << ": out";
+    for (int k = 0; k < 12; ++k) EXPECT_TRUE(finite(got.grad[k])) << dm.str() << ": grad_" << test::kNames[k];
+  }
+}
+
 // The same with selection row lists long enough to be split over blocks on the bf16
 // tensor-core key side (block 0 is chosen by all 2048 positions x 16 heads = 32768 rows,
 // four splits whose partial sums the last block to finish adds in split order).
