@@ -522,8 +522,7 @@ __device__ __forceinline__ void quad_row_sums(float (&x)[2]) {
   }
 }
 
-// S += Q K^T for a warp's 16 rows over a tile of KT keys and, with BWD and with_dp,
-// dP += dO V^T: A fragments qa (and oa) of the rows, DP / 16 of 16 dims each in mma.sync's
+// S += Q K^T for a warp's 16 rows over a tile of KT keys and, with BWD, dP += dO V^T: A fragments qa (and oa) of the rows, DP / 16 of 16 dims each in mma.sync's
 // layout, or on sm_90a the warpgroup's 64 rows in shared memory (wg::SharedRowsA); K and V
 // as KPARTS parts of wgmma.cuh tiles KT x DP, KT * DP apart (the products of the smallest
 // part first). On sm_90a one warpgroup product per 16 dims and part (every warp
@@ -545,11 +544,24 @@ __device__ __forceinline__ auto& pick(X& x, Y& y) {
   if constexpr (A) return x;
   else return y;
 }
+#if NSATRON_WGMMA
+// d += a B (N = 8 ND), or d = a B where OVERWRITE (N = 64 only) and this is the tile's first
+// product (first): tile_scores' S and dP products.
+template <bool OVERWRITE, int ND, class A>
+__device__ __forceinline__ void mma_first_overwrites(float (&d)[ND][4], const A& a, std::uint64_t b, bool first) {
+  if constexpr (OVERWRITE) {
+    if (first) {
+      wg::mma_overwrite<0>(d, a, b);
+      return;
+    }
+  }
+  wg::mma<8 * ND, 0>(d, a, b);
+}
+#endif
 template <int DP, int KT, int KPARTS, bool BWD, bool SPLIT_S, bool WAIT = true, bool DP_LATER = false,
           bool OVERWRITE = false, int NDP, class QA, class OA, class Under = Nothing>
 __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[NDP][4], QA& qa, OA& oa,
-                                            const bf16* Kt, const bf16* Vt, bool with_dp, int lane,
-                                            Under&& under = Under{}) {
+                                            const bf16* Kt, const bf16* Vt, int lane, Under&& under = Under{}) {
   static_assert(!OVERWRITE || (KT == 64 && !SPLIT_S), "overwriting products: N = 64, S in one product");
 #if NSATRON_WGMMA
   wg::pin(qa);
@@ -568,36 +580,23 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
         wg::mma_rs_n32_at<0, 0>(s, qa[kk], wg::kmajor_desc<DP, KT>(kt, kk));
         wg::mma_rs_n32_at<0, 4>(s, qa[kk], wg::kmajor_desc<DP, KT>(kt + wg::row_group_offset<DP>(32), kk));
       } else {
-        const std::uint64_t kd = wg::kmajor_desc<DP, KT>(Kt + p * KT * DP, kk);
-        if constexpr (OVERWRITE) {
-          if (kk == 0 && p == KPARTS - 1) wg::mma_overwrite<0>(s, qa[kk], kd);  // (unrolled: known)
-          else wg::mma<KT, 0>(s, qa[kk], kd);
-        } else {
-          wg::mma<KT, 0>(s, qa[kk], kd);
-        }
+        mma_first_overwrites<OVERWRITE>(s, qa[kk], wg::kmajor_desc<DP, KT>(Kt + p * KT * DP, kk),
+                                        kk == 0 && p == KPARTS - 1);  // (unrolled: known)
       }
     }
   if constexpr (DP_LATER) wg::commit();  // S alone
   if constexpr (BWD) {
-    if (with_dp) {
 #pragma unroll
-      for (int kk = 0; kk < DP / 16; ++kk)
+    for (int kk = 0; kk < DP / 16; ++kk)
 #pragma unroll
-        for (int p = KPARTS - 1; p >= 0; --p) {
-          const std::uint64_t vd = wg::kmajor_desc<DP, KT>(Vt + p * KT * DP, kk);
-          if constexpr (OVERWRITE) {
-            if (kk == 0 && p == KPARTS - 1) wg::mma_overwrite<0>(dp, oa[kk], vd);
-            else wg::mma<KT, 0>(dp, oa[kk], vd);
-          } else {
-            wg::mma<KT, 0>(dp, oa[kk], vd);
-          }
-        }
-    }
+      for (int p = KPARTS - 1; p >= 0; --p)
+        mma_first_overwrites<OVERWRITE>(dp, oa[kk], wg::kmajor_desc<DP, KT>(Vt + p * KT * DP, kk),
+                                        kk == 0 && p == KPARTS - 1);
   }
   wg::commit();
   under();
   if constexpr (DP_LATER) {
-    wg::wait_all_but_newest(s);  // S; dP (the newest group, empty without with_dp) runs on
+    wg::wait_all_but_newest(s);  // S; dP (the newest group) runs on
   } else if constexpr (WAIT) {  // else the caller waits (the forward's deferred P V)
     wg::wait(s);
     if constexpr (BWD) wg::pin(dp);
@@ -624,14 +623,12 @@ __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[N
         mma(s[2 * np + 1], qa[kk], kb[2], kb[3]);
       }
       if constexpr (BWD) {
-        if (with_dp) {
 #pragma unroll
-          for (int p = KPARTS - 1; p >= 0; --p) {
-            std::uint32_t vb[4];
-            tile_frag_bt<DP, KT>(vb, Vt + p * KT * DP, np * 16, kk * 16, lane);
-            mma(dp[2 * np], oa[kk], vb[0], vb[1]);
-            mma(dp[2 * np + 1], oa[kk], vb[2], vb[3]);
-          }
+        for (int p = KPARTS - 1; p >= 0; --p) {
+          std::uint32_t vb[4];
+          tile_frag_bt<DP, KT>(vb, Vt + p * KT * DP, np * 16, kk * 16, lane);
+          mma(dp[2 * np], oa[kk], vb[0], vb[1]);
+          mma(dp[2 * np + 1], oa[kk], vb[2], vb[3]);
         }
       }
     }
@@ -1259,9 +1256,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
             if constexpr (BWD) dp[n][e] = 0.f;
           }
       }
-      // Every backward pass takes dP: the compression's statistics pass for its online sum of
-      // p dP, the lsum pass for its sum, the dq pass for dS.
-      constexpr bool with_dp = BWD;
+      // (Every backward pass takes dP, tile_scores with BWD: the compression's statistics pass
+      // for its online sum of p dP, the lsum pass for its sum, the dq pass for dS.)
       // The forward at padded D = 64 computes S as two N = 32 products on sm_90a: as one N = 64
       // product (the same instruction shape as its O += P V) its outputs were wrong on every
       // seed (selection and window, out errors 0.1-0.2), while S alone or P V alone on wgmma,
@@ -1286,8 +1282,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         auto& oa = pick<kDeferDq>(of, oa_tile);  // the d_out rows: kept fragments, or the tile
         // dP left running while the probabilities are computed from S (waited for below; with
         // kDeferDq the wait for S also retires the previous step's dq product, issued before)
-        tile_scores<DP, KT, kKParts, true, kSplitS, true, true, kDeferDq>(s, dp, qa, oa, Kt, Vt, with_dp, lane,
-                                                                          issue_next);
+        tile_scores<DP, KT, kKParts, true, kSplitS, true, true, kDeferDq>(s, dp, qa, oa, Kt, Vt, lane, issue_next);
         if constexpr (kQParts == 2) {
           std::uint32_t ql[DP / 16][4];
 #pragma unroll
@@ -1296,7 +1291,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         }
       } else {
         tile_scores<DP, KT, kKParts, false, kSplitS, !kDefer>(
-            s, dp, qf, qf, Kt, Vt, false, lane, [&] {
+            s, dp, qf, qf, Kt, Vt, lane, [&] {
               if constexpr (!kDefer) issue_next();  // (kDefer: under both products, below)
             });
         if constexpr (kQParts == 2) scores_add_qlo<DP, KT, DP / 16, !kDefer>(s, qlf, Kt, lane);

@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
-    tile_scores<DP, KT, 1, false, false, false>(s, dp_unused, qf, qf, Kt, Vt, false, lane);
+    tile_scores<DP, KT, 1, false, false, false>(s, dp_unused, qf, qf, Kt, Vt, lane);
     if (!pv_pending) v_prev = Vt;  // the first seen tile's: P = 0, a product that adds +0
     acc_add_packed<NT, DT, KT, 1, false>(acc, pa, v_prev, lane);
     wg::wait_all_but_newest(s);  // the scores alone

@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) slc_i
           if constexpr (BWD) frag_a<STR>(oa[kk], Ow, kk * 16, lane);
         }
         // (at padded D = 64 the forward's S as two N = 32 products, as the row kernel's)
-        tile_scores<DP, KT, 1, BWD, DP == 64 && !BWD>(s, dp, qa, oa, Kt, Vt, BWD, lane);
+        tile_scores<DP, KT, 1, BWD, DP == 64 && !BWD>(s, dp, qa, oa, Kt, Vt, lane);
       }
       const std::uint32_t mbits[2] = {thread_key_bits(vis[0], gc), thread_key_bits(vis[1], gc)};
       mask_scores(s, mbits);
