@@ -82,20 +82,13 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Number of compressed blocks visible from query t (i*d + l - 1 <= t).
+// Number of compressed blocks visible from query t (i*d + l - 1 <= t); the division by d as a
+// multiply-high (Geo::ddiv: exact for the non-negative ints it sees).
 __host__ __device__ inline int visible_blocks(const Geo& g, int t) {
-  if (t < g.l - 1) return 0;
-  const int v = (t - g.l + 1) / g.d + 1;
-  return v < g.N ? v : g.N;
-}
-#ifdef __CUDACC__
-// visible_blocks by a multiply-high (Geo::ddiv) instead of an integer division.
-__device__ __forceinline__ int visible_blocks_fast(const Geo& g, int t) {
   if (t < g.l - 1) return 0;
   const int v = g.ddiv.div(t - g.l + 1) + 1;
   return v < g.N ? v : g.N;
 }
-#endif
 
 // ---- the selection rule (selection.cu, select_tc.cuh) ----
 // For a position in selection block bt: the blocks 0, bt - 1, bt are forced, the candidates

@@ -910,7 +910,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
             // The compressed blocks overlapping j, in units of d (overlapping_cmp_blocks' bounds
             // without its divisions: [j S - L + 1, (j + 1) S - 1]), that the position sees.
             const int i_lo = max(max(0, j * ls_units - l_units + 1), s0);
-            const int i_hi = min((j + 1) * ls_units - 1, min(s0 + cnt, visible_blocks_fast(g, t_first + pl)) - 1);
+            const int i_hi = min((j + 1) * ls_units - 1, min(s0 + cnt, visible_blocks(g, t_first + pl)) - 1);
             float sum = 0.f;
             for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight_units(i, j, l_units, ls_units) * Pr[pl * prs + (i - s0)];
             Sb[pl * sb_stride + (j & sb_mask)] += sum;
