@@ -117,6 +117,12 @@ __device__ __forceinline__ float overlap_weight(const Geo& g, int i, int j) {
 __device__ __forceinline__ float overlap_weight_units(int i, int j, int L, int S) {
   return float(min(i + L, (j + 1) * S) - max(i, j * S));
 }
+// overlapping_cmp_blocks in the same units: blocks i with i < (j + 1) S and i + L > j S. The
+// same bounds, without its divisions.
+__device__ __forceinline__ void overlapping_cmp_blocks_units(int j, int L, int S, int& i_lo, int& i_hi) {
+  i_lo = max(0, j * S - L + 1);
+  i_hi = (j + 1) * S - 1;
+}
 // The top-n order: score v1 of block j1 ranks before v2 of j2 (score descending, index
 // ascending; j2 == INT_MAX: no candidate yet). Callers map NaN to -inf first.
 __device__ __forceinline__ bool ranks_before(float v1, int j1, float v2, int j2) {

@@ -883,7 +883,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         if constexpr (STREAMED) {
           if (lane < nj) {
             int a, b;
-            overlapping_cmp_blocks(g, jl, a, b);
+            overlapping_cmp_blocks_units(jl, l_units, ls_units, a, b);
             i0 = max(a, s0);
             ic = min(b, s0 + cnt - 1) - i0 + 1;
           }
@@ -907,10 +907,10 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         } else {
           for (int idx = tid; idx < npos * nj; idx += kCmpSelWarps * 32) {
             const int pl = idx / nj, j = j_lo + (idx - pl * nj);
-            // The compressed blocks overlapping j, in units of d (overlapping_cmp_blocks' bounds
-            // without its divisions: [j S - L + 1, (j + 1) S - 1]), that the position sees.
-            const int i_lo = max(max(0, j * ls_units - l_units + 1), s0);
-            const int i_hi = min((j + 1) * ls_units - 1, min(s0 + cnt, visible_blocks(g, t_first + pl)) - 1);
+            int i_lo, i_hi;  // the compressed blocks overlapping j that the position sees
+            overlapping_cmp_blocks_units(j, l_units, ls_units, i_lo, i_hi);
+            i_lo = max(i_lo, s0);
+            i_hi = min(i_hi, min(s0 + cnt, visible_blocks(g, t_first + pl)) - 1);
             float sum = 0.f;
             for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight_units(i, j, l_units, ls_units) * Pr[pl * prs + (i - s0)];
             Sb[pl * sb_stride + (j & sb_mask)] += sum;
