@@ -1565,6 +1565,10 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   // mma.sync: K, V fragments in registers for the whole block where they fit (sm_90a: the
   // warpgroup products read them from the shared tiles as A operands).
   constexpr bool kHoist = DP <= 64 && P == 1 && !NSATRON_WGMMA;
+  // sm_90a, compression: the next batch's copies issued under the batch's first products (at
+  // 64k -4.5% on this kernel; the selection's D = 64 kernel was 7% slower with it, the window's
+  // unchanged: docs/performance.md, eleventh session).
+  constexpr bool kIssueUnder = NSATRON_WGMMA && BR == kCmp;
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   // Tiles of DP bf16 per row laid out as wgmma.cuh says.
@@ -1721,8 +1725,14 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
 #if NSATRON_WGMMA
     wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
 #endif
-    __syncthreads();     // batch i is visible, and every warp is done with batch i - 1 (whose
-    issue(i + S - 1);    // stage batch i + S - 1 takes; its products were waited for in its groups)
+    __syncthreads();  // batch i is visible, and every warp is done with batch i - 1 (whose
+                      // stage batch i + S - 1 takes; its products were waited for in its groups)
+    bool next_issued = false;  // issue(i + S - 1), once per batch
+    auto issue_next = [&] {
+      if (!next_issued) issue(i + S - 1);
+      next_issued = true;
+    };
+    if (!kIssueUnder) issue_next();
     if (i == 0 && kHoist) {
 #pragma unroll
       for (int p = 0; p < (kHoist ? P : 0); ++p)
@@ -1766,6 +1776,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
         }
       }
       wg::commit();
+      if constexpr (kIssueUnder) issue_next();  // the next batch's copies under the products
       wg::wait(st);
       wg::pin(dpt);
 #else
@@ -1898,6 +1909,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       if (st0 == 1) rows_group(r0, std::integral_constant<int, kGR>{});
       if (st0 == -1) break;
     }
+    issue_next();  // (where no group of rows was computed)
 #else
     if (wact) {
       // A 16-row sub-batch at r0 against the warp's keys.
