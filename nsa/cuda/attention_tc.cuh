@@ -1732,7 +1732,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       if (!next_issued) issue(i + S - 1);
       next_issued = true;
     };
-    if (!kIssueUnder) issue_next();
+    if constexpr (!kIssueUnder) issue_next();
     if (i == 0 && kHoist) {
 #pragma unroll
       for (int p = 0; p < (kHoist ? P : 0); ++p)
