@@ -11,7 +11,18 @@ The roundings:
   dq     dq stored as bf16
 The reference takes the delta = do . out of the output the GPU wrote (bf16), as the test does.
 
-Usage: /usr/bin/python3 bench/bf16_error_model.py [--seeds N]   (Debian's python3-torch)
+With --window-keys: the same for the NSA window branch's key side (tc::key_kernel, its dK and
+dV; one head per group, gated), at the parity case "1 head/group, D=48" of test_nsa_cuda
+(T = 700, 3 heads, w = 128), with dS rounded to bf16 once (key_ds_parts 1, padded D > 32 today)
+or kept as hi + lo (2), measured as the test does (max |error| / max |reference| per gradient).
+The roundings there:
+  qk     the rotated q and k rounded to bf16 (the padded copies)
+  pv     the forward's P rounded to bf16 in O += P V (the saved o_win, whence delta)
+  ds     dS rounded to bf16 once in dK += dS^T Q (off: hi + lo, ~16 bits)
+  gp     g p rounded to bf16 in dV += (g p)^T dO
+  out    dK and dV stored as bf16
+
+Usage: /usr/bin/python3 bench/bf16_error_model.py [--seeds N] [--window-keys]   (Debian's python3-torch)
 """
 import argparse
 import math
@@ -60,10 +71,74 @@ def dq_error(T, H, D, theta, seed, round_qk, round_dq):
     return ((gpu - ref).abs().max() / ref.abs().max()).item()
 
 
+def rope_back(x, theta):  # the inverse rotation (the transpose of rope's)
+    T, _, D = x.shape
+    half = D // 2
+    inv = theta ** (-torch.arange(half) * 2.0 / D)
+    ang = torch.arange(T)[:, None] * inv[None, :]
+    c, s = torch.cos(ang)[:, None, :], torch.sin(ang)[:, None, :]
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * c + b * s, b * c - a * s], -1)
+
+
+def window_key_errors(T, H, D, w, theta, seed, ds_parts):
+    """(grad_k_win, grad_v_win) errors of the emulated key side, one head per group."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = [bf16(torch.randn(T, H, D, generator=g)) for _ in range(4)]
+    gate = torch.sigmoid(bf16(torch.randn(T, H, generator=g)))[..., None]  # [T, H, 1]
+    scale = 1 / math.sqrt(D)
+    t = torch.arange(T)
+    seen = (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - w)  # [t, u]: key u seen by t
+    qr, kr = rope(q, theta), rope(k, theta)
+    qs, ks = bf16(qr), bf16(kr)
+
+    def probs(qx, kx):
+        sc = torch.einsum("thd,uhd->htu", qx, kx) * scale
+        return torch.softmax(sc.masked_fill(~seen[None], -math.inf), -1)
+
+    p_ref, p_gpu = probs(qr, kr), probs(qs, ks)
+    o_ref = torch.einsum("htu,uhd->thd", p_ref, v)
+    # the forward's P V with P rounded to bf16 (relative to the row max, as the online softmax's)
+    sc = (torch.einsum("thd,uhd->htu", qs, ks) * scale).masked_fill(~seen[None], -math.inf)
+    pe = torch.exp(sc - sc.amax(-1, keepdim=True))
+    o_gpu = torch.einsum("htu,uhd->thd", bf16(pe), v) / pe.sum(-1).permute(1, 0)[..., None]
+    gh = gate.permute(1, 0, 2)  # [H, T, 1]
+    dP = torch.einsum("thd,uhd->htu", do, v)
+
+    def grads(p, o, qx, ds_round, gp_round):
+        delta = (gate * (do * o).sum(-1, keepdim=True)).permute(1, 0, 2)  # g (do . o), [H, T, 1]
+        dS = p * (gh * dP - delta)
+        dS = bf16(dS) if ds_round else dS
+        dk = rope_back(torch.einsum("htu,thd->uhd", dS, qx) * scale, theta)
+        gp = bf16(gh * p) if gp_round else gh * p
+        dv = torch.einsum("htu,thd->uhd", gp, do)
+        return dk, dv
+
+    dk_ref, dv_ref = grads(p_ref, o_ref, qr, False, False)
+    dk_gpu, dv_gpu = grads(p_gpu, o_gpu, qs, ds_parts == 1, True)
+    err = lambda a, b: ((bf16(a) - b).abs().max() / b.abs().max()).item()
+    return err(dk_gpu, dk_ref), err(dv_gpu, dv_ref)
+
+
+def window_keys_main(seeds):
+    T, H, D, w, theta = 700, 3, 48, 128, 1e4  # test_nsa_cuda's "1 head/group, D=48"
+    print("dS parts  gradient   median    p90      max   above 1e-2")
+    for parts in (1, 2):
+        e = [window_key_errors(T, H, D, w, theta, s, parts) for s in range(seeds)]
+        for i, name in enumerate(("grad_k_win", "grad_v_win")):
+            x = sorted(v[i] for v in e)
+            n = len(x)
+            print(f"{parts:8d}  {name}  {x[n // 2]:.2e} {x[(9 * n) // 10]:.2e} {x[-1]:.2e} "
+                  f"{sum(v > 1e-2 for v in x):4d}/{n}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=60)
+    ap.add_argument("--window-keys", action="store_true")
     args = ap.parse_args()
+    if args.window_keys:
+        return window_keys_main(args.seeds)
     shapes = [(2, 2, 16, 1e4), (17, 2, 2, 500.0), (37, 4, 32, 500.0), (33, 16, 64, 1e4)]  # T, H, D, theta
     print("roundings       shape          median    p90      max   above 1e-2")
     for round_qk, round_dq in [(True, True), (True, False), (False, True)]:
