@@ -36,12 +36,14 @@ def bf16(x):
     return x.to(torch.bfloat16).to(torch.float64)
 
 
-def rope(x, theta):  # x [T, H, D], the rotation of the NSA spec (halves)
+def rope(x, theta, inverse=False):  # x [T, H, D], the rotation of the NSA spec (halves)
     T, _, D = x.shape
     half = D // 2
     inv = theta ** (-torch.arange(half) * 2.0 / D)
     ang = torch.arange(T)[:, None] * inv[None, :]
     c, s = torch.cos(ang)[:, None, :], torch.sin(ang)[:, None, :]
+    if inverse:  # the transpose of the rotation
+        s = -s
     a, b = x[..., :half], x[..., half:]
     return torch.cat([a * c - b * s, b * c + a * s], -1)
 
@@ -69,16 +71,6 @@ def dq_error(T, H, D, theta, seed, round_qk, round_dq):
     if round_dq:
         gpu = bf16(gpu)
     return ((gpu - ref).abs().max() / ref.abs().max()).item()
-
-
-def rope_back(x, theta):  # the inverse rotation (the transpose of rope's)
-    T, _, D = x.shape
-    half = D // 2
-    inv = theta ** (-torch.arange(half) * 2.0 / D)
-    ang = torch.arange(T)[:, None] * inv[None, :]
-    c, s = torch.cos(ang)[:, None, :], torch.sin(ang)[:, None, :]
-    a, b = x[..., :half], x[..., half:]
-    return torch.cat([a * c + b * s, b * c - a * s], -1)
 
 
 def window_key_errors(T, H, D, w, theta, seed, ds_parts):
@@ -109,7 +101,7 @@ def window_key_errors(T, H, D, w, theta, seed, ds_parts):
         delta = (gate * (do * o).sum(-1, keepdim=True)).permute(1, 0, 2)  # g (do . o), [H, T, 1]
         dS = p * (gh * dP - delta)
         dS = bf16(dS) if ds_round else dS
-        dk = rope_back(torch.einsum("htu,thd->uhd", dS, qx) * scale, theta)
+        dk = rope(torch.einsum("htu,thd->uhd", dS, qx) * scale, theta, inverse=True)
         gp = bf16(gh * p) if gp_round else gh * p
         dv = torch.einsum("htu,thd->uhd", gp, do)
         return dk, dv
