@@ -286,6 +286,14 @@ template <int DP, bool BWD>
 constexpr bool row_defers_dq() {
   return BWD && DP == 128;
 }
+// Whether the row kernel takes warpgroup products where the build has them (sm_90a): all four
+// warps compute every tile the block loads (for the selection: every tile of the union of its
+// positions' blocks), the operands read once per warpgroup. Otherwise each warp computes its
+// 16 rows with mma.sync and skips the tiles none of its rows may see.
+template <int DP, int BR, bool BWD>
+constexpr bool row_warpgroup_products() {
+  return true;
+}
 template <int DP, int BR, bool BWD>
 __host__ __device__ inline RowSmem row_smem(int n, int ntw) {
   using C = RowCfg<DP>;
@@ -559,110 +567,116 @@ __device__ __forceinline__ void mma_first_overwrites(float (&d)[ND][4], const A&
 }
 #endif
 template <int DP, int KT, int KPARTS, bool BWD, bool SPLIT_S, bool WAIT = true, bool DP_LATER = false,
-          bool OVERWRITE = false, int NDP, class QA, class OA, class Under = Nothing>
+          bool OVERWRITE = false, bool WG = true, int NDP, class QA, class OA, class Under = Nothing>
 __device__ __forceinline__ void tile_scores(float (&s)[KT / 8][4], float (&dp)[NDP][4], QA& qa, OA& oa,
                                             const bf16* Kt, const bf16* Vt, int lane, Under&& under = Under{}) {
   static_assert(!OVERWRITE || (KT == 64 && !SPLIT_S), "overwriting products: N = 64, S in one product");
 #if NSATRON_WGMMA
-  wg::pin(qa);
-  if constexpr (BWD) {
-    wg::pin(oa);
-    if constexpr (!OVERWRITE) wg::pin(dp);
-  }
-  if constexpr (!OVERWRITE) wg::pin(s);
-  wg::fence();
-#pragma unroll
-  for (int kk = 0; kk < DP / 16; ++kk)
-#pragma unroll
-    for (int p = KPARTS - 1; p >= 0; --p) {  // smallest part first
-      if constexpr (SPLIT_S) {  // keys 0..31 and 32..63 as two N = 32 products
-        const char* kt = reinterpret_cast<const char*>(Kt + p * KT * DP);
-        wg::mma_rs_n32_at<0, 0>(s, qa[kk], wg::kmajor_desc<DP, KT>(kt, kk));
-        wg::mma_rs_n32_at<0, 4>(s, qa[kk], wg::kmajor_desc<DP, KT>(kt + wg::row_group_offset<DP>(32), kk));
-      } else {
-        mma_first_overwrites<OVERWRITE>(s, qa[kk], wg::kmajor_desc<DP, KT>(Kt + p * KT * DP, kk),
-                                        kk == 0 && p == KPARTS - 1);  // (unrolled: known)
-      }
+  if constexpr (WG) {
+    wg::pin(qa);
+    if constexpr (BWD) {
+      wg::pin(oa);
+      if constexpr (!OVERWRITE) wg::pin(dp);
     }
-  if constexpr (DP_LATER) wg::commit();  // S alone
-  if constexpr (BWD) {
+    if constexpr (!OVERWRITE) wg::pin(s);
+    wg::fence();
 #pragma unroll
     for (int kk = 0; kk < DP / 16; ++kk)
 #pragma unroll
-      for (int p = KPARTS - 1; p >= 0; --p)
-        mma_first_overwrites<OVERWRITE>(dp, oa[kk], wg::kmajor_desc<DP, KT>(Vt + p * KT * DP, kk),
-                                        kk == 0 && p == KPARTS - 1);
-  }
-  wg::commit();
-  under();
-  if constexpr (DP_LATER) {
-    wg::wait_all_but_newest(s);  // S; dP (the newest group) runs on
-  } else if constexpr (WAIT) {  // else the caller waits (the forward's deferred P V)
-    wg::wait(s);
-    if constexpr (BWD) wg::pin(dp);
-  }
-#else
-  if constexpr (OVERWRITE) {
-#pragma unroll
-    for (int n = 0; n < KT / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = 0.f;
-        if constexpr (BWD) dp[n][e] = 0.f;
-      }
-  }
-#pragma unroll
-  for (int kk = 0; kk < DP / 16; ++kk) {
-#pragma unroll
-    for (int np = 0; np < KT / 16; ++np) {
-#pragma unroll
       for (int p = KPARTS - 1; p >= 0; --p) {  // smallest part first
-        std::uint32_t kb[4];
-        tile_frag_bt<DP, KT>(kb, Kt + p * KT * DP, np * 16, kk * 16, lane);
-        mma(s[2 * np], qa[kk], kb[0], kb[1]);
-        mma(s[2 * np + 1], qa[kk], kb[2], kb[3]);
+        if constexpr (SPLIT_S) {  // keys 0..31 and 32..63 as two N = 32 products
+          const char* kt = reinterpret_cast<const char*>(Kt + p * KT * DP);
+          wg::mma_rs_n32_at<0, 0>(s, qa[kk], wg::kmajor_desc<DP, KT>(kt, kk));
+          wg::mma_rs_n32_at<0, 4>(s, qa[kk], wg::kmajor_desc<DP, KT>(kt + wg::row_group_offset<DP>(32), kk));
+        } else {
+          mma_first_overwrites<OVERWRITE>(s, qa[kk], wg::kmajor_desc<DP, KT>(Kt + p * KT * DP, kk),
+                                          kk == 0 && p == KPARTS - 1);  // (unrolled: known)
+        }
       }
-      if constexpr (BWD) {
+    if constexpr (DP_LATER) wg::commit();  // S alone
+    if constexpr (BWD) {
 #pragma unroll
-        for (int p = KPARTS - 1; p >= 0; --p) {
-          std::uint32_t vb[4];
-          tile_frag_bt<DP, KT>(vb, Vt + p * KT * DP, np * 16, kk * 16, lane);
-          mma(dp[2 * np], oa[kk], vb[0], vb[1]);
-          mma(dp[2 * np + 1], oa[kk], vb[2], vb[3]);
+      for (int kk = 0; kk < DP / 16; ++kk)
+#pragma unroll
+        for (int p = KPARTS - 1; p >= 0; --p)
+          mma_first_overwrites<OVERWRITE>(dp, oa[kk], wg::kmajor_desc<DP, KT>(Vt + p * KT * DP, kk),
+                                          kk == 0 && p == KPARTS - 1);
+    }
+    wg::commit();
+    under();
+    if constexpr (DP_LATER) {
+      wg::wait_all_but_newest(s);  // S; dP (the newest group) runs on
+    } else if constexpr (WAIT) {  // else the caller waits (the forward's deferred P V)
+      wg::wait(s);
+      if constexpr (BWD) wg::pin(dp);
+    }
+  } else
+#endif
+  {
+    if constexpr (OVERWRITE) {
+#pragma unroll
+      for (int n = 0; n < KT / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] = 0.f;
+          if constexpr (BWD) dp[n][e] = 0.f;
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk) {
+#pragma unroll
+      for (int np = 0; np < KT / 16; ++np) {
+#pragma unroll
+        for (int p = KPARTS - 1; p >= 0; --p) {  // smallest part first
+          std::uint32_t kb[4];
+          tile_frag_bt<DP, KT>(kb, Kt + p * KT * DP, np * 16, kk * 16, lane);
+          mma(s[2 * np], qa[kk], kb[0], kb[1]);
+          mma(s[2 * np + 1], qa[kk], kb[2], kb[3]);
+        }
+        if constexpr (BWD) {
+#pragma unroll
+          for (int p = KPARTS - 1; p >= 0; --p) {
+            std::uint32_t vb[4];
+            tile_frag_bt<DP, KT>(vb, Vt + p * KT * DP, np * 16, kk * 16, lane);
+            mma(dp[2 * np], oa[kk], vb[0], vb[1]);
+            mma(dp[2 * np + 1], oa[kk], vb[2], vb[3]);
+          }
         }
       }
     }
+    under();
   }
-  under();
-#endif
 }
 
 // S += Q_lo K_hi for a warp's 16 rows over a tile of KT keys: the rotated queries' bf16
 // rounding residuals (ql, fragments as tile_scores' qa) against the keys' first (hi) part at
 // Kt, the third product of the scores' parts (win_score_parts). Its own product group (wgmma:
 // waited for before it returns where WAIT).
-template <int DP, int KT, int NQ, bool WAIT = true>
+template <int DP, int KT, int NQ, bool WAIT = true, bool WG = true>
 __device__ __forceinline__ void scores_add_qlo(float (&s)[KT / 8][4], std::uint32_t (&ql)[NQ][4], const bf16* Kt,
                                                int lane) {
 #if NSATRON_WGMMA
-  wg::pin(ql);
-  wg::pin(s);
-  wg::fence();
+  if constexpr (WG) {
+    wg::pin(ql);
+    wg::pin(s);
+    wg::fence();
 #pragma unroll
-  for (int kk = 0; kk < DP / 16; ++kk) wg::mma<KT, 0>(s, ql[kk], wg::kmajor_desc<DP, KT>(Kt, kk));
-  wg::commit();
-  if constexpr (WAIT) wg::wait(s);
-#else
-#pragma unroll
-  for (int kk = 0; kk < DP / 16; ++kk)
-#pragma unroll
-    for (int np = 0; np < KT / 16; ++np) {
-      std::uint32_t kb[4];
-      tile_frag_bt<DP, KT>(kb, Kt, np * 16, kk * 16, lane);
-      mma(s[2 * np], ql[kk], kb[0], kb[1]);
-      mma(s[2 * np + 1], ql[kk], kb[2], kb[3]);
-    }
+    for (int kk = 0; kk < DP / 16; ++kk) wg::mma<KT, 0>(s, ql[kk], wg::kmajor_desc<DP, KT>(Kt, kk));
+    wg::commit();
+    if constexpr (WAIT) wg::wait(s);
+  } else
 #endif
+  {
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk)
+#pragma unroll
+      for (int np = 0; np < KT / 16; ++np) {
+        std::uint32_t kb[4];
+        tile_frag_bt<DP, KT>(kb, Kt, np * 16, kk * 16, lane);
+        mma(s[2 * np], ql[kk], kb[0], kb[1]);
+        mma(s[2 * np + 1], ql[kk], kb[2], kb[3]);
+      }
+  }
 }
 
 // acc += X Y for a warp's 16 rows: X [16][KT] fp32 in the accumulator layout, rounded to bf16
@@ -674,36 +688,39 @@ __device__ __forceinline__ void scores_add_qlo(float (&s)[KT / 8][4], std::uint3
 // acc += X Y as acc_add_product with TILE and X in one part, X already packed as A fragments
 // (pack_a): xa[k2] the keys 16 k2 .. 16 k2 + 15. WAIT false (sm_90a): the product is committed
 // and left running; the caller waits (wg::wait(acc)) before it reads acc or rewrites xa.
-template <int NT, int DT, int KT, int PARTS, bool WAIT = true>
+template <int NT, int DT, int KT, int PARTS, bool WAIT = true, bool WG = true>
 __device__ __forceinline__ void acc_add_packed(float (&acc)[DT][4], std::uint32_t (&xa)[NT / 2][4], const bf16* y,
                                                int lane) {
   constexpr int DP = DT * 8;
 #if NSATRON_WGMMA
-  wg::pin(acc);
-  wg::pin(xa);
-  wg::fence();
+  if constexpr (WG) {
+    wg::pin(acc);
+    wg::pin(xa);
+    wg::fence();
 #pragma unroll
-  for (int k2 = 0; k2 < NT / 2; ++k2)
+    for (int k2 = 0; k2 < NT / 2; ++k2)
 #pragma unroll
-    for (int p = PARTS - 1; p >= 0; --p) wg::mma<DP, 1>(acc, xa[k2], wg::mnmajor_desc<DP, KT>(y + p * KT * DP, k2));
-  wg::commit();
-  if constexpr (WAIT) wg::wait(acc);
-#else
-#pragma unroll
-  for (int k2 = 0; k2 < NT / 2; ++k2)
-#pragma unroll
-    for (int jp = 0; jp < DT / 2; ++jp)
-#pragma unroll
-      for (int p = PARTS - 1; p >= 0; --p) {
-        std::uint32_t xb[4];
-        tile_frag_b<DP, KT>(xb, y + p * KT * DP, k2 * 16, jp * 16, lane);
-        mma(acc[2 * jp], xa[k2], xb[0], xb[1]);
-        mma(acc[2 * jp + 1], xa[k2], xb[2], xb[3]);
-      }
+      for (int p = PARTS - 1; p >= 0; --p) wg::mma<DP, 1>(acc, xa[k2], wg::mnmajor_desc<DP, KT>(y + p * KT * DP, k2));
+    wg::commit();
+    if constexpr (WAIT) wg::wait(acc);
+  } else
 #endif
+  {
+#pragma unroll
+    for (int k2 = 0; k2 < NT / 2; ++k2)
+#pragma unroll
+      for (int jp = 0; jp < DT / 2; ++jp)
+#pragma unroll
+        for (int p = PARTS - 1; p >= 0; --p) {
+          std::uint32_t xb[4];
+          tile_frag_b<DP, KT>(xb, y + p * KT * DP, k2 * 16, jp * 16, lane);
+          mma(acc[2 * jp], xa[k2], xb[0], xb[1]);
+          mma(acc[2 * jp + 1], xa[k2], xb[2], xb[3]);
+        }
+  }
 }
 
-template <int NT, int DT, int STR, int KT, int PARTS, bool TILE = false, int XPARTS = 1>
+template <int NT, int DT, int STR, int KT, int PARTS, bool TILE = false, int XPARTS = 1, bool WG = true>
 __device__ __forceinline__ void acc_add_product(float (&acc)[DT][4], const float (*x)[4], const bf16* y,
                                                 int lane) {
   static_assert(XPARTS == 1 || XPARTS == 2, "X as one or two bf16 parts");
@@ -711,11 +728,11 @@ __device__ __forceinline__ void acc_add_product(float (&acc)[DT][4], const float
     std::uint32_t xa[NT / 2][4];
 #pragma unroll
     for (int k2 = 0; k2 < NT / 2; ++k2) pack_a<NT>(xa[k2], x, k2);
-    acc_add_packed<NT, DT, KT, PARTS>(acc, xa, y, lane);
+    acc_add_packed<NT, DT, KT, PARTS, true, WG>(acc, xa, y, lane);
     return;
   }
 #if NSATRON_WGMMA
-  if constexpr (TILE) {
+  if constexpr (TILE && WG) {
     std::uint32_t xa[NT / 2][4], xl[XPARTS == 2 ? NT / 2 : 1][4];
 #pragma unroll
     for (int k2 = 0; k2 < NT / 2; ++k2) {
@@ -735,31 +752,32 @@ __device__ __forceinline__ void acc_add_product(float (&acc)[DT][4], const float
       }
     wg::commit();
     wg::wait(acc);
-    return;
-  }
+  } else
 #endif
-  constexpr int PSTR = KT * STR;  // elements between parts (STR = DP for tiles)
+  {
+    constexpr int PSTR = KT * STR;  // elements between parts (STR = DP for tiles)
 #pragma unroll
-  for (int k2 = 0; k2 < NT / 2; ++k2) {
-    std::uint32_t xa[4], xl[4];
-    if constexpr (XPARTS == 2) pack_a_parts<NT>(xa, xl, x, k2);
-    else pack_a<NT>(xa, x, k2);
+    for (int k2 = 0; k2 < NT / 2; ++k2) {
+      std::uint32_t xa[4], xl[4];
+      if constexpr (XPARTS == 2) pack_a_parts<NT>(xa, xl, x, k2);
+      else pack_a<NT>(xa, x, k2);
 #pragma unroll
-    for (int jp = 0; jp < DT / 2; ++jp)
+      for (int jp = 0; jp < DT / 2; ++jp)
 #pragma unroll
-      for (int p = PARTS - 1; p >= 0; --p) {
-        std::uint32_t xb[4];
-        if constexpr (TILE)
-          tile_frag_b<STR, KT>(xb, y + p * PSTR, k2 * 16, jp * 16, lane);
-        else
-          frag_b<STR>(xb, y + p * PSTR, k2 * 16, jp * 16, lane);
-        if constexpr (XPARTS == 2) {
-          mma(acc[2 * jp], xl, xb[0], xb[1]);
-          mma(acc[2 * jp + 1], xl, xb[2], xb[3]);
+        for (int p = PARTS - 1; p >= 0; --p) {
+          std::uint32_t xb[4];
+          if constexpr (TILE)
+            tile_frag_b<STR, KT>(xb, y + p * PSTR, k2 * 16, jp * 16, lane);
+          else
+            frag_b<STR>(xb, y + p * PSTR, k2 * 16, jp * 16, lane);
+          if constexpr (XPARTS == 2) {
+            mma(acc[2 * jp], xl, xb[0], xb[1]);
+            mma(acc[2 * jp + 1], xl, xb[2], xb[3]);
+          }
+          mma(acc[2 * jp], xa, xb[0], xb[1]);
+          mma(acc[2 * jp + 1], xa, xb[2], xb[3]);
         }
-        mma(acc[2 * jp], xa, xb[0], xb[1]);
-        mma(acc[2 * jp + 1], xa, xb[2], xb[3]);
-      }
+    }
   }
 }
 
@@ -892,6 +910,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // with two barriers step k + 1's closing one). So its key tiles take three stages
   // (row_defers_dq); its value tiles (read by dP, waited for within the step) keep two.
   constexpr bool kDeferDq = row_defers_dq<DP, BWD>();
+  // Warpgroup products (sm_90a builds) or mma.sync per warp (row_warpgroup_products).
+  constexpr bool kWg = NSATRON_WGMMA && row_warpgroup_products<DP, BR, BWD>();
   auto kstage_of = [&](int k) { return kDeferDq ? int(unsigned(k) % 3u) : stage_of(k); };
   // The forward's three stages hold the tile whose P V product is still running (deferred to
   // the next step, under that step's softmax: FlashAttention-3's overlap within a warpgroup),
@@ -1087,7 +1107,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // kDeferDq: the zeros held in acc's registers (else the compiler writes them again on the
   // path that skips the loop, beside the path where a dq product still runs, and ptxas then
   // serialises every product: C7515)
-  if constexpr (kDeferDq) wg::pin(acc);
+  if constexpr (kWg && kDeferDq) wg::pin(acc);
 #endif
   float lrow2[2] = {0.f, 0.f};  // backward: lse in the exp2 domain
   if constexpr (BWD) {
@@ -1167,7 +1187,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     // was the D <= 64 backward: with spills at its 168 registers then, and in the ninth
     // session, without them, still slower); elsewhere at once (a warp that
     // sees no key there skips the products, and with them what runs under them).
-    constexpr bool kMasksUnder = kOneBarrier && NSATRON_WGMMA && BR == kSlc && (DP > 64 || !BWD);
+    constexpr bool kMasksUnder = kOneBarrier && kWg && BR == kSlc && (DP > 64 || !BWD);
     constexpr bool kCopiesUnder = kMasksUnder && !BWD;
     auto issue_next = [&] {  // what goes under the products (nothing without kMasksUnder)
       if constexpr (kCopiesUnder) {
@@ -1180,8 +1200,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     if constexpr (kOneBarrier) {  // the step's one barrier, before its masks are read: tile k
       cp_wait0();  // is in (the only group in flight) and every warp finished step k - 1 (and,
 #if NSATRON_WGMMA  // kDefer, waited there for its deferred product of tile k - 2's values), so
-      wg::fence_proxy_async();  // tile k + 1 goes into the stage of tile k - 1 (two stages) or
-#endif                          // k - 2 (three; kDeferDq: its keys, its values into k - 1's)
+      if constexpr (kWg) wg::fence_proxy_async();  // tile k + 1 goes into the stage of tile k - 1
+#endif  // (two stages) or k - 2 (three; kDeferDq: its keys, its values into k - 1's)
       __syncthreads();
       if constexpr (!kMasksUnder) {
         issue(k + 1);
@@ -1213,36 +1233,40 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         vis[h2] = rv[h2] ? key_bits(0, min(KT, visible_blocks(g, rt[h2]) - s0)) : 0ull;
     }
     const bool warp_sees = __any_sync(0xffffffffu, (vis[0] | vis[1]) != 0ull);
+    bool sees;
 #if NSATRON_WGMMA
-    // The products are warpgroup-wide: the block skips a tile only when no row sees it (with
-    // kOneBarrier it never does: every tile of the block's list is seen by some row of the
-    // block (the union of its positions' tiles, their windows, or the compressed blocks its
-    // last position sees), and one -inf row costs nothing).
-    bool sees = true;
-    if constexpr (!kOneBarrier) {
-      cp_wait1();
-      wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
-      sees = __syncthreads_or(warp_sees);
-      if constexpr (kDeferDq)
-        if (!sees) wg::wait(acc);  // no S to retire the running dq product with: before the
-                                   // closing barrier, as step k + 2's copies need its tile
-    }
-#else
-    if constexpr (!kOneBarrier) {
-      cp_wait1();
-      __syncthreads();
-    }
-    const bool sees = warp_sees;  // a warp skips a tile none of its rows may see
-    if constexpr (kDefer)
-      if (!sees && pv_pending) {  // the deferred product before its stage is refilled
-        acc_add_packed<NT, DT, KT, kKParts>(acc, pa, v_prev, lane);
-        pv_pending = false;
-#pragma unroll
-        for (int k2 = 0; k2 < NT / 2; ++k2)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) pa[k2][e] = 0u;  // the next seen tile's product adds +0
+    if constexpr (kWg) {
+      // The products are warpgroup-wide: the block skips a tile only when no row sees it (with
+      // kOneBarrier it never does: every tile of the block's list is seen by some row of the
+      // block (the union of its positions' tiles, their windows, or the compressed blocks its
+      // last position sees), and one -inf row costs nothing).
+      sees = true;
+      if constexpr (!kOneBarrier) {
+        cp_wait1();
+        wg::fence_proxy_async();  // the cp.async tiles are read by the tensor cores' async proxy
+        sees = __syncthreads_or(warp_sees);
+        if constexpr (kDeferDq)
+          if (!sees) wg::wait(acc);  // no S to retire the running dq product with: before the
+                                     // closing barrier, as step k + 2's copies need its tile
       }
+    } else
 #endif
+    {
+      if constexpr (!kOneBarrier) {
+        cp_wait1();
+        __syncthreads();
+      }
+      sees = warp_sees;  // a warp skips a tile none of its rows may see
+      if constexpr (kDefer)
+        if (!sees && pv_pending) {  // the deferred product before its stage is refilled
+          acc_add_packed<NT, DT, KT, kKParts, true, false>(acc, pa, v_prev, lane);
+          pv_pending = false;
+#pragma unroll
+          for (int k2 = 0; k2 < NT / 2; ++k2)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) pa[k2][e] = 0u;  // the next seen tile's product adds +0
+        }
+    }
     if (sees) {  // else: nothing to see here
       const bf16* Kt = Ks + kstage_of(k) * kKParts * KT * DP;
       const bf16* Vt = Vs + stage_of(k) * kKParts * KT * DP;
@@ -1269,40 +1293,49 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       // fragments loaded per tile they took 64 registers and 16 ldmatrix per warp and tile;
       // docs/performance.md, ninth session), fragments per tile elsewhere.
       if constexpr (BWD) {
+        // The rows' A operands qa and oa_tile: shared tiles (warpgroup products) or fragments.
+        auto scores = [&](auto& qa, auto& oa_tile) {
+          auto& oa = pick<kDeferDq>(of, oa_tile);  // the d_out rows: kept fragments, or the tile
+          // dP left running while the probabilities are computed from S (waited for below; with
+          // kDeferDq the wait for S also retires the previous step's dq product, issued before)
+          tile_scores<DP, KT, kKParts, true, kSplitS, true, true, kDeferDq, kWg>(s, dp, qa, oa, Kt, Vt, lane,
+                                                                                 issue_next);
+        };
 #if NSATRON_WGMMA
-        const wg::SharedRowsA<DP> qa{Qs}, oa_tile{Os};
-#else
-        std::uint32_t qa[DP / 16][4], oa_tile[kDeferDq ? 1 : DP / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; ++kk) {
-          tile_frag_a<DP, kRowsPerBlock>(qa[kk], Qs, warp * 16, kk * 16, lane);
-          if constexpr (!kDeferDq) tile_frag_a<DP, kRowsPerBlock>(oa_tile[kk], Os, warp * 16, kk * 16, lane);
-        }
+        if constexpr (kWg) {
+          const wg::SharedRowsA<DP> qa{Qs}, oa_tile{Os};
+          scores(qa, oa_tile);
+        } else
 #endif
-        auto& oa = pick<kDeferDq>(of, oa_tile);  // the d_out rows: kept fragments, or the tile
-        // dP left running while the probabilities are computed from S (waited for below; with
-        // kDeferDq the wait for S also retires the previous step's dq product, issued before)
-        tile_scores<DP, KT, kKParts, true, kSplitS, true, true, kDeferDq>(s, dp, qa, oa, Kt, Vt, lane, issue_next);
+        {
+          std::uint32_t qa[DP / 16][4], oa_tile[kDeferDq ? 1 : DP / 16][4];
+#pragma unroll
+          for (int kk = 0; kk < DP / 16; ++kk) {
+            tile_frag_a<DP, kRowsPerBlock>(qa[kk], Qs, warp * 16, kk * 16, lane);
+            if constexpr (!kDeferDq) tile_frag_a<DP, kRowsPerBlock>(oa_tile[kk], Os, warp * 16, kk * 16, lane);
+          }
+          scores(qa, oa_tile);
+        }
         if constexpr (kQParts == 2) {
           std::uint32_t ql[DP / 16][4];
 #pragma unroll
           for (int kk = 0; kk < DP / 16; ++kk) tile_frag_a<DP, kRowsPerBlock>(ql[kk], Qls, warp * 16, kk * 16, lane);
-          scores_add_qlo<DP, KT>(s, ql, Kt, lane);
+          scores_add_qlo<DP, KT, DP / 16, true, kWg>(s, ql, Kt, lane);
         }
       } else {
-        tile_scores<DP, KT, kKParts, false, kSplitS, !kDefer>(
+        tile_scores<DP, KT, kKParts, false, kSplitS, !kDefer, false, false, kWg>(
             s, dp, qf, qf, Kt, Vt, lane, [&] {
               if constexpr (!kDefer) issue_next();  // (kDefer: under both products, below)
             });
-        if constexpr (kQParts == 2) scores_add_qlo<DP, KT, DP / 16, !kDefer>(s, qlf, Kt, lane);
+        if constexpr (kQParts == 2) scores_add_qlo<DP, KT, DP / 16, !kDefer, kWg>(s, qlf, Kt, lane);
         if constexpr (kDefer) {  // the previous tile's P V, issued after these scores and left
           // running (the first tile's: P = 0, a product that adds +0; the same instructions on
           // every path, which ptxas needs to keep the products asynchronous)
           if (!pv_pending) v_prev = Vt;
-          acc_add_packed<NT, DT, KT, kKParts, false>(acc, pa, v_prev, lane);
+          acc_add_packed<NT, DT, KT, kKParts, false, kWg>(acc, pa, v_prev, lane);
           issue_next();  // under both products
 #if NSATRON_WGMMA
-          wg::wait_all_but_newest(s);  // the scores alone
+          if constexpr (kWg) wg::wait_all_but_newest(s);  // the scores alone
 #endif
         }
       }
@@ -1317,7 +1350,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       const bool rows_see = !kWarpSkip || warp_sees;
       if (!rows_see) {
 #if NSATRON_WGMMA
-        if constexpr (BWD) wg::wait(dp);  // in flight (DP_LATER) until here
+        if constexpr (kWg && BWD) wg::wait(dp);  // in flight (DP_LATER) until here
 #endif
 #pragma unroll
         for (int n = 0; n < NT; ++n)
@@ -1335,7 +1368,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           if constexpr (BWD) {
             online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, corr);
 #if NSATRON_WGMMA
-            wg::wait(dp);
+            if constexpr (kWg) wg::wait(dp);
 #endif
             softmax_tile_dot<NT>(s, dp, corr, us);  // us: the online sum of p dP
           } else if constexpr (kDefer) {
@@ -1349,7 +1382,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[n][e] = ex2(fmaf(s[n][e], sl2, -lrow2[e >> 1]));
 #if NSATRON_WGMMA
-          wg::wait(dp);
+          if constexpr (kWg) wg::wait(dp);
 #endif
 #pragma unroll
           for (int n = 0; n < NT; ++n)
@@ -1369,29 +1402,29 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           if constexpr (kDeferDq) {  // left running: waited for with the next step's S
 #pragma unroll
             for (int k2 = 0; k2 < NT / 2; ++k2) pack_a<NT>(dsa[k2], dp, k2);
-            acc_add_packed<NT, DT, KT, kKParts, false>(acc, dsa, Kt, lane);
+            acc_add_packed<NT, DT, KT, kKParts, false, kWg>(acc, dsa, Kt, lane);
           } else {
-            acc_add_product<NT, DT, DP, KT, kKParts, true, row_ds_parts(DP)>(acc, dp, Kt, lane);
+            acc_add_product<NT, DT, DP, KT, kKParts, true, row_ds_parts(DP), kWg>(acc, dp, Kt, lane);
           }
         }
       } else if constexpr (kDefer) {  // acc += P V at the next step (or after the loop)
 #if NSATRON_WGMMA
-        wg::wait(acc);  // the previous tile's product
+        if constexpr (kWg) wg::wait(acc);  // the previous tile's product
 #endif
         rescale_and_pack<NT, DT>(acc, corr, rows_see, pa, s);
         v_prev = Vt;
         pv_pending = true;
       } else {
-        acc_add_product<NT, DT, DP, KT, kKParts, true>(acc, s, Vt, lane);  // acc += P V
+        acc_add_product<NT, DT, DP, KT, kKParts, true, 1, kWg>(acc, s, Vt, lane);  // acc += P V
       }
     }
     if constexpr (!kOneBarrier) __syncthreads();  // issue(k + 2) refills stage k & 1 (kDeferDq:
                                                   // its values; its keys go into (k + 2) % 3)
   }
   if constexpr (kDefer)
-    if (pv_pending) acc_add_packed<NT, DT, KT, kKParts>(acc, pa, v_prev, lane);
+    if (pv_pending) acc_add_packed<NT, DT, KT, kKParts, true, kWg>(acc, pa, v_prev, lane);
 #if NSATRON_WGMMA
-  if constexpr (kDeferDq) wg::wait(acc);  // the last dq product
+  if constexpr (kWg && kDeferDq) wg::wait(acc);  // the last dq product
 #endif
   cp_wait0();
 
