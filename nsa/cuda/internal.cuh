@@ -99,26 +99,16 @@ __device__ __forceinline__ int selection_take(const Geo& g, int bt, int& ncand) 
   ncand = max(0, bt - 2);
   return min(max(g.n - forced, 0), ncand);
 }
-// Compressed blocks [i_lo, i_hi] overlap selection block j (tokens [j l', (j+1) l' - 1]);
-// block i covers [i d, i d + l - 1]. Not clamped to N or to what a position sees.
-__device__ __forceinline__ void overlapping_cmp_blocks(const Geo& g, int j, int& i_lo, int& i_hi) {
-  const int lo_num = j * g.ls - g.l + 1;
-  i_lo = lo_num <= 0 ? 0 : (lo_num + g.d - 1) / g.d;
-  i_hi = (j * g.ls + g.ls - 1) / g.d;
-}
+// Compressed block i covers tokens [i d, i d + l - 1], selection block j [j l', (j+1) l' - 1];
+// with L = l / d and S = l' / d (whole numbers: the config requires d | l and d | l'), their
+// bounds in units of d are [i, i + L) and [j S, (j + 1) S).
 // The weight of compressed block i in the score of selection block j: the tokens they share
-// over d (an integer: l and l' are multiples of d).
-__device__ __forceinline__ float overlap_weight(const Geo& g, int i, int j) {
-  const int jb = j * g.ls, je = jb + g.ls - 1, first = i * g.d, last = first + g.l - 1;
-  return float((min(last, je) - max(first, jb) + 1) / g.d);
-}
-// overlap_weight without a division: L = l / d and S = l' / d (whole numbers), the blocks'
-// bounds in units of d (block i: [i, i + L), block j: [j S, (j + 1) S)). The same value.
+// over d (paper Eq. 9), without a division.
 __device__ __forceinline__ float overlap_weight_units(int i, int j, int L, int S) {
   return float(min(i + L, (j + 1) * S) - max(i, j * S));
 }
-// overlapping_cmp_blocks in the same units: blocks i with i < (j + 1) S and i + L > j S. The
-// same bounds, without its divisions.
+// The compressed blocks [i_lo, i_hi] that overlap selection block j (i < (j + 1) S and
+// i + L > j S). Not clamped to N or to what a position sees.
 __device__ __forceinline__ void overlapping_cmp_blocks_units(int j, int L, int S, int& i_lo, int& i_hi) {
   i_lo = max(0, j * S - L + 1);
   i_hi = (j + 1) * S - 1;

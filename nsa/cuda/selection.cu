@@ -87,12 +87,13 @@ __global__ void __launch_bounds__(SEL_THREADS)
     }
   }
   __syncthreads();
+  const int l_units = g.l / g.d, ls_units = g.ls / g.d;  // the overlap weights' bounds
   for (int j = threadIdx.x; j <= bt; j += blockDim.x) {
     int i_lo, i_hi;
-    overlapping_cmp_blocks(g, j, i_lo, i_hi);
+    overlapping_cmp_blocks_units(j, l_units, ls_units, i_lo, i_hi);
     i_hi = min(i_hi, nvis - 1);
     float sum = 0.f;
-    for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight(g, i, j) * P[i];
+    for (int i = i_lo; i <= i_hi; ++i) sum += overlap_weight_units(i, j, l_units, ls_units) * P[i];
     S[j] = sum;
   }
   __syncthreads();
