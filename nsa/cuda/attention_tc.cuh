@@ -530,13 +530,14 @@ __device__ __forceinline__ void quad_row_sums(float (&x)[2]) {
   }
 }
 
-// S += Q K^T for a warp's 16 rows over a tile of KT keys and, with BWD, dP += dO V^T: A fragments qa (and oa) of the rows, DP / 16 of 16 dims each in mma.sync's
-// layout, or on sm_90a the warpgroup's 64 rows in shared memory (wg::SharedRowsA); K and V
-// as KPARTS parts of wgmma.cuh tiles KT x DP, KT * DP apart (the products of the smallest
-// part first). On sm_90a one warpgroup product per 16 dims and part (every warp
-// of the block calls it together); SPLIT_S computes S as two N = 32 products (the row
-// kernels' forward at padded D = 64: see kSplitS there). Elsewhere mma.sync with ldmatrix
-// fragments of the tiles. DP_LATER (sm_90a, BWD): S and dP are two product groups and only S is
+// S += Q K^T for a warp's 16 rows over a tile of KT keys and, with BWD, dP += dO V^T: A
+// fragments qa (and oa) of the rows, DP / 16 of 16 dims each in mma.sync's layout, or on
+// sm_90a the warpgroup's 64 rows in shared memory (wg::SharedRowsA); K and V as KPARTS parts
+// of wgmma.cuh tiles KT x DP, KT * DP apart (the products of the smallest part first). On
+// sm_90a with WG (the default; row_warpgroup_products) one warpgroup product per 16 dims and
+// part (every warp of the block calls it together); SPLIT_S computes S as two N = 32 products
+// (the row kernels' forward at padded D = 64: see kSplitS there). Elsewhere mma.sync with
+// ldmatrix fragments of the tiles (so also scores_add_qlo, acc_add_packed, acc_add_product). DP_LATER (sm_90a, BWD): S and dP are two product groups and only S is
 // waited for; dP is left running (the caller computes the probabilities from S meanwhile and
 // then waits with wg::wait(dp)). `under` runs once the products are issued and before any wait
 // (on sm_90a, under them: the row kernel's next-tile copies and masks). OVERWRITE: s and dp
