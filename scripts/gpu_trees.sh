@@ -17,13 +17,16 @@ gpu_ref_tree() {
 
 # gpu_build_tree DIR NAME TARGET...: configures DIR/build-gpu (Release, CUDA for ARCH, default
 # 90a) and builds the targets with half the cores (two trees build at once); logs
-# $OUT/configure_NAME.log and $OUT/build_NAME.log; on failure prints the errors, returns 1.
+# configure_NAME.log and build_NAME.log in GPU_LOG_DIR (default /tmp/gpu_logs: the device tool
+# brings back at most 8 files from $OUT, and four trees' logs crowded out summary.txt); on
+# failure prints the errors and copies the log into $OUT, returns 1.
 gpu_build_tree() {
-  local dir=$1 name=$2
+  local dir=$1 name=$2 logs=${GPU_LOG_DIR:-/tmp/gpu_logs}
   shift 2
+  mkdir -p "$logs"
   cmake -S "$dir" -B "$dir/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNSATRON_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90a}" -DNSATRON_TOMLPP_DIR="$dir/.carry/include" >"$OUT/configure_$name.log" 2>&1 ||
-    { echo "$name: configure failed"; tail -20 "$OUT/configure_$name.log"; return 1; }
-  cmake --build "$dir/build-gpu" -j"$(( $(nproc) / 2 + 1 ))" --target "$@" >"$OUT/build_$name.log" 2>&1 ||
-    { echo "$name: build failed"; grep -E "error" -A3 "$OUT/build_$name.log" | head -30; return 1; }
+    -DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90a}" -DNSATRON_TOMLPP_DIR="$dir/.carry/include" >"$logs/configure_$name.log" 2>&1 ||
+    { echo "$name: configure failed"; tail -20 "$logs/configure_$name.log"; cp "$logs/configure_$name.log" "$OUT/"; return 1; }
+  cmake --build "$dir/build-gpu" -j"$(( $(nproc) / 2 + 1 ))" --target "$@" >"$logs/build_$name.log" 2>&1 ||
+    { echo "$name: build failed"; grep -E "error" -A3 "$logs/build_$name.log" | head -30; cp "$logs/build_$name.log" "$OUT/"; return 1; }
 }
