@@ -1717,12 +1717,17 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
         cp16(qd + to, qp + go, ok);
         cp16(od + to, op + go, ok);
         if constexpr (kQP == 2) cp16(ld + to, lp + go, ok);
-        if (ch == 0) {
-          td[r] = t;
-          cp4(rd + r, a.lse + row, ok);  // lse (natural log; times log2 e where it is read)
-          cp4(rd + kRB + r, a.gsig + row, ok);
-          cp4(rd + 2 * kRB + r, a.delta + row, ok);
-        }
+      }
+      // The row's position and statistics, by its owner lane after the chunks (inside the
+      // chunk loop, by the lane of the row's first chunk, each pass had a divergent branch
+      // between the shuffles).
+      if (lane < kIt * kRpw) {
+        const int r = warp * kRpw + lane % kRpw + (lane / kRpw) * kRowStep;
+        const bool ok = own_t >= 0;
+        td[r] = own_t;
+        cp4(rd + r, a.lse + own_row, ok);  // lse (natural log; times log2 e where it is read)
+        cp4(rd + kRB + r, a.gsig + own_row, ok);
+        cp4(rd + 2 * kRB + r, a.delta + own_row, ok);
       }
     }
     cp_commit();
