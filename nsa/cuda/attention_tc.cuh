@@ -255,7 +255,7 @@ struct RowSmem {  // byte offsets of the dynamic shared memory of row_kernel
   std::size_t q, ql, o, k, v, kmask, selp, tbits, total;
 };
 // Parts of each key and value tile of the row kernel: the compression backward's fp32 keys and
-// values at padded D = 32 (cmp_kv_parts), the window branch's rotated keys at padded D = 32
+// values up to padded D = 64 (cmp_kv_parts), the window branch's rotated keys at padded D = 32
 // (win_score_parts); one otherwise. Every product with them is the sum of the parts' products.
 template <int DP, int BR, bool BWD>
 constexpr int row_kv_parts() {
@@ -1544,10 +1544,10 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
 // mma.sync, per 16-row sub-batch a warp computes the same:
 //   S^T = K Q^T, dP^T = V dO^T (fp32 accumulate), p = exp(scale s - lse) (fp32),
 //   dV += (g p)^T dO (g p rounded to bf16),
-//   dK += dS^T Q with dS = p (g dP - delta): at DP = 32 split into bf16 hi + lo parts,
-//         dS_hi Q + dS_lo Q, and Q too (key_q_parts): + dS_hi Q_lo (with both roundings grad_k
-//         reached 1.04e-2 of the bf16 bound 1e-2 at D=6); above, dS rounded to bf16 once
-//         (key_ds_parts, internal.cuh, says what it costs in accuracy),
+//   dK += dS^T Q with dS = p (g dP - delta): up to DP = 64 split into bf16 hi + lo parts,
+//         dS_hi Q + dS_lo Q, and at DP = 32 Q too (key_q_parts): + dS_hi Q_lo (with both
+//         roundings grad_k reached 1.04e-2 of the bf16 bound 1e-2 at D=6); at DP = 128, dS
+//         rounded to bf16 once (key_ds_parts, internal.cuh, says what it costs in accuracy),
 // skipping sub-batches whose positions cannot see its keys. A selection list of more than
 // kRS rows is split over blocks (grid y) of kRS rows each, whose fp32 partial sums are added
 // in split order by the unit's last block (see the epilogue): balance, block 0 is chosen by

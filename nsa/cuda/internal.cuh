@@ -330,12 +330,14 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
 // parts > 1, also the bf16 rounding residuals, part p at dst + p * B*NK*G*padded_dim(D): 2 parts
 // carry ~16 significant bits, 3 parts ~24 (fp32).
 // The compression branch's tensor-core backward (row and key sides) reads its fp32 compressed
-// keys and values as cmp_kv_parts(padded D) bf16 parts: at padded D = 32, hi + lo (~16 bits;
+// keys and values as cmp_kv_parts(padded D) bf16 parts: up to padded D = 64, hi + lo (~16 bits;
 // the other branches' keys and values are bf16 inputs already), so their rounding adds no
 // error of its own to the products (with one part, grad_cmp_pk reached 9.6e-3 of the 1e-2
-// bound at D = 6); above, one part, the bf16 rounding (docs/performance.md, 2026-11-26:
-// the compression backward's products halve; the parity errors it moved are listed there).
-constexpr int cmp_kv_parts(int DP) { return DP <= 32 ? 2 : 1; }
+// bound at D = 6, and at D = 48 with one head per group grad_q's worst was 8.1e-3 over 25
+// seeds, one of them past the bound in an earlier session; with two, at most 5.7e-3 of 30);
+// at padded D = 128, one part, the bf16 rounding (the compression backward's products halve:
+// docs/performance.md, 2026-11-26 and 2026-11-28 twelfth session, with what each choice costs).
+constexpr int cmp_kv_parts(int DP) { return DP <= 64 ? 2 : 1; }
 template <class S>
 void launch_tc_pad(const Geo& g, const S* src, __nv_bfloat16* dst, const float2* rope, int NK,
                    cudaStream_t s, int parts = 1);
@@ -471,11 +473,15 @@ int compute_capability_major();  // the current device's
 // Parts of the rotated q in the tensor-core key side's dK += dS^T Q: bf16 hi + lo (2) at
 // DP = 32, where with one part grad_k reached 1.04e-2 of the 1e-2 bound (D = 6); one above.
 constexpr int key_q_parts(int DP) { return DP <= 32 ? 2 : 1; }
-// Parts of dS in the key side's dK += dS^T Q: bf16 hi + lo (2) at DP = 32; one above, as flash
-// attention rounds it (one product of the five per row group less: backward -3% at the paper's
-// 8192, -4% at 125M; the parity cases' worst grad_k rose from 4.8e-3 to 5.5e-3 at D = 128 and
-// 4.6e-3 to 5.9e-3 at D = 48, against the 1e-2 bound: docs/performance.md, 2026-11-27).
-constexpr int key_ds_parts(int DP) { return DP <= 32 ? 2 : 1; }
+// Parts of dS in the key side's dK += dS^T Q: bf16 hi + lo (2) up to DP = 64; one at 128, as
+// flash attention rounds it (one product of the five per row group less: backward -3% at the
+// paper's 8192, -4% at 125M; the parity cases' worst grad_k rose from 4.8e-3 to 5.5e-3 at
+// D = 128, docs/performance.md, 2026-11-27). At D = 48 with one head per group one part left
+// grad_k_win / grad_k_slc at up to 8.1e-3 over 25 fresh seeds, near the 1e-2 bound (one
+// session's run failed it); two parts, with cmp_kv_parts' two, keep every gradient's worst at
+// 6.4e-3 over 30 (docs/performance.md, 2026-11-28 twelfth session: the 125M core's backward
+// +9%).
+constexpr int key_ds_parts(int DP) { return DP <= 64 ? 2 : 1; }
 // Parts of dS in the row side's dq += dS K: bf16 hi + lo (2) at DP = 32, one above. With one
 // part, dense attention's dq exceeded the 1e-2 bound at D = 32 on one seed of 30 (1.1e-2; 4.3e-3
 // with two) and came nearer it at D = 2 (its dS terms cancel: sum_j dS_j = 0; the key side's

@@ -17,8 +17,8 @@
 // rows past P h idle. The compressed keys visible to its last position stream through shared
 // memory in 64-key tiles (cp.async, double buffered) twice, each tile serving all 8 warps:
 //   pass 0  the compression branch's forward: online softmax of the scores (exp2 domain), O +=
-//           P V with P rounded to bf16 and V as cmp_kv_parts(DP) bf16 parts (hi + lo at
-//           padded D = 32, the bf16 rounding above, as the compression backward); o_cmp and
+//           P V with P rounded to bf16 and V as cmp_kv_parts(DP) bf16 parts (hi + lo up to
+//           padded D = 64, the bf16 rounding at 128, as the compression backward); o_cmp and
 //           lse written as the other row kernels do;
 //   pass 1  p = exp(scale s - lse) per row and key (fp32), summed over the position's heads
 //           (P_i: at h = 16 and 8, padded D = 128, by shuffles of the warp's registers, which
