@@ -1688,8 +1688,8 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       // warp * kRpw + lane / CH + it * kRowStep. Each of the warp's rows is resolved once, by
       // its owner lane (it * kRpw + sub: position from the selection's list, row index) and
       // passed to the lanes of its chunks by shuffles (every lane computing every row's
-      // address cost ~20% of the selection's key side). The thread of a row's first chunk
-      // also stages its position and, asynchronously, its lse, sigmoid(gate) and delta.
+      // address cost ~20% of the selection's key side). The owner lane also stages, after the
+      // chunks, the row's position and, asynchronously, its lse, sigmoid(gate) and delta.
       constexpr int kIt = kRB * CH / (kKeyWarps * 32), kRpw = 32 / CH, kRowStep = kKeyWarps * kRpw;
       static_assert(kRB * CH % (kKeyWarps * 32) == 0 && 32 % CH == 0 && kIt * kRpw <= 32,
                     "whole passes over the chunks, rows owned by one lane each");
