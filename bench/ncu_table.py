@@ -4,6 +4,9 @@ per profiled process, kernels sorted by total time (avg x invocations), times in
 import re
 import sys
 
+from kernel_names import short_kernel_name
+
+
 def main(path):
     proc, rows = None, []
     def flush():
@@ -13,7 +16,9 @@ def main(path):
             for name, n, avg in sorted(rows, key=lambda r: -r[1] * r[2]):
                 print(f"  {n * avg / 1000:8.3f} ms  {n:4d} x {avg / 1000:7.4f}  {name[:90]}")
     name = None
-    for line in open(path, errors="replace"):
+    with open(path, errors="replace") as f:
+        lines = f.readlines()
+    for line in lines:
         m = re.match(r"\[(\d+)\] (\S+)", line)
         if m:
             flush()
@@ -22,7 +27,7 @@ def main(path):
         m = re.match(r"  (\S.*?) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\).*Invocations (\d+)", line)
         if m:
             name, n = m.group(1), int(m.group(2))
-            name = re.sub(r"nsatron::(<unnamed>::)?", "", name).split("(")[0]
+            name = short_kernel_name(name)
             continue
         m = re.match(r"\s+gpu__time_duration.sum\s+(\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", line)
         if m and name:

@@ -11,8 +11,9 @@ rates, the tensor pipe's active share and the LSU issue share, largest total tim
 import argparse
 import collections
 import csv
-import re
 import sys
+
+from kernel_names import short_kernel_name
 
 METRICS = [
     "gpu__time_duration.sum",
@@ -29,26 +30,6 @@ SCALE = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "m
          "Gbyte": 1.0, "GB": 1.0, "Tbyte": 1e3, "%": 1.0, "": 1.0}
 
 
-def short_name(name):
-    """void a::b::(anonymous namespace)::tc::row_kernel<128, 1, 1, 0>(Geo, ...) -> tc::row_kernel<128, 1, 1, 0>:
-    the parameter list dropped, the name kept with its innermost namespace."""
-    name = re.sub(r"^void ", "", name)
-    name = re.sub(r"\(anonymous namespace\)::|<unnamed>::", "", name)
-    depth, out = 0, []
-    for ch in name:  # up to the first '(' outside template brackets
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        elif ch == "(" and depth == 0:
-            break
-        out.append(ch)
-    name = "".join(out)
-    cut = name.find("<")
-    head, tail = (name, "") if cut < 0 else (name[:cut], name[cut:])
-    return "::".join(head.split("::")[-2:]) + tail
-
-
 def parse(lines):
     """{kernel: {metric: [value per launch, scaled]}} from ncu's --csv rows."""
     rows = list(csv.reader(lines))
@@ -62,7 +43,7 @@ def parse(lines):
         unit = r[ui]
         if unit not in SCALE:
             raise ValueError(f"unknown unit {unit!r} of {r[mi]}")
-        acc[short_name(r[ki])][r[mi]].append(float(r[vi].replace(",", "")) * SCALE[unit])
+        acc[short_kernel_name(r[ki])][r[mi]].append(float(r[vi].replace(",", "")) * SCALE[unit])
     return acc
 
 

@@ -23,25 +23,11 @@ import subprocess
 import sys
 import tempfile
 
+from kernel_names import short_kernel_name
+
 DEFAULT_FILES = ["nsa/cuda/attention.cu", "nsa/cuda/compression.cu", "nsa/cuda/selection.cu"]
 # ptxas messages that mean the warpgroup products do not run as written.
 COSTLY = re.compile(r"\((C75(1\d|20))\)")
-
-
-def short_name(demangled):
-    """The kernel's name with its namespaces and parameter list left out, templates kept."""
-    name = demangled
-    for prefix in ("void ", "nsatron::nsa::cuda::detail::", "(anonymous namespace)::", "nsatron::"):
-        name = name.replace(prefix, "")
-    depth = 0
-    for i, ch in enumerate(name):  # cut at the parameter list: the first '(' outside <...>
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        elif ch == "(" and depth == 0:
-            return name[:i]
-    return name
 
 
 def demangle(names):
@@ -98,7 +84,7 @@ def report(root, files, arch):
         kernels = parse(log)
         names = demangle(sorted(kernels))
         for mangled, rec in kernels.items():
-            merged[short_name(names[mangled])] = rec
+            merged[short_kernel_name(names[mangled])] = rec
     return merged
 
 

@@ -7,6 +7,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import kernel_names  # noqa: E402
 import ptxas_report  # noqa: E402
 
 # Two kernels as nvcc 13 prints them; the second's warning comes before its own lines.
@@ -45,17 +46,25 @@ class ParseTest(unittest.TestCase):
                                "ptxas info    : Used 32 registers\n")
         self.assertEqual(k["f"]["warnings"], [])
 
-    def test_short_name(self):
+    def test_short_name(self):  # bench/kernel_names.py, which every tool prints kernels with
+        short = kernel_names.short_kernel_name
         self.assertEqual(
-            ptxas_report.short_name("void nsatron::nsa::cuda::detail::(anonymous namespace)::tc::row_kernel<128, 1, "
-                                    "true, false>(nsatron::nsa::cuda::detail::Geo, int)"),
+            short("void nsatron::nsa::cuda::detail::(anonymous namespace)::tc::row_kernel<128, 1, "
+                  "true, false>(nsatron::nsa::cuda::detail::Geo, int)"),
             "tc::row_kernel<128, 1, true, false>")
-        self.assertEqual(ptxas_report.short_name("f(int)"), "f")
-        self.assertEqual(ptxas_report.short_name("k<(int)2>(float*)"), "k<(int)2>")
+        # ncu's form of the anonymous namespace, and its "(int)" template arguments.
+        self.assertEqual(short("void nsatron::nsa::cuda::detail::<unnamed>::tc::key_kernel<(int)128, (int)0>"
+                               "(nsatron::nsa::cuda::detail::Geo, int)"), "tc::key_kernel<(int)128, (int)0>")
+        self.assertEqual(short("nsatron::nsa::cuda::detail::key_kernel<float, 128, 0>(Geo)"),
+                         "detail::key_kernel<float, 128, 0>")
+        self.assertEqual(short("nvjet_sm90_tss_256x128_64x4_1x2_h_badd_coopA_TNT"),
+                         "nvjet_sm90_tss_256x128_64x4_1x2_h_badd_coopA_TNT")
+        self.assertEqual(short("f(int)"), "f")
+        self.assertEqual(short("k<(int)2>(float*)"), "k<(int)2>")
 
     def test_costly_kernels(self):
         named = {"gone<1>": None}  # a kernel only the base had
-        named.update({ptxas_report.short_name(n): rec for n, rec in ptxas_report.parse(LOG).items()})
+        named.update({kernel_names.short_kernel_name(n): rec for n, rec in ptxas_report.parse(LOG).items()})
         self.assertEqual(ptxas_report.costly_kernels(named), ["_Z3barv"])
 
     def test_describe(self):
