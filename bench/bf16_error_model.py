@@ -13,8 +13,9 @@ The reference takes the delta = do . out of the output the GPU wrote (bf16), as 
 
 With --window-keys: the same for the NSA window branch's key side (tc::key_kernel, its dK and
 dV; one head per group, gated), at the parity case "1 head/group, D=48" of test_nsa_cuda
-(T = 700, 3 heads, w = 128), with dS rounded to bf16 once (key_ds_parts 1, padded D > 32 today)
-or kept as hi + lo (2), measured as the test does (max |error| / max |reference| per gradient).
+(T = 700, 3 heads, w = 128), with dS rounded to bf16 once (key_ds_parts 1: padded D = 128 now,
+up to 64 before 2026-11-28) or kept as hi + lo (2: padded D <= 64 now), measured as the test
+does (max |error| / max |reference| per gradient).
 The roundings there:
   qk     the rotated q and k rounded to bf16 (the padded copies)
   pv     the forward's P rounded to bf16 in O += P V (the saved o_win, whence delta)

@@ -1695,10 +1695,13 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
                     "whole passes over the chunks, rows owned by one lane each");
       // (Selection: the list entry of the lane's row in batch i + 1 is loaded here, a batch
       // ahead of its use; loaded at its use, its wait was ~4% of the key side's stall samples.)
+      // The row of the batch this lane owns (lanes from kIt * kRpw on own none).
+      const bool owner = lane < kIt * kRpw;
+      const int own_r = warp * kRpw + lane % kRpw + (lane / kRpw) * kRowStep;
       int own_t = -1;
       std::int64_t own_row = 0;
-      if (lane < kIt * kRpw) {  // the row this lane resolves
-        const int rho = rbeg + i * kRB + warp * kRpw + lane % kRpw + (lane / kRpw) * kRowStep;
+      if (owner) {  // the row this lane resolves
+        const int rho = rbeg + i * kRB + own_r;
         if (rho < nrows) {
           int pi, hd;
           g.hdiv.divmod(rho, pi, hd);
@@ -1725,13 +1728,12 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       // The row's position and statistics, by its owner lane after the chunks (inside the
       // chunk loop, by the lane of the row's first chunk, each pass had a divergent branch
       // between the shuffles).
-      if (lane < kIt * kRpw) {
-        const int r = warp * kRpw + lane % kRpw + (lane / kRpw) * kRowStep;
+      if (owner) {
         const bool ok = own_t >= 0;
-        td[r] = own_t;
-        cp4(rd + r, a.lse + own_row, ok);  // lse (natural log; times log2 e where it is read)
-        cp4(rd + kRB + r, a.gsig + own_row, ok);
-        cp4(rd + 2 * kRB + r, a.delta + own_row, ok);
+        td[own_r] = own_t;
+        cp4(rd + own_r, a.lse + own_row, ok);  // lse (natural log; times log2 e where it is read)
+        cp4(rd + kRB + own_r, a.gsig + own_row, ok);
+        cp4(rd + 2 * kRB + own_r, a.delta + own_row, ok);
       }
     }
     cp_commit();
