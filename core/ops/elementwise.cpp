@@ -136,6 +136,56 @@ void join_columns(std::span<const Tensor* const> parts, Tensor& packed, const Pa
   copy_columns("join_columns", packed, parts, layout, false);
 }
 
+void regroup_rows(const Tensor& in, Tensor& out, std::span<const std::int64_t> part_rows, std::int64_t groups,
+                  bool to_part_major) {
+  const std::string op = "regroup_rows";
+  require(in.defined() && out.defined() && in.ndim() >= 1 && out.ndim() >= 1, op, "in and out must have rows");
+  same_dtype_device(op, {&in, &out});
+  require(!part_rows.empty() && part_rows.size() <= std::size_t(kMaxColumnParts) && groups >= 1, op,
+          "between 1 and " + std::to_string(kMaxColumnParts) + " parts and at least one group, got " +
+              std::to_string(part_rows.size()) + " parts, " + std::to_string(groups) + " groups");
+  RowParts rp;
+  rp.groups = groups;
+  for (std::int64_t w : part_rows) {
+    require(w >= 0, op, "a part's row count is negative: " + std::to_string(w));
+    rp.rows[rp.count++] = w;
+  }
+  const std::int64_t R = groups * rp.total();
+  require(in.dim(0) >= R && out.dim(0) >= R && (in.dim(0) == 0 || out.dim(0) == 0 ||
+                                                 in.numel() / in.dim(0) == out.numel() / out.dim(0)),
+          op, "in " + in.describe() + " and out " + out.describe() + " need " + std::to_string(R) +
+                  " rows of the same size");
+  if (R == 0 || in.numel() == 0) return;
+  const std::size_t row_bytes = in.nbytes() / std::size_t(in.dim(0));
+  if (in.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda::regroup_rows(in.raw(), out.raw(), row_bytes, rp, to_part_major);
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
+  cpu::regroup_rows(in.raw(), out.raw(), row_bytes, rp, to_part_major);
+}
+
+void zero_columns(Tensor& x, std::int64_t begin, std::int64_t end) {
+  const std::string op = "zero_columns";
+  require(x.defined() && x.ndim() == 2, op, "x must be 2-D [R, P], got " + x.describe());
+  require(0 <= begin && begin <= end && end <= x.dim(1), op,
+          "columns [" + std::to_string(begin) + ", " + std::to_string(end) + ") outside " + x.describe());
+  if (begin == end || x.dim(0) == 0) return;
+  const std::size_t e = dtype_size(x.dtype()), pitch = std::size_t(x.dim(1)) * e;
+  if (x.device() == Device::CUDA) {
+#ifdef NSATRON_WITH_CUDA
+    cuda::zero_columns(x.raw(), pitch, std::size_t(begin) * e, std::size_t(end) * e, x.dim(0));
+    return;
+#else
+    no_cuda(op);
+#endif
+  }
+  cpu::zero_columns(x.raw(), pitch, std::size_t(begin) * e, std::size_t(end) * e, x.dim(0));
+}
+
 void cast(const Tensor& src, Tensor& dst) {
   const std::string op = "cast";
   require(src.numel() == dst.numel() && src.device() == dst.device(), op,

@@ -28,6 +28,16 @@
 //             Both are copies (any dtype, bits unchanged), one pass over the bytes: on CUDA one
 //             kernel for all the parts, in the widest unit (up to 16 bytes) that every width,
 //             offset, pitch and address allows.
+// regroup_rows: the rows of a matrix in `groups` groups of parts (group-major: part k of group
+//             g at rows g * W + o_k, W = sum_k w_k, o_k = w_0 + ... + w_{k-1}) and the same rows
+//             part by part (part-major: part k of group g at rows groups * o_k + g * w_k):
+//               to_part_major: out[groups * o_k + g * w_k + j] = in[g * W + o_k + j]
+//               else the inverse, out[g * W + o_k + j] = in[groups * o_k + g * w_k + j]
+//             e.g. the fused attention projection's weight rows (core/model/model.h) reordered
+//             so that each part of all groups is one column range of the product's rows. in and
+//             out have at least groups * W rows of the same shape; rows from there on are
+//             neither read nor written. A copy (any dtype, bits unchanged); on CUDA one kernel.
+// zero_columns: x [R, P]: columns [begin, end) of every row set to zero, the rest untouched.
 // Deterministic: elementwise.
 #pragma once
 #include <cstddef>
@@ -35,6 +45,7 @@
 #include <span>
 
 #include "core/tensor/tensor.h"
+#include "core/util/host_device.h"
 
 namespace nsatron {
 
@@ -57,6 +68,10 @@ struct PackedColumns {
 };
 void split_columns(const Tensor& packed, std::span<Tensor* const> parts, const PackedColumns& layout = {});
 void join_columns(std::span<const Tensor* const> parts, Tensor& packed, const PackedColumns& layout = {});
+// part_rows: the w_k (at most kMaxColumnParts of them); in, out: [>= groups * W, ...].
+void regroup_rows(const Tensor& in, Tensor& out, std::span<const std::int64_t> part_rows, std::int64_t groups,
+                  bool to_part_major);
+void zero_columns(Tensor& x, std::int64_t begin, std::int64_t end);
 
 // The raw form of both, shared by the CPU and CUDA sides: `count` parts of row_bytes[k] bytes
 // per row, at byte offsets offset[k] (ascending, contiguous from 0) of packed rows of `pitch`
@@ -73,6 +88,32 @@ struct ColumnParts {
   std::size_t zero_end = 0;
 };
 
+// The raw form of regroup_rows: count parts of rows[k] rows each, in `groups` groups.
+struct RowParts {
+  std::int64_t rows[kMaxColumnParts];
+  int count = 0;
+  std::int64_t groups = 1;
+  // The group-major row of part-major row r (r < groups * the parts' rows).
+  NSATRON_HD std::int64_t group_major(std::int64_t r) const {
+    std::int64_t first = 0, width = 0;  // part k's first part-major row and the parts' rows before it
+    for (int k = 0; k < count; ++k) {
+      const std::int64_t span = groups * rows[k];
+      if (r < first + span) {
+        const std::int64_t g = (r - first) / rows[k];
+        return g * total() + width + (r - first - g * rows[k]);
+      }
+      first += span;
+      width += rows[k];
+    }
+    return -1;
+  }
+  NSATRON_HD std::int64_t total() const {  // W
+    std::int64_t w = 0;
+    for (int k = 0; k < count; ++k) w += rows[k];
+    return w;
+  }
+};
+
 namespace cpu {
 // out may alias a or b.
 template <class T> void add(T* out, const T* a, const T* b, std::int64_t n);
@@ -81,6 +122,10 @@ template <class T> void add_(T* acc, const T* x, std::int64_t n);
 void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep);
 // to_parts: packed -> parts (split_columns), else parts -> packed (join_columns).
 void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts);
+// Rows of row_bytes bytes; to_part_major: in group-major, out part-major (else the inverse).
+void regroup_rows(const void* in, void* out, std::size_t row_bytes, const RowParts& parts, bool to_part_major);
+// x rows of pitch bytes: bytes [begin, end) of each of its R rows zeroed.
+void zero_columns(void* x, std::size_t pitch, std::size_t begin, std::size_t end, std::int64_t R);
 }  // namespace cpu
 
 namespace cuda {
@@ -92,6 +137,9 @@ void cast(DType src_dt, const void* src, DType dst_dt, void* dst, std::int64_t n
 void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep);
 // Same contract as cpu::copy_columns, device pointers, one kernel.
 void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts);
+// Same contracts as cpu::regroup_rows and cpu::zero_columns, device pointers.
+void regroup_rows(const void* in, void* out, std::size_t row_bytes, const RowParts& parts, bool to_part_major);
+void zero_columns(void* x, std::size_t pitch, std::size_t begin, std::size_t end, std::int64_t R);
 }  // namespace cuda
 
 }  // namespace nsatron

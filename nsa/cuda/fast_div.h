@@ -13,11 +13,7 @@
 #include <cstdint>
 #include <stdexcept>
 
-#ifdef __CUDACC__
-#define NSATRON_HD __host__ __device__ __forceinline__
-#else
-#define NSATRON_HD inline
-#endif
+#include "core/util/host_device.h"
 
 namespace nsatron::nsa::cuda {
 
@@ -51,4 +47,3 @@ struct FastDiv {
 };
 
 }  // namespace nsatron::nsa::cuda
-#undef NSATRON_HD

@@ -1,5 +1,5 @@
 // Elementwise helpers: values, aliasing, argument checks; zero_rows; split/join of columns (grouped,
-// padded rows included).
+// padded rows included); regroup_rows and zero_columns.
 #include "core/ops/elementwise.h"
 #include "tests/ops/op_test_util.h"
 
@@ -185,6 +185,55 @@ TEST(Elementwise, GroupedPaddedSplitAndJoinFollowThePlainLoop) {
             }
           }
         }
+}
+
+// regroup_rows against the plain loop of its definition (part k of group g: group-major rows
+// g * W + o_k, part-major rows G * o_k + g * w_k), its inverse restores the rows, and rows past
+// G * W are neither read nor written; zero_columns zeroes its columns only.
+TEST(Elementwise, RegroupRowsFollowsThePlainLoopAndZeroColumnsItsColumns) {
+  test::Rng rng(88);
+  const double sentinel = -3.5;
+  for (DType dt : {DType::F32, DType::F64, DType::BF16})
+    for (const std::vector<std::int64_t>& widths :
+         {std::vector<std::int64_t>{1}, {3, 0, 5}, {384, 64, 64, 64, 64, 64, 64, 18}, {7, 1, 2, 9, 4}})
+      for (std::int64_t G : {1, 2, 3})
+        for (std::int64_t C : {1, 5, 8}) {
+          std::int64_t W = 0;
+          for (std::int64_t w : widths) W += w;
+          const std::string tag = std::string(dtype_name(dt)) + " G=" + std::to_string(G) + " W=" + std::to_string(W) +
+                                  " C=" + std::to_string(C);
+          const std::int64_t R = G * W, extra = 2;  // two rows past the regrouped ones
+          Tensor in = rng.randn({R + extra, C}, DType::F64).to_dtype(dt);
+          Tensor out = Tensor::from_vector(std::vector<double>(std::size_t((R + extra) * C), sentinel), {R + extra, C}, dt);
+          regroup_rows(in, out, widths, G, true);
+          const auto iv = in.to_vector(), ov = out.to_vector();
+          for (std::int64_t g = 0; g < G; ++g)
+            for (std::size_t k = 0, o = 0; k < widths.size(); o += std::size_t(widths[k]), ++k)
+              for (std::int64_t j = 0; j < widths[k]; ++j)
+                for (std::int64_t c = 0; c < C; ++c)
+                  ASSERT_EQ(ov[std::size_t(((G * std::int64_t(o) + g * widths[k] + j)) * C + c)],
+                            iv[std::size_t((g * W + std::int64_t(o) + j) * C + c)])
+                      << tag << " group " << g << " part " << k << " row " << j;
+          for (std::size_t i = std::size_t(R * C); i < ov.size(); ++i) ASSERT_EQ(ov[i], sentinel) << tag << " past the rows";
+          Tensor back = Tensor::from_vector(std::vector<double>(std::size_t((R + extra) * C), sentinel), {R + extra, C}, dt);
+          regroup_rows(out, back, widths, G, false);
+          EXPECT_TRUE(test::same_bits(back.slice0(0, R), in.slice0(0, R))) << tag << " inverse";
+          EXPECT_EQ(back.slice0(R, R + extra).to_vector(), std::vector<double>(std::size_t(extra * C), sentinel)) << tag;
+        }
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Tensor x = rng.randn({4, 9}, DType::F64).to_dtype(dt);
+    const auto before = x.to_vector();
+    zero_columns(x, 3, 7);
+    const auto after = x.to_vector();
+    for (std::size_t i = 0; i < after.size(); ++i) {
+      const std::size_t c = i % 9;
+      EXPECT_EQ(after[i], c >= 3 && c < 7 ? 0.0 : before[i]) << dtype_name(dt) << " element " << i;
+    }
+  }
+  Tensor x = Tensor::zeros({2, 4}, DType::F32);
+  EXPECT_THROW(zero_columns(x, 3, 5), std::invalid_argument);
+  Tensor small = Tensor::zeros({3, 2}, DType::F32), big = Tensor::zeros({8, 2}, DType::F32);
+  EXPECT_THROW(regroup_rows(small, big, std::vector<std::int64_t>{2, 2}, 1, true), std::invalid_argument);  // 4 rows
 }
 
 TEST(Elementwise, GroupedSplitColumnsRejectsMismatches) {

@@ -1,6 +1,7 @@
 // CUDA add / add_ and the linear layer's bias kernels against the CPU: fp32 and bf16, sizes
 // 1, odd, not a multiple of the vector width, unaligned views, aliasing (out = a, out = b);
 // the bias gradient accumulating in fp32 from bf16 rows, and its bits on a second run.
+// regroup_rows and zero_columns: the CPU's bits.
 // split_columns / join_columns: the same bits as the CPU for every unit width the kernel picks
 // (odd widths, zero widths, unaligned views, the 125M model's projection), also with grouped,
 // padded packed rows (the pad never written). Linear with padded y / dy rows (y_pitch,
@@ -89,6 +90,39 @@ TEST(ElementwiseCuda, SplitAndJoinColumnsMatchCpuBitForBit) {
       join_columns(std::vector<const Tensor*>(dp.begin(), dp.end()), back);
       EXPECT_TRUE(test::same_bits_any(back, packed_h)) << tag << " join";
     }
+}
+
+// regroup_rows (both directions) and zero_columns: the CPU's bits, for every unit width the
+// kernel picks (row sizes of 1, 6 and 1536 bytes; the 125M projection's weight rows).
+TEST(ElementwiseCuda, RegroupRowsAndZeroColumnsMatchCpuBitForBit) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const std::vector<std::int64_t>& widths :
+         {std::vector<std::int64_t>{1}, {3, 0, 5}, {384, 64, 64, 64, 64, 64, 64, 18}})
+      for (std::int64_t G : {1, 2, 4})
+        for (std::int64_t C : {1, 3, 768}) {
+          std::int64_t W = 0;
+          for (std::int64_t w : widths) W += w;
+          const std::string tag = test::dt_name(dt) + " G=" + std::to_string(G) + " W=" + std::to_string(W) +
+                                  " C=" + std::to_string(C);
+          const std::int64_t R = G * W + 3;  // 3 rows past the regrouped ones
+          const Tensor in_h = rng.randn({R, C}, DType::F32).to_dtype(dt);
+          for (bool to_part_major : {true, false}) {
+            Tensor out_h = Tensor::from_vector(std::vector<double>(std::size_t(R * C), -3.5), {R, C}, dt);
+            Tensor out_d = out_h.to(Device::CUDA);
+            regroup_rows(in_h, out_h, widths, G, to_part_major);
+            regroup_rows(in_h.to(Device::CUDA), out_d, widths, G, to_part_major);
+            EXPECT_TRUE(test::same_bits_any(out_d, out_h)) << tag << " to_part_major " << to_part_major;
+          }
+          Tensor z_h = in_h.clone();
+          Tensor z_d = z_h.to(Device::CUDA);
+          zero_columns(z_h, C / 3, C);
+          zero_columns(z_d, C / 3, C);
+          EXPECT_TRUE(test::same_bits_any(z_d, z_h)) << tag << " zero_columns";
+        }
 }
 
 TEST(ElementwiseCuda, GroupedPaddedSplitAndJoinMatchCpuBitForBit) {

@@ -42,6 +42,23 @@ void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std
   }
 }
 
+void regroup_rows(const void* in, void* out, std::size_t row_bytes, const RowParts& parts, bool to_part_major) {
+  const std::int64_t R = parts.groups * parts.total();
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+#pragma omp parallel for schedule(static) if (std::size_t(R) * row_bytes > (1u << 16))
+  for (std::int64_t r = 0; r < R; ++r) {  // r: the part-major row
+    const std::int64_t gm = parts.group_major(r);
+    const std::int64_t from = to_part_major ? gm : r, to = to_part_major ? r : gm;
+    std::memcpy(dst + std::size_t(to) * row_bytes, src + std::size_t(from) * row_bytes, row_bytes);
+  }
+}
+
+void zero_columns(void* x, std::size_t pitch, std::size_t begin, std::size_t end, std::int64_t R) {
+  char* p = static_cast<char*>(x);
+  for (std::int64_t r = 0; r < R; ++r) std::memset(p + std::size_t(r) * pitch + begin, 0, end - begin);
+}
+
 template void add<float>(float*, const float*, const float*, std::int64_t);
 template void add<double>(double*, const double*, const double*, std::int64_t);
 template void add_<float>(float*, const float*, std::int64_t);

@@ -138,7 +138,45 @@ void copy_columns_as(void* packed, std::size_t pitch, const ColumnParts& parts, 
   check_launch(to_parts ? "split_columns" : "join_columns");
 }
 
+// regroup_rows in units of U: part-major row r of per_row units each, its group-major row from
+// RowParts (a few integer steps per unit: the copy is of weight-sized matrices).
+template <class U>
+__global__ void regroup_rows_kernel(const U* __restrict__ in, U* __restrict__ out, std::int64_t per_row,
+                                    std::int64_t total, const RowParts parts, bool to_part_major) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const std::int64_t r = i / per_row, c = i - r * per_row, gm = parts.group_major(r);
+    const std::int64_t from = to_part_major ? gm : r, to = to_part_major ? r : gm;
+    out[to * per_row + c] = in[from * per_row + c];
+  }
+}
+
+template <class U>
+void regroup_rows_as(const void* in, void* out, std::size_t row_bytes, const RowParts& parts, bool to_part_major) {
+  const std::int64_t per_row = std::int64_t(row_bytes / sizeof(U)), total = per_row * parts.groups * parts.total();
+  regroup_rows_kernel<U><<<grid_for(total, 256, 8192), 256>>>(static_cast<const U*>(in), static_cast<U*>(out),
+                                                              per_row, total, parts, to_part_major);
+  check_launch("regroup_rows");
+}
+
 }  // namespace
+
+void regroup_rows(const void* in, void* out, std::size_t row_bytes, const RowParts& parts, bool to_part_major) {
+  if (row_bytes == 0 || parts.groups * parts.total() == 0) return;
+  // The widest unit that divides the rows and both addresses.
+  const std::uintptr_t a =
+      reinterpret_cast<std::uintptr_t>(in) | reinterpret_cast<std::uintptr_t>(out) | std::uintptr_t(row_bytes);
+  if (a % 16 == 0) return regroup_rows_as<uint4>(in, out, row_bytes, parts, to_part_major);
+  if (a % 8 == 0) return regroup_rows_as<unsigned long long>(in, out, row_bytes, parts, to_part_major);
+  if (a % 4 == 0) return regroup_rows_as<unsigned int>(in, out, row_bytes, parts, to_part_major);
+  if (a % 2 == 0) return regroup_rows_as<unsigned short>(in, out, row_bytes, parts, to_part_major);
+  regroup_rows_as<unsigned char>(in, out, row_bytes, parts, to_part_major);
+}
+
+void zero_columns(void* x, std::size_t pitch, std::size_t begin, std::size_t end, std::int64_t R) {
+  if (R == 0 || end <= begin) return;
+  CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(x) + begin, pitch, 0, end - begin, std::size_t(R)));
+}
 
 void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts) {
   if (R == 0 || pitch == 0 || parts.count == 0) return;
