@@ -80,7 +80,7 @@ __device__ void load_key_tile(const Geo& g, int b, int gi, int s0, int cnt,
         kv = k[base + dd];
         vv = v[base + dd];
       } else {
-        const std::int64_t base = ((std::int64_t(b) * g.T + s) * g.G + gi) * g.D;
+        const std::int64_t base = (std::int64_t(b) * g.T + s) * g.kvp + std::int64_t(gi) * g.D;
         kv = rope_elem(k + base, dd, g.half, rope + std::int64_t(s) * g.half);
         vv = ldf(v[base + dd]);
       }
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(256) row_kernel(Geo g, RowArgs a, int hc, int 
     if (row_valid(r) && dd < g.D) {
       const std::int64_t row = row_index(r);
       const int t = t0 + r / hc;
-      qv = rope_elem(q + row * g.D, dd, g.half, a.rope + std::int64_t(t) * g.half);
+      qv = rope_elem(q + q_offset(g, row), dd, g.half, a.rope + std::int64_t(t) * g.half);
       if constexpr (BWD) ov = ldf(static_cast<const T*>(a.dout)[row * g.D + dd]);
     }
     Qs[r * STR + dd] = qv;
@@ -151,12 +151,16 @@ __global__ void __launch_bounds__(256) row_kernel(Geo g, RowArgs a, int hc, int 
       if (row_valid(r)) {
         const std::int64_t row = row_index(r);
         L = a.lse_in[row];
-        Gs = a.gate ? 1.f / (1.f + expf(-ldf(static_cast<const T*>(a.gate)[row * 3 + BR]))) : 1.f;
+        Gs = a.gate ? 1.f / (1.f + expf(-ldf(static_cast<const T*>(a.gate)[gate_offset(g, row) + BR]))) : 1.f;
       }
       rl[r] = L;
       rl[RMAX + r] = Gs;
     }
   }
+  // The staged rows before any use: a block with no key tile (the compression branch where
+  // every row precedes the first block) goes straight to the epilogue, which reads rl of rows
+  // other threads staged (without this barrier it could read them unwritten: NaN gradients).
+  __syncthreads();
 
   int rt[RW];
   bool rv[RW];
@@ -294,7 +298,7 @@ __global__ void __launch_bounds__(256) row_kernel(Geo g, RowArgs a, int hc, int 
       if (lane == 0) {
         a.gsig[row] = gs;
         a.delta[row] = gs * dot;
-        if (a.dgate) static_cast<T*>(a.dgate)[row * 3 + BR] = stf<T>(dot * gs * (1.f - gs));
+        if (a.dgate) static_cast<T*>(a.dgate)[gate_offset(g, row) + BR] = stf<T>(dot * gs * (1.f - gs));
       }
       if (a.dq) {
         float* dq = a.dq + row * g.D;
@@ -444,7 +448,7 @@ __global__ void __launch_bounds__(KEY_THREADS) key_kernel(Geo g, KeyArgs a, int 
         float qv = 0.f, ov = 0.f;
         if (t >= 0 && dd < g.D) {
           const std::int64_t row = (std::int64_t(b) * g.T + t) * g.H + rowh[r];
-          qv = rope_elem(q + row * g.D, dd, g.half, a.rope + std::int64_t(t) * g.half);
+          qv = rope_elem(q + q_offset(g, row), dd, g.half, a.rope + std::int64_t(t) * g.half);
           ov = ldf(dout[row * g.D + dd]);
         }
         Qs[r * STR + dd] = qv;
@@ -523,7 +527,7 @@ __global__ void __launch_bounds__(KEY_THREADS) key_kernel(Geo g, KeyArgs a, int 
         static_cast<float*>(a.dv)[o] = dv;
       }
     } else {
-      const std::int64_t o = ((std::int64_t(b) * g.T + s) * g.G + gi) * g.D + dd;
+      const std::int64_t o = (std::int64_t(b) * g.T + s) * g.kvp + std::int64_t(gi) * g.D + dd;
       static_cast<T*>(a.dk)[o] = stf<T>(dk);
       static_cast<T*>(a.dv)[o] = stf<T>(dv);
     }
@@ -748,18 +752,18 @@ void launch_cmp_select_tc(const Geo& g, const bf16* q, const float2* rope, const
 
 template <class S>
 void launch_tc_pad(const Geo& g, const S* src, bf16* dst, const float2* rope, int NK,
-                   cudaStream_t s, int parts) {
+                   cudaStream_t s, int parts, std::int64_t pitch) {
   const std::int64_t rows = std::int64_t(g.B) * NK * g.G;
   if (rows == 0) return;
   const int DP = padded_dim(g.D);
-  tc::pad_kernel<S><<<grid1(rows * (DP / 8), 256), 256, 0, s>>>(src, dst, parts, rope, rows, NK, g.G,
-                                                                g.D, DP);
+  tc::pad_kernel<S><<<grid1(rows * (DP / 8), 256), 256, 0, s>>>(src, dst, parts, rope, rows, NK, FastDiv(g.G),
+                                                                g.D, DP, pitch ? pitch : std::int64_t(g.G) * g.D);
   check_launch("tc::pad_kernel");
 }
 template void launch_tc_pad<float>(const Geo&, const float*, bf16*, const float2*, int,
-                                   cudaStream_t, int);
+                                   cudaStream_t, int, std::int64_t);
 template void launch_tc_pad<bf16>(const Geo&, const bf16*, bf16*, const float2*, int,
-                                  cudaStream_t, int);
+                                  cudaStream_t, int, std::int64_t);
 
 template void launch_row<float>(const Geo&, int, bool, const RowArgs&, cudaStream_t);
 template void launch_row<bf16>(const Geo&, int, bool, const RowArgs&, cudaStream_t);

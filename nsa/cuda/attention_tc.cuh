@@ -127,7 +127,8 @@ __device__ __forceinline__ void tile_frag_b(std::uint32_t* r, const bf16* tile, 
 }
 
 // Padded bf16 copy: dst[row][0..DP) = (rope ? RoPE(src row, pos) : src row), zeros past D.
-// Rows are (b, s, g) with s < NK; the RoPE position of key s is s (tokens). With parts > 1,
+// Rows are (b, s, g) with s < NK, position b * NK + s's source rows at src + that * pitch
+// (G * D: contiguous); the RoPE position of key s is s (tokens). With parts > 1,
 // also the rounding residuals, part p at dst + p * rows * DP: part p = bf16(x - the parts
 // before it), so 2 parts carry ~16 significant bits and 3 parts ~24 (fp32). One thread per 8
 // elements of a row (one 16-byte store per part). Where the row is bf16 with no padding and its
@@ -148,7 +149,7 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4 w, float (&v)[8]) { 
 template <class S>
 __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
                            int parts, const float2* __restrict__ rope,
-                           std::int64_t rows, int NK, int G, int D, int DP) {
+                           std::int64_t rows, int NK, FastDiv G, int D, int DP, std::int64_t pitch) {
   const int half = D / 2, chunks = DP / 8;
   const std::int64_t total = rows * chunks;
   auto store_parts = [&](float (&v)[8], std::int64_t row, int d0) {
@@ -167,13 +168,13 @@ __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
     }
   };
   if constexpr (std::is_same_v<S, bf16>) {
-    const bool vec = D == DP && half % 8 == 0 && total < (std::int64_t(1) << 30) &&
+    const bool vec = D == DP && half % 8 == 0 && total < (std::int64_t(1) << 30) && pitch % 8 == 0 &&
                      (reinterpret_cast<std::uintptr_t>(src) & 15u) == 0 &&
                      (reinterpret_cast<std::uintptr_t>(rope) & 15u) == 0;
     if (vec) {
       for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < int(total); idx += gridDim.x * blockDim.x) {
         const int row = idx / chunks, d0 = (idx - row * chunks) * 8;
-        const S* x = src + std::int64_t(row) * D;
+        const S* x = src + pitched(row, G, pitch, D);
         float v[8];
         bf16x8_to_float(*reinterpret_cast<const uint4*>(x + d0), v);
         if (rope) {
@@ -181,7 +182,7 @@ __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
           const int i0 = lo ? d0 : d0 - half;
           float xp[8];
           bf16x8_to_float(*reinterpret_cast<const uint4*>(x + (lo ? d0 + half : d0 - half)), xp);
-          const float4* c4 = reinterpret_cast<const float4*>(rope + std::int64_t((row / G) % NK) * half + i0);
+          const float4* c4 = reinterpret_cast<const float4*>(rope + std::int64_t(G.div(row) % NK) * half + i0);
 #pragma unroll
           for (int e2 = 0; e2 < 4; ++e2) {
             const float4 c = c4[e2];
@@ -198,8 +199,8 @@ __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
        idx += std::int64_t(gridDim.x) * blockDim.x) {
     const std::int64_t row = idx / chunks;
     const int d0 = int(idx - row * chunks) * 8;
-    const S* x = src + row * D;
-    const float2* cs = rope ? rope + std::int64_t((row / G) % NK) * half : nullptr;
+    const S* x = src + pitched(row, G, pitch, D);
+    const float2* cs = rope ? rope + std::int64_t((row / G.d) % NK) * half : nullptr;
     float v[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -862,7 +863,7 @@ __device__ __forceinline__ void row_forward_store(const Geo& g, const RowArgs& a
   else
     store_row_output<DT>(acc, h2, l, m2, static_cast<bf16*>(a.o) + row * g.D, a.lse + row, g.D, gc);
   if (!a.gated_out) return;
-  const bf16* gt = static_cast<const bf16*>(a.gate) + row * 3;
+  const bf16* gt = static_cast<const bf16*>(a.gate) + gate_offset(g, row);
   const float g0 = sigmoidf(ldf(gt[0])), g1 = sigmoidf(ldf(gt[1])), g2 = sigmoidf(ldf(gt[2]));
   const float inv = l > 0.f ? 1.f / l : 0.f;  // this branch's o, as stored above
   float2 oc[DT], osl[DT];
@@ -1441,12 +1442,12 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     if constexpr (!BWD) {
       row_forward_store<DT>(g, a, acc, h2, ls[h2], m2[h2], row, gc);
     } else {
-      const float gs = a.gate ? sigmoidf(ldf(static_cast<const bf16*>(a.gate)[row * 3 + BR])) : 1.f;
+      const float gs = a.gate ? sigmoidf(ldf(static_cast<const bf16*>(a.gate)[gate_offset(g, row) + BR])) : 1.f;
       const float dt = dot[h2];
       if (gc == 0 && !a.dot_in) {
         a.gsig[row] = gs;
         a.delta[row] = gs * dt;
-        if (a.dgate) static_cast<bf16*>(a.dgate)[row * 3 + BR] = __float2bfloat16_rn(dt * gs * (1.f - gs));
+        if (a.dgate) static_cast<bf16*>(a.dgate)[gate_offset(g, row) + BR] = __float2bfloat16_rn(dt * gs * (1.f - gs));
       }
       if (a.dq) {
         float* dq = a.dq + row * g.D;
@@ -1465,7 +1466,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           // dq_final_fused)
           constexpr int hj = DT / 2;
           const float2* cs = a.rope + std::int64_t(rt[h2]) * g.half;
-          bf16* out = static_cast<bf16*>(a.dq_final) + row * g.D;
+          bf16* out = static_cast<bf16*>(a.dq_final) + q_offset(g, row);
 #pragma unroll
           for (int j = 0; j < DT; ++j) {  // every column is < D = DP
             const int dd = j * 8 + gc * 2;
@@ -2058,7 +2059,9 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       using Out = std::conditional_t<BR == kCmp, float, bf16>;
       const std::int64_t NK = BR == kCmp ? g.N : g.T;
       const int s = s0 + kk;
-      const std::int64_t o = ((std::int64_t(b) * NK + s) * g.G + gi) * g.D + i;
+      // (the token branches' rows Geo::kvp apart)
+      const std::int64_t o = (std::int64_t(b) * NK + s) * (BR == kCmp ? std::int64_t(g.G) * g.D : g.kvp) +
+                             std::int64_t(gi) * g.D + i;
       Out* dk = static_cast<Out*>(a.dk) + o;
       Out* dv = static_cast<Out*>(a.dv) + o;
       dk[0] = stf<Out>(dk0);

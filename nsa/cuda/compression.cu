@@ -100,7 +100,7 @@ __device__ __forceinline__ void copy_strided_rows(O* __restrict__ dst, const I* 
 
 // Z[g][b*R + c][r*D + e] = x[b, c*d + r, g, e]; rows past B*R zero. One block per row of Z
 // (blockIdx.x = g * z_rows + row), its threads over the row's d*D elements (token r at stride
-// G*D).
+// Geo::kvp).
 template <class T>
 __global__ void gather_chunks_kernel(Geo g, std::int64_t R, std::int64_t ldz, std::int64_t z_rows,
                                      const T* __restrict__ x, T* __restrict__ z) {
@@ -114,8 +114,7 @@ __global__ void gather_chunks_kernel(Geo g, std::int64_t R, std::int64_t ldz, st
     return;
   }
   const std::int64_t b = row / R, c = row - b * R;
-  copy_strided_rows(dst, x + ((b * g.T + c * g.d) * g.G + gi) * g.D, dD, g.D,
-                    std::int64_t(g.G) * g.D);
+  copy_strided_rows(dst, x + (b * g.T + c * g.d) * g.kvp + std::int64_t(gi) * g.D, dD, g.D, g.kvp);
 }
 
 // y[b, i, g, :] = Y[g][b*R + i] + bias[g], rotated at position i*d + l - 1 when rope is set.
@@ -176,7 +175,7 @@ __global__ void scatter_dx_kernel(Geo g, std::int64_t R, std::int64_t ldv,
   const std::int64_t bs = blockIdx.x;
   const std::int64_t b = bs / g.T;
   const int s = int(bs - b * g.T), c = s / g.d;
-  T* dst = dx + bs * g.G * g.D;
+  T* dst = dx + bs * g.kvp;  // the token's G * D elements (rows Geo::kvp apart)
   const int GD = g.G * g.D;
   if (c >= R) {
     for (int f = threadIdx.x; f < GD; f += blockDim.x) dst[f] = stf<T>(0.f);
@@ -287,7 +286,9 @@ void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, 
   const CmpLayout L(g, sizeof(T));
   char* base = static_cast<char*>(scratch);
   if (g.N == 0) {  // no block: the tokens get no gradient (assigned), the maps none
-    if (dx) CUDA_CHECK(cudaMemsetAsync(dx, 0, std::size_t(g.B) * g.T * g.G * g.D * sizeof(T), s));
+    if (dx && g.B * g.T > 0)
+      CUDA_CHECK(cudaMemset2DAsync(dx, std::size_t(g.kvp) * sizeof(T), 0, std::size_t(g.G) * g.D * sizeof(T),
+                                   std::size_t(g.B) * g.T, s));
     return;
   }
   const std::int64_t dD = std::int64_t(g.d) * g.D, lD = std::int64_t(g.l) * g.D;

@@ -29,14 +29,35 @@ struct Geo {
   float scale;  // 1 / sqrt(D)
   FastDiv hdiv;  // division by h (row index -> position, head)
   FastDiv ddiv;  // division by d (position -> compressed blocks it sees)
+  FastDiv Hdiv, Gdiv;  // division by H and G (pitched rows: row index -> position, head or group)
+  // Elements from one position's row of the per-token inputs (and their gradients) to the next
+  // (TokenPitches, resolved): q qp (H*D when contiguous), the keys and values kvp (G*D), the
+  // gate gp (3*H). The output, d_out, the compressed keys and values and every scratch tensor
+  // are contiguous.
+  std::int64_t qp, kvp, gp;
 };
+
+// Element offset of row `row` = position * units + u of a per-token tensor whose positions are
+// `pitch` elements apart and whose units (query heads or KV groups; `units` divides by their
+// count) `width` elements apart: row * width where the rows are contiguous, else by a
+// multiply-high division (rows below 2^31 where pitched: check_dims; a 64-bit division per row
+// cost the gate's readers ~15%, docs/performance.md, 2026-11-28 thirteenth session).
+__host__ __device__ inline std::int64_t pitched(std::int64_t row, const FastDiv& units, std::int64_t pitch, int width) {
+  if (pitch == std::int64_t(units.d) * width) return row * width;
+  int p, u;
+  units.divmod(int(row), p, u);
+  return std::int64_t(p) * pitch + std::int64_t(u) * width;
+}
+// The query row `row` = position * H + head of q (Geo::qp) and of the gate (Geo::gp).
+__host__ __device__ inline std::int64_t q_offset(const Geo& g, std::int64_t row) { return pitched(row, g.Hdiv, g.qp, g.D); }
+__host__ __device__ inline std::int64_t gate_offset(const Geo& g, std::int64_t row) { return pitched(row, g.Hdiv, g.gp, 3); }
 
 // Whether the tensor-core row side can finish dq itself (RowArgs::dq_final): where D is its
 // own padded size (32, 64, 128), each column's RoPE partner, D/2 away, is held by the same
 // thread of the accumulator layout (columns 8 j + 2 gc: partner j +- DP/16).
 inline bool dq_final_fused(int D) { return D == 32 || D == 64 || D == 128; }
 
-inline Geo make_geo(const NsaDims& dm) {
+inline Geo make_geo(const NsaDims& dm, const TokenPitches& tp = {}) {
   Geo g;
   g.B = int(dm.B);
   g.T = int(dm.T);
@@ -55,6 +76,11 @@ inline Geo make_geo(const NsaDims& dm) {
   g.scale = float(1.0 / std::sqrt(double(dm.D)));
   g.hdiv = FastDiv(std::max(1, g.h));
   g.ddiv = FastDiv(std::max(1, g.d));
+  g.Hdiv = FastDiv(std::max(1, g.H));
+  g.Gdiv = FastDiv(std::max(1, g.G));
+  g.qp = tp.q ? tp.q : std::int64_t(g.H) * g.D;
+  g.kvp = tp.kv ? tp.kv : std::int64_t(g.G) * g.D;
+  g.gp = tp.gate ? tp.gate : std::int64_t(g.H) * 3;
   return g;
 }
 
@@ -340,7 +366,7 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
 constexpr int cmp_kv_parts(int DP) { return DP <= 64 ? 2 : 1; }
 template <class S>
 void launch_tc_pad(const Geo& g, const S* src, __nv_bfloat16* dst, const float2* rope, int NK,
-                   cudaStream_t s, int parts = 1);
+                   cudaStream_t s, int parts = 1, std::int64_t pitch = 0);  // pitch 0: G * D
 template <class T>
 void launch_row(const Geo& g, int branch, bool backward, const RowArgs& a, cudaStream_t s);
 

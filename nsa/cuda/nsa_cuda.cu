@@ -60,15 +60,14 @@ __global__ void rope_table_kernel(float2* cs, int T, int half, int D, double the
 
 // out = sum_c sigmoid(gate_c) o_c over the three branch outputs (fp32 [B,T,H,D] each).
 template <class T>
-__global__ void combine_kernel(T* __restrict__ out, const float* __restrict__ o_cmp,
+__global__ void combine_kernel(Geo g, T* __restrict__ out, const float* __restrict__ o_cmp,
                                const float* __restrict__ o_slc, const float* __restrict__ o_win,
                                const T* __restrict__ gate, std::int64_t BTH, int D) {
   const std::int64_t total = BTH * D;
   for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += std::int64_t(gridDim.x) * blockDim.x) {
-    const std::int64_t row = idx / D;
-    const float g0 = sigmoidf(ldf(gate[row * 3])), g1 = sigmoidf(ldf(gate[row * 3 + 1])),
-                g2 = sigmoidf(ldf(gate[row * 3 + 2]));
+    const T* gt = gate + gate_offset(g, idx / D);
+    const float g0 = sigmoidf(ldf(gt[0])), g1 = sigmoidf(ldf(gt[1])), g2 = sigmoidf(ldf(gt[2]));
     out[idx] = stf<T>(g0 * o_cmp[idx] + g1 * o_slc[idx] + g2 * o_win[idx]);
   }
 }
@@ -91,7 +90,7 @@ __device__ __forceinline__ void for_each_warp_row(std::int64_t rows, F&& fn) {
 // Their row side then needs one pass over the keys (RowArgs::dot_in). VEC = 4: lane i reads
 // elements 4i..4i+3 with 16-byte loads of o (D % 4 == 0); VEC = 1: lane i reads i, i+32, ...
 template <class T, int VEC>
-__global__ void branch_dot_kernel(const T* __restrict__ d_out, const float* __restrict__ o,
+__global__ void branch_dot_kernel(Geo g, const T* __restrict__ d_out, const float* __restrict__ o,
                                   const T* __restrict__ gate, float* __restrict__ dot,
                                   float* __restrict__ gsig, float* __restrict__ delta,
                                   T* __restrict__ dgate, std::int64_t BTH, int D) {
@@ -119,11 +118,12 @@ __global__ void branch_dot_kernel(const T* __restrict__ d_out, const float* __re
       const float dt = warp_sum(acc[i]);
       if (lane == 0) {
         const int c = kSlc + i;
-        const float gs = sigmoidf(ldf(gate[row * 3 + c]));
+        const std::int64_t go = gate_offset(g, row) + c;
+        const float gs = sigmoidf(ldf(gate[go]));
         dot[c * BTH + row] = dt;
         gsig[c * BTH + row] = gs;
         delta[c * BTH + row] = gs * dt;
-        if (dgate) dgate[row * 3 + c] = stf<T>(dt * gs * (1.f - gs));
+        if (dgate) dgate[go] = stf<T>(dt * gs * (1.f - gs));
       }
     }
   });
@@ -150,17 +150,16 @@ __global__ void dense_dot_kernel(const T* __restrict__ d_out, const T* __restric
 }
 
 template <class T>
-__global__ void dq_rotate_kernel(T* __restrict__ dq_out, const float* __restrict__ dq,
-                                 const float2* __restrict__ rope, std::int64_t BTH, int T_, int H,
-                                 int D) {
+__global__ void dq_rotate_kernel(Geo g, T* __restrict__ dq_out, const float* __restrict__ dq,
+                                 const float2* __restrict__ rope, std::int64_t BTH) {
+  const int D = g.D, half = D / 2;
   const std::int64_t total = BTH * D;
-  const int half = D / 2;
   for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += std::int64_t(gridDim.x) * blockDim.x) {
     const std::int64_t row = idx / D;
     const int dd = int(idx % D);
-    const int t = int((row / H) % T_);
-    dq_out[idx] = stf<T>(rope_back_elem(dq + row * D, dd, half, rope + std::int64_t(t) * half));
+    const int t = int((row / g.H) % g.T);
+    dq_out[q_offset(g, row) + dd] = stf<T>(rope_back_elem(dq + row * D, dd, half, rope + std::int64_t(t) * half));
   }
 }
 
@@ -170,7 +169,7 @@ class Workspace {
   enum Slot : int {
     kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDot, kDq, kDkc, kDvc, kTokK, kTokV, kCmpScratch,
     kTcK, kTcV, kSplit, kTcQ, kTcO, kInvMask, kInvCnt, kInvOff, kInvPos, kSlcPart, kTicket,
-    kTcKc, kTcVc, kLseTc, kCmpPart, kCmpTicket, kTcKinv, kInvBlk, kInvPart, kInvPartLse, kNumSlots
+    kTcKc, kTcVc, kLseTc, kCmpPart, kCmpTicket, kTcKinv, kInvBlk, kInvPart, kInvPartLse, kTcKs, kTcVs, kNumSlots
   };
   ~Workspace() {
     for (auto& b : bufs_)
@@ -222,8 +221,18 @@ Workspace& workspace() {
   return per_device[dev];
 }
 
-void check_dims(const NsaDims& dims) {
+void check_dims(const NsaDims& dims, const TokenPitches& p = {}) {
   dims.validate();
+  auto check_pitch = [](std::int64_t pitch, std::int64_t width, const char* what) {
+    if (pitch != 0 && pitch < width)
+      throw UserError(std::string("NSA attention on CUDA: the ") + what + " pitch " + std::to_string(pitch) +
+                      " is below its rows' width " + std::to_string(width));
+  };
+  check_pitch(p.q, dims.H * dims.D, "q");
+  check_pitch(p.kv, dims.G * dims.D, "keys' and values'");
+  check_pitch(p.gate, dims.H * 3, "gate");
+  if ((p.q || p.kv || p.gate) && dims.B * dims.T * dims.H >= (std::int64_t(1) << 31))
+    throw UserError("NSA attention on CUDA: pitched rows need batch * seq_len * n_heads below 2^31");
   padded_dim(int(dims.D));
   const std::int64_t rows = dims.B * dims.T * dims.H;
   if (rows * dims.D * 3 > (std::int64_t(1) << 62))
@@ -232,45 +241,56 @@ void check_dims(const NsaDims& dims) {
     throw UserError("NSA attention on CUDA: batch * model.n_kv_heads must be at most 65535");
 }
 
-// An unrotated padded bf16 copy of src (rows of g.G heads, NK positions; `parts` parts of
-// `bytes` each) in workspace slot `slot`, or src itself where it already is one: bf16, one
-// part, D already 32, 64 or 128, 16-byte aligned.
+// An unrotated padded bf16 copy of src (rows of g.G heads, NK positions `pitch` elements
+// apart, 0: contiguous; `parts` parts of `bytes` each) in workspace slot `slot`, or src itself
+// where it already is one: bf16, one part, contiguous, D already 32, 64 or 128, 16-byte aligned.
+// (Values read in place with a pitch cost the tensor-core kernels 2-6%, docs/performance.md,
+// 2026-11-28 thirteenth session: pitched values are copied.)
 template <class S>
 const bf16* padded_or_self(const Geo& g, Workspace& ws, Workspace::Slot slot, const S* src, int NK,
-                           std::size_t bytes, int parts, cudaStream_t s) {
+                           std::size_t bytes, int parts, cudaStream_t s, std::int64_t pitch = 0) {
   if constexpr (std::is_same_v<S, bf16>)
-    if (parts == 1 && padded_dim(g.D) == g.D && reinterpret_cast<std::uintptr_t>(src) % 16 == 0)
+    if (parts == 1 && padded_dim(g.D) == g.D && (pitch == 0 || pitch == std::int64_t(g.G) * g.D) &&
+        reinterpret_cast<std::uintptr_t>(src) % 16 == 0)
       return src;
   auto* dst = static_cast<bf16*>(ws.get(slot, bytes * parts, s));
-  launch_tc_pad<S>(g, src, dst, nullptr, NK, s, parts);
+  launch_tc_pad<S>(g, src, dst, nullptr, NK, s, parts, pitch);
   return dst;
 }
 
 // bf16: padded bf16 copies of a branch's keys (rotated when rope is set) and values for the
 // tensor-core kernels (RowArgs::tck, tcv), in workspace slots ks, vs; fp32: nothing (the fp32
-// kernels read the inputs).
+// kernels read the inputs). The positions' rows `pitch` elements apart (0: contiguous).
 template <class T, class S>
 void tc_prepare(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v,
                 const float2* rope, int NK, cudaStream_t s,
                 Workspace::Slot ks = Workspace::kTcK, Workspace::Slot vs = Workspace::kTcV,
-                int parts = 1) {
+                int parts = 1, std::int64_t pitch = 0) {
   a.tck = a.tcv = nullptr;
   if constexpr (std::is_same_v<T, bf16>) {
     const std::size_t bytes =
         std::size_t(std::max<std::int64_t>(1, std::int64_t(g.B) * NK * g.G * padded_dim(g.D))) * 2;
     auto* kd = static_cast<bf16*>(ws.get(ks, bytes * parts, s));
-    launch_tc_pad<S>(g, k, kd, rope, NK, s, parts);
+    launch_tc_pad<S>(g, k, kd, rope, NK, s, parts, pitch);
     a.tck = kd;
-    a.tcv = padded_or_self<S>(g, ws, vs, v, NK, bytes, parts, s);  // values: no rotation
+    a.tcv = padded_or_self<S>(g, ws, vs, v, NK, bytes, parts, s, pitch);  // values: no rotation
   }
 }
+// The selection branch's keys and values (per-token inputs, Geo::kvp apart); the backward
+// keeps them in slots of their own (kTcKs, kTcVs) for its key side.
+template <class T, class S>
+void tc_prepare_selection(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v, const float2* rope,
+                          cudaStream_t s, Workspace::Slot ks = Workspace::kTcK, Workspace::Slot vs = Workspace::kTcV) {
+  tc_prepare<T>(g, ws, a, k, v, rope, g.T, s, ks, vs, 1, g.kvp);
+}
 
-// The window branch's keys and values (dense attention's too), in the parts its scores take
-// (win_score_parts: hi + lo at padded D = 32).
+// The window branch's keys and values (dense attention's too; per-token, Geo::kvp apart), in
+// the parts its scores take (win_score_parts: hi + lo at padded D = 32).
 template <class T, class S>
 void tc_prepare_window(const Geo& g, Workspace& ws, RowArgs& a, const S* k, const S* v, const float2* rope,
                        cudaStream_t s) {
-  tc_prepare<T>(g, ws, a, k, v, rope, g.T, s, Workspace::kTcK, Workspace::kTcV, win_score_parts(padded_dim(g.D)));
+  tc_prepare<T>(g, ws, a, k, v, rope, g.T, s, Workspace::kTcK, Workspace::kTcV, win_score_parts(padded_dim(g.D)),
+                g.kvp);
 }
 
 // bf16 tensor-core kernels: padded bf16 copies of q (rotated; with its rounding residuals where
@@ -290,7 +310,7 @@ inline TcRows tc_prepare_rows(const Geo& g, Workspace& ws, const bf16* q, const 
   gq.G = g.H;
   const std::size_t bytes = std::size_t(std::max<std::int64_t>(1, BTH * DP)) * 2;
   auto* qd = static_cast<bf16*>(ws.get(Workspace::kTcQ, 2 * bytes, stream));
-  launch_tc_pad<bf16>(gq, q, qd, rope, g.T, stream, q_parts);
+  launch_tc_pad<bf16>(gq, q, qd, rope, g.T, stream, q_parts, g.qp);
   TcRows r;
   r.q = qd;
   r.q_lo = q_parts == 2 ? qd + bytes / 2 : nullptr;
@@ -423,9 +443,9 @@ std::vector<std::int32_t> NsaSavedCuda::sel_blocks_host(cudaStream_t stream) con
 // ---- forward --------------------------------------------------------------------------------
 template <class T>
 void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCuda* saved,
-                 cudaStream_t stream) {
-  check_dims(dims);
-  const Geo g = make_geo(dims);
+                 cudaStream_t stream, const TokenPitches& pitches) {
+  check_dims(dims, pitches);
+  const Geo g = make_geo(dims, pitches);
   Workspace& ws = workspace();
   const float2* rope = ws.rope(dims, stream);
   const std::int64_t BTH = dims.B * dims.T * dims.H;
@@ -489,7 +509,7 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
     set_rows(a, tc_prepare_rows(g, ws, in.q, nullptr, rope, BTH, win_score_parts(padded_dim(g.D)), stream));
   a.k = in.k_slc;
   a.v = in.v_slc;
-  tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
+  tc_prepare_selection<T>(g, ws, a, in.k_slc, in.v_slc, rope, stream);
   a.o = o_sw;
   a.lse = lse + BTH;
   if (inverted_loop<T>(dims, g))
@@ -509,7 +529,7 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   }
   launch_row<T>(g, kWin, false, a, stream);
   if constexpr (!std::is_same_v<T, bf16>) {
-    combine_kernel<T><<<grid1(BTH * dims.D, 256), 256, 0, stream>>>(out, o_cmp, o_sw, o_sw + on,
+    combine_kernel<T><<<grid1(BTH * dims.D, 256), 256, 0, stream>>>(g, out, o_cmp, o_sw, o_sw + on,
                                                                        in.gate, BTH, int(dims.D));
     check_launch("combine_kernel");
   }
@@ -518,8 +538,9 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
 // ---- backward -------------------------------------------------------------------------------
 template <class T>
 void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCuda& saved,
-                  const T* d_out, const NsaGradsCuda<T>& grads, cudaStream_t stream) {
-  check_dims(dims);
+                  const T* d_out, const NsaGradsCuda<T>& grads, cudaStream_t stream,
+                  const TokenPitches& pitches) {
+  check_dims(dims, pitches);
   const NsaDims& sd = saved.dims;
   NSA_CHECK(saved.elem_bytes == int(sizeof(T)) && sd.B == dims.B && sd.T == dims.T &&
                 sd.H == dims.H && sd.G == dims.G && sd.D == dims.D &&
@@ -528,12 +549,12 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
                 sd.window == dims.window && sd.rope_theta == dims.rope_theta,
             "nsa cuda backward: saved state is for ", sd.str(), " (element size ",
             saved.elem_bytes, "), called with ", dims.str());
-  const Geo g = make_geo(dims);
+  const Geo g = make_geo(dims, pitches);
   Workspace& ws = workspace();
   const float2* rope = ws.rope(dims, stream);
   const std::int64_t BTH = dims.B * dims.T * dims.H, D = dims.D;
   const std::size_t kvn = std::size_t(dims.B * dims.num_cmp_blocks() * dims.G * dims.D);
-  const std::size_t tokn = std::size_t(dims.B * dims.T * dims.G * dims.D);
+  const std::size_t tokn = std::size_t(dims.B * dims.T * g.kvp);  // a key gradient's scratch, rows as the inputs'
   // Row side, per branch: sigmoid(gate), delta, d gate, and dq (fp32, rotated; summed over
   // the branches in the order cmp, slc, win, then rotated back).
   auto* gsig = static_cast<float*>(ws.get(Workspace::kGsig, std::size_t(3 * BTH) * 4, stream));
@@ -542,6 +563,8 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
                       : nullptr;
   const void* win_tck = nullptr;  // bf16: padded window keys/values left by the row side
   const void* win_tcv = nullptr;
+  const void* slc_tck = nullptr;  // bf16: the selection's, in their own slots (kTcKs, kTcVs)
+  const void* slc_tcv = nullptr;
   const void* cmp_tck = nullptr;  // bf16: padded compressed keys/values (their own slots)
   const void* cmp_tcv = nullptr;
   // bf16: the compression branch's row side runs on the tensor cores with its own lse (the
@@ -563,14 +586,15 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
     dot = static_cast<float*>(ws.get(Workspace::kDot, std::size_t(3 * BTH) * 4, stream));
     if (D % 4 == 0)
       branch_dot_kernel<T, 4><<<grid1(BTH * 32, 256), 256, 0, stream>>>(
-          d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
+          g, d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
     else
       branch_dot_kernel<T, 1><<<grid1(BTH * 32, 256), 256, 0, stream>>>(
-          d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
+          g, d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
     check_launch("branch_dot_kernel");
   }
   // bf16, D/2 a multiple of 8: the window branch's row kernel (the last) finishes dq.
-  const bool dq_fused = std::is_same_v<T, bf16> && grads.q && dq_final_fused(int(D));
+  // (It stores element pairs: q's rows must start at even elements.)
+  const bool dq_fused = std::is_same_v<T, bf16> && grads.q && dq_final_fused(int(D)) && g.qp % 2 == 0;
   // bf16: the padded rotated queries (with the key side's residual part) and d_out, staged by
   // the row kernels and the key side.
   TcRows tc_rows;
@@ -611,9 +635,13 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
         cmp_tck = a.tck;
         cmp_tcv = a.tcv;
       } else if (br == kSlc)
-        tc_prepare<T>(g, ws, a, in.k_slc, in.v_slc, rope, g.T, stream);
+        tc_prepare_selection<T>(g, ws, a, in.k_slc, in.v_slc, rope, stream, Workspace::kTcKs, Workspace::kTcVs);
       else
         tc_prepare_window<T>(g, ws, a, in.k_win, in.v_win, rope, stream);
+      if (br == kSlc) {
+        slc_tck = a.tck;
+        slc_tcv = a.tcv;
+      }
       if (br == kWin && dq_fused) a.dq_final = grads.q;  // the last branch finishes dq
       if (br == kSlc && slc_inverted)
         launch_slc_inverted(g, true, a, slc_inverted_scratch(g, ws, inv, stream), stream);
@@ -624,8 +652,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
     win_tcv = a.tcv;
   }
   if (grads.q && !dq_fused) {
-    dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(grads.q, dq, rope, BTH,
-                                                                  int(dims.T), int(dims.H), int(D));
+    dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(g, grads.q, dq, rope, BTH);
     check_launch("dq_rotate_kernel");
   }
 
@@ -669,10 +696,8 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
              tok_or_scratch(grads.v_win, Workspace::kTokV));
   }
   if (need_slc) {
-    RowArgs pa{};
-    tc_prepare<T>(g, ws, pa, in.k_slc, in.v_slc, rope, g.T, stream);  // bf16 only
-    ka.tck = pa.tck;
-    ka.tcv = pa.tcv;
+    ka.tck = slc_tck;  // the row side's copies (bf16; null for fp32)
+    ka.tcv = slc_tcv;
     key_pass(kSlc, in.k_slc, in.v_slc, tok_or_scratch(grads.k_slc, Workspace::kTokK),
              tok_or_scratch(grads.v_slc, Workspace::kTokV));
   }
@@ -710,13 +735,13 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
 }
 
 template void nsa_forward<float>(const NsaDims&, const NsaInputs<float>&, float*, NsaSavedCuda*,
-                                 cudaStream_t);
+                                 cudaStream_t, const TokenPitches&);
 template void nsa_forward<bf16>(const NsaDims&, const NsaInputs<bf16>&, bf16*, NsaSavedCuda*,
-                                cudaStream_t);
+                                cudaStream_t, const TokenPitches&);
 template void nsa_backward<float>(const NsaDims&, const NsaInputs<float>&, const NsaSavedCuda&,
-                                  const float*, const NsaGradsCuda<float>&, cudaStream_t);
+                                  const float*, const NsaGradsCuda<float>&, cudaStream_t, const TokenPitches&);
 template void nsa_backward<bf16>(const NsaDims&, const NsaInputs<bf16>&, const NsaSavedCuda&,
-                                 const bf16*, const NsaGradsCuda<bf16>&, cudaStream_t);
+                                 const bf16*, const NsaGradsCuda<bf16>&, cudaStream_t, const TokenPitches&);
 
 
 // ---- dense attention (dense.h): the window branch with w = T and no gate ---------------------
@@ -791,8 +816,7 @@ void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, c
   if (dq_fused) a.dq_final = dq;  // the row kernel finishes dq itself
   launch_row<T>(g, kWin, true, a, stream);
   if (!dq_fused) {
-    dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(dq, dqf, rope, BTH, int(wd.T),
-                                                                  int(wd.H), int(D));
+    dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(g, dq, dqf, rope, BTH);
     check_launch("dq_rotate_kernel");
   }
   KeyArgs ka{};

@@ -14,6 +14,13 @@
 // into fp32 buffers for either T (the master-weight gradients of a bf16 model stay fp32).
 // A null pointer skips that gradient.
 //
+// Row pitches (TokenPitches): the per-token inputs q, k_*, v_* and gate, and their gradients,
+// may each be a column range of wider rows, as the model's fused projection writes them
+// (core/model/model.h): position p's row of q then starts at q + p * pitches.q (the H heads'
+// D elements each, adjacent), of each key or value tensor at k + p * pitches.kv, of the gate at
+// gate + p * pitches.gate. The gradients are written with the same pitches; nothing else in
+// their rows is read or written. out and d_out stay contiguous.
+//
 // Limits: head dim D <= 128 (even, as always). Everything runs on the given stream; the
 // scratch memory (RoPE table, backward temporaries) is a grow-only workspace per host
 // thread, so one host thread must not run two NSA calls on different streams at once.
@@ -35,6 +42,14 @@
 namespace nsatron::nsa::cuda {
 
 using bf16 = __nv_bfloat16;
+
+// Elements from one position's row to the next; 0: contiguous (H*D for q, G*D for the keys and
+// values, 3*H for the gate). A non-zero pitch is at least that width.
+struct TokenPitches {
+  std::int64_t q = 0;
+  std::int64_t kv = 0;  // each of k_cmp, v_cmp, k_slc, v_slc, k_win, v_win
+  std::int64_t gate = 0;
+};
 
 // Gradient buffers on the device (see the header comment for the convention).
 template <class T>
@@ -98,11 +113,13 @@ class NsaSavedCuda {
 // null keeps only scratch (inference). Validates dims (nsatron::UserError).
 template <class T>
 void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCuda* saved,
-                 cudaStream_t stream = nullptr);
+                 cudaStream_t stream = nullptr, const TokenPitches& pitches = {});
 
 // Backward of sum(out * d_out) with `saved` from nsa_forward on the same inputs and dims.
+// (`pitches` as the forward's.)
 template <class T>
 void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCuda& saved,
-                  const T* d_out, const NsaGradsCuda<T>& grads, cudaStream_t stream = nullptr);
+                  const T* d_out, const NsaGradsCuda<T>& grads, cudaStream_t stream = nullptr,
+                  const TokenPitches& pitches = {});
 
 }  // namespace nsatron::nsa::cuda

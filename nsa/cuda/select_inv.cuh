@@ -302,7 +302,7 @@ __global__ void inv_merge_kernel(Geo g, InvArgs a, int nbg, float* __restrict__ 
           if (dd < g.D) accv[cc] += prow[std::int64_t(e) * g.D + dd];
         }
       }
-      const float f = g.scale * (gate ? sigmoidf(ldf(gate[row * 3 + kSlc])) : 1.f);
+      const float f = g.scale * (gate ? sigmoidf(ldf(gate[gate_offset(g, row) + kSlc])) : 1.f);
 #pragma unroll
       for (int cc = 0; cc < kMaxCols; ++cc) {
         const int dd = lane + 32 * cc;

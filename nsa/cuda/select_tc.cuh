@@ -107,7 +107,7 @@ __global__ void pad_f16_parts_kernel(const float* __restrict__ src, __half* __re
 }
 
 struct CmpSelArgs {
-  const bf16* q;          // [B, T, H, D]
+  const bf16* q;          // [B, T, H, D], position rows Geo::qp apart
   const float2* rope;     // [T, D/2]
   const __half* kparts;   // [2][B N G][DP] (pad_f16_parts_kernel)
   const float* kinv;      // [B N G]
@@ -527,7 +527,7 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   // Element pairs by two-element loads where they are aligned (rope_pair_load): with a two-byte
   // load per element and per partner, and eight bytes per table entry, this prologue was ~23%
   // of the kernel at the paper's T = 8192 (docs/performance.md, 2026-11-27, fifth session).
-  const bool pairs = g.half % 2 == 0 && (reinterpret_cast<std::uintptr_t>(a.q) & 3u) == 0;
+  const bool pairs = g.half % 2 == 0 && g.qp % 2 == 0 && (reinterpret_cast<std::uintptr_t>(a.q) & 3u) == 0;
   for (int r0 = 0; r0 < 16; r0 += kQRows) {
     float v[kQRows][kQC][2];
     if (pairs) {
@@ -541,13 +541,14 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       for (int r = 0; r < kQRows; ++r) {
         int t, hd;
         const bool ok = row_of(warp * 16 + r0 + r, t, hd);
-        const std::int64_t row = (std::int64_t(b) * g.T + (ok ? t : 0)) * g.H + gi * g.h + hd;
+        // (the query row's offset: position rows Geo::qp apart)
+        const std::int64_t qo = (std::int64_t(b) * g.T + (ok ? t : 0)) * g.qp + (gi * g.h + hd) * g.D;
 #pragma unroll
         for (int c = 0; c < kQC; ++c) {
           const int dd = c * 64 + lane * 2;
           valid[r][c] = ok && dd + 1 < g.D;
           const bool use = valid[r][c];  // (addresses selected, one load path)
-          ld[r][c] = rope_pair_load(a.q + (use ? row * g.D : 0), use ? dd : 0, g.half,
+          ld[r][c] = rope_pair_load(a.q + (use ? qo : 0), use ? dd : 0, g.half,
                                     a.rope + (use ? std::int64_t(t) * g.half : 0));
         }
       }
@@ -563,13 +564,13 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       for (int r = 0; r < kQRows; ++r) {
         int t, hd;
         const bool ok = row_of(warp * 16 + r0 + r, t, hd);
-        const std::int64_t row = (std::int64_t(b) * g.T + (ok ? t : 0)) * g.H + gi * g.h + hd;
+        const std::int64_t qo = (std::int64_t(b) * g.T + (ok ? t : 0)) * g.qp + (gi * g.h + hd) * g.D;
         const float2* cs = a.rope + std::int64_t(ok ? t : 0) * g.half;
 #pragma unroll
         for (int c = 0; c < kQC; ++c) {
           const int dd = c * 64 + lane * 2;
-          v[r][c][0] = ok && dd < g.D ? rope_elem(a.q + row * g.D, dd, g.half, cs) : 0.f;
-          v[r][c][1] = ok && dd + 1 < g.D ? rope_elem(a.q + row * g.D, dd + 1, g.half, cs) : 0.f;
+          v[r][c][0] = ok && dd < g.D ? rope_elem(a.q + qo, dd, g.half, cs) : 0.f;
+          v[r][c][1] = ok && dd + 1 < g.D ? rope_elem(a.q + qo, dd + 1, g.half, cs) : 0.f;
         }
       }
     }

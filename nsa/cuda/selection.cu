@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(SEL_THREADS)
   for (int idx = threadIdx.x; idx < g.h * DP; idx += blockDim.x) {
     const int a = idx / DP, dd = idx % DP;
     Qs[a * STR + dd] =
-        dd < g.D ? rope_elem(q + (head0 + a) * g.D, dd, g.half, rope + std::int64_t(t) * g.half)
+        dd < g.D ? rope_elem(q + q_offset(g, head0 + a), dd, g.half, rope + std::int64_t(t) * g.half)
                  : 0.f;
   }
   for (int a = threadIdx.x; a < g.h; a += blockDim.x) lr[a] = lse[head0 + a];

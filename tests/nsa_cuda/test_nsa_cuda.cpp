@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -95,35 +96,85 @@ struct RunOptions {
   std::array<bool, 12> want{};                      // which gradients (default all)
   const std::array<std::vector<float>, 12>* init = nullptr;  // initial gradient buffers
   bool inference_forward = false;                   // forward with saved = null
+  // >= 0: the eight per-token inputs and their gradients as column ranges of one row per
+  // position (cuda::TokenPitches), [q | k_cmp | v_cmp | k_slc | v_slc | k_win | v_win | gate]
+  // then row_pad pad columns, as the model's fused projection holds them (row_pad 8 keeps the
+  // rows 16-byte aligned at even widths; odd pads take the kernels' element-wise paths).
+  int row_pad = -1;
+};
+
+constexpr float kRowSentinel = 1024.f;  // the pad columns' value (exact in bf16)
+
+// The per-token tensors' columns within a pitched row (RunOptions::row_pad).
+struct RowColumns {
+  std::array<std::int64_t, 8> offset{}, width{};
+  std::int64_t used = 0, pitch = 0;
+  RowColumns(const NsaDims& dm, int pad) {
+    for (int k = 0; k < 8; ++k) {
+      width[k] = k == 0 ? dm.H * dm.D : (k == 7 ? 3 * dm.H : dm.G * dm.D);
+      offset[k] = used;
+      used += width[k];
+    }
+    pitch = used + pad;
+  }
+  // Rows of kRowSentinel with parts[k] ([positions, width[k]]) in their columns.
+  std::vector<float> pack(const std::array<std::vector<float>, 8>& parts, std::int64_t positions) const {
+    std::vector<float> rows(std::size_t(positions * pitch), kRowSentinel);
+    for (int k = 0; k < 8; ++k)
+      for (std::int64_t p = 0; p < positions; ++p)
+        std::copy_n(parts[k].begin() + p * width[k], width[k], rows.begin() + p * pitch + offset[k]);
+    return rows;
+  }
+  std::vector<float> part(const std::vector<float>& rows, int k, std::int64_t positions) const {
+    std::vector<float> out(std::size_t(positions * width[k]));
+    for (std::int64_t p = 0; p < positions; ++p)
+      std::copy_n(rows.begin() + p * pitch + offset[k], width[k], out.begin() + p * width[k]);
+    return out;
+  }
 };
 
 template <class T>
 GpuResult run_gpu(const Problem<float>& p, RunOptions opt = {}) {
   if (opt.want == std::array<bool, 12>{}) opt.want.fill(true);
+  const bool pitched = opt.row_pad >= 0;
+  const RowColumns cols(p.dims, std::max(opt.row_pad, 0));
+  const std::int64_t positions = p.dims.B * p.dims.T;
+  cuda::TokenPitches pitches;
+  if (pitched) pitches = {cols.pitch, cols.pitch, cols.pitch};
   std::array<DevArray<T>, 12> x;
-  for (int k = 0; k < 12; ++k) x[k] = DevArray<T>(p.x[k]);
+  for (int k = pitched ? 8 : 0; k < 12; ++k) x[k] = DevArray<T>(p.x[k]);
+  DevArray<T> rows;  // pitched: the eight per-token inputs
+  if (pitched) {
+    std::array<std::vector<float>, 8> parts;
+    for (int k = 0; k < 8; ++k) parts[k] = p.x[k];
+    rows = DevArray<T>(cols.pack(parts, positions));
+  }
+  auto input = [&](int k) -> const T* { return pitched && k < 8 ? rows.p + cols.offset[k] : x[k].p; };
   DevArray<T> dout(p.d_out), out(p.d_out.size());
-  const NsaInputs<T> in{x[0].p, x[1].p, x[2].p, x[3].p, x[4].p,  x[5].p,
-                        x[6].p, x[7].p, x[8].p, x[9].p, x[10].p, x[11].p};
+  const NsaInputs<T> in{input(0), input(1), input(2), input(3), input(4),  input(5),
+                        input(6), input(7), input(8), input(9), input(10), input(11)};
   GpuResult r;
   if (opt.inference_forward) {
-    cuda::nsa_forward<T>(p.dims, in, out.p, nullptr);
+    cuda::nsa_forward<T>(p.dims, in, out.p, nullptr, nullptr, pitches);
     CUDA_CHECK(cudaDeviceSynchronize());
     r.out = out.download();
     return r;
   }
   cuda::NsaSavedCuda saved;
-  cuda::nsa_forward<T>(p.dims, in, out.p, &saved);
+  cuda::nsa_forward<T>(p.dims, in, out.p, &saved, nullptr, pitches);
   CUDA_CHECK(cudaDeviceSynchronize());
   r.out = out.download();
   r.sel = saved.sel_blocks_host();
   if (!opt.grads) return r;
   std::array<DevArray<T>, 8> ga;
   std::array<DevArray<float>, 4> gp;
-  for (int k = 0; k < 8; ++k) {
-    ga[k] = DevArray<T>(p.x[k].size());
-    ga[k].upload(opt.init ? (*opt.init)[k] : std::vector<float>(p.x[k].size(), 0.f));
-  }
+  std::array<std::vector<float>, 8> ginit;
+  for (int k = 0; k < 8; ++k) ginit[k] = opt.init ? (*opt.init)[k] : std::vector<float>(p.x[k].size(), 0.f);
+  DevArray<T> grows;  // pitched: the eight per-token gradients
+  if (pitched)
+    grows = DevArray<T>(cols.pack(ginit, positions));
+  else
+    for (int k = 0; k < 8; ++k) ga[k] = DevArray<T>(ginit[k]);
   for (int k = 8; k < 12; ++k) {
     gp[k - 8] = DevArray<float>(p.x[k].size());
     gp[k - 8].upload(opt.init ? (*opt.init)[k] : std::vector<float>(p.x[k].size(), 0.f));
@@ -131,11 +182,20 @@ GpuResult run_gpu(const Problem<float>& p, RunOptions opt = {}) {
   cuda::NsaGradsCuda<T> g;
   T** act[8] = {&g.q, &g.k_cmp, &g.v_cmp, &g.k_slc, &g.v_slc, &g.k_win, &g.v_win, &g.gate};
   float** par[4] = {&g.cmp_wk, &g.cmp_wv, &g.cmp_pk, &g.cmp_pv};
-  for (int k = 0; k < 8; ++k) *act[k] = opt.want[k] ? ga[k].p : nullptr;
+  for (int k = 0; k < 8; ++k) *act[k] = opt.want[k] ? (pitched ? grows.p + cols.offset[k] : ga[k].p) : nullptr;
   for (int k = 0; k < 4; ++k) *par[k] = opt.want[8 + k] ? gp[k].p : nullptr;
-  cuda::nsa_backward<T>(p.dims, in, saved, dout.p, g);
+  cuda::nsa_backward<T>(p.dims, in, saved, dout.p, g, nullptr, pitches);
   CUDA_CHECK(cudaDeviceSynchronize());
-  for (int k = 0; k < 8; ++k) r.grad[k] = ga[k].download();
+  if (pitched) {
+    const std::vector<float> all = grows.download();
+    for (int k = 0; k < 8; ++k) r.grad[k] = cols.part(all, k, positions);
+    std::int64_t touched = 0;  // pad columns the backward wrote
+    for (std::int64_t q = 0; q < positions; ++q)
+      for (std::int64_t c = cols.used; c < cols.pitch; ++c) touched += all[std::size_t(q * cols.pitch + c)] != kRowSentinel;
+    EXPECT_EQ(touched, 0) << p.dims.str() << ": pad columns of the gradient rows written";
+  } else {
+    for (int k = 0; k < 8; ++k) r.grad[k] = ga[k].download();
+  }
   for (int k = 8; k < 12; ++k) r.grad[k] = gp[k - 8].download();
   return r;
 }
@@ -384,6 +444,27 @@ bool bit_equal(const GpuResult& a, const GpuResult& b) {
   return true;
 }
 
+// "" where a and b hold the same bits, else each tensor that differs, where and how.
+std::string first_difference(const GpuResult& a, const GpuResult& b) {
+  auto diff = [](const char* name, const auto& x, const auto& y) -> std::string {
+    if (x.size() != y.size()) return std::string(name) + ": sizes " + std::to_string(x.size()) + " / " + std::to_string(y.size());
+    std::size_t n = 0, first = 0;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      if (!(x[i] == y[i]) && n++ == 0) first = i;
+    if (n == 0) return "";
+    return std::string(name) + ": " + std::to_string(n) + " elements differ, first [" + std::to_string(first) + "] " +
+           std::to_string(double(x[first])) + " / " + std::to_string(double(y[first]));
+  };
+  std::string all;
+  auto add = [&](const std::string& d) {
+    if (!d.empty()) all += (all.empty() ? "" : "; ") + d;
+  };
+  add(diff("out", a.out, b.out));
+  add(diff("sel", a.sel, b.sel));
+  for (int k = 0; k < 12; ++k) add(diff((std::string("grad_") + test::kNames[k]).c_str(), a.grad[k], b.grad[k]));
+  return all;
+}
+
 // Two runs give the same bits (no order-dependent atomics), in fp32 and bf16.
 TEST(NsaCuda, Deterministic) {
   if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
@@ -391,6 +472,29 @@ TEST(NsaCuda, Deterministic) {
   const Problem<float> p = test::random_problem<float>(dm, base_seed() + 7);
   EXPECT_TRUE(bit_equal(run_gpu<float>(p), run_gpu<float>(p)));
   EXPECT_TRUE(bit_equal(run_gpu<bf16>(p), run_gpu<bf16>(p)));
+}
+
+// Pitched per-token rows (cuda::TokenPitches: the inputs and their gradients as column ranges
+// of wider rows, as the model's fused projection holds them) give the same bits as contiguous
+// tensors, and the backward writes nothing outside the gradients' columns: 8 pad columns (rows
+// 16-byte aligned: the vector paths) and 3 (odd pitches: the element-wise ones), fp32 and bf16
+// with both selection row loops, at D = 64 (125M-like), 48 (padded, one head per group) and
+// 128 (the warp-specialised forward).
+TEST(NsaCuda, PitchedRowsGiveTheSameBits) {
+  if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
+  for (const NsaDims& dm : {make_dims(3, 130, 12, 2, 64, 32, 16, 64, 16, 512), make_dims(1, 700, 3, 3, 48, 32, 16, 64, 6, 128),
+                            make_dims(1, 1300, 8, 2, 128, 32, 16, 64, 12, 200)}) {
+    const Problem<float> p = test::random_problem<float>(dm, base_seed() + 31);
+    for (int pad : {8, 3}) {
+      const RunOptions pitched{.row_pad = pad};
+      EXPECT_EQ(first_difference(run_gpu<float>(p), run_gpu<float>(p, pitched)), "") << dm.str() << " fp32, pad " << pad;
+      for (auto loop : {cuda::SelectionRowLoop::kUnion, cuda::SelectionRowLoop::kInverted}) {
+        const LoopScope scope(loop);
+        EXPECT_EQ(first_difference(run_gpu<bf16>(p), run_gpu<bf16>(p, pitched)), "")
+            << dm.str() << " bf16, pad " << pad << ", loop " << int(loop);
+      }
+    }
+  }
 }
 
 // Query rows of tiny magnitude (largest element ~2^-116, every head of 40 positions) give
