@@ -14,7 +14,9 @@ namespace nsatron {
 struct LayerActivations {
   Tensor x;                                   // layer input [N, C]
   Tensor rstd1, xn;                           // attention pre-norm
-  Tensor q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gate;  // NSA core inputs
+  Tensor q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gate;  // NSA core inputs (split)
+  Tensor proj;                                // or the projection p whose columns they are (CUDA:
+                                              //   NsaTransformer::projection_in_place)
   std::shared_ptr<void> nsa_saved;            // the NSA core's saved state (CPU or CUDA type)
   Tensor k, v;                                // dense attention's keys and values [N, G*D] (q as above)
   Tensor attn_lse;                            // dense attention's saved log-sum-exp [N, H]

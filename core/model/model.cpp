@@ -319,9 +319,11 @@ Tensor NsaTransformer::weight(const std::string& name) const {
 // dW's pad rows in a scratch that is dropped; p's pad columns come out zero and dp's are zero
 // (split_or_gather's join writes them), so the used columns get the same sums as over the
 // used extent alone. The CPU runs the products over the used columns.
+// Where the NSA core reads p in place (projection_in_place), the copy's rows are also regrouped
+// part by part (model.h), and dW's scratch regrouped back before its add.
 void NsaTransformer::projection_forward(const Tensor& xn, const Tensor& w, Tensor& p) const {
   TIMED("matmul");
-  if (device_ != Device::CUDA || !local_.projection_padded())
+  if (device_ != Device::CUDA || (!local_.projection_padded() && !projection_regrouped()))
     return linear_forward(xn, w, nullptr, p, local_.projection_pitch());
   const Tensor wp = padded_projection(w);
   linear_forward(xn, wp, nullptr, p);
@@ -331,18 +333,27 @@ void NsaTransformer::projection_backward(const Tensor& dp, const Tensor& xn, con
                                          Tensor& dw) const {
   const std::int64_t pitch = local_.projection_pitch(), used = w.dim(0);
   TIMED("matmul");
-  if (device_ != Device::CUDA || !local_.projection_padded())
+  if (device_ != Device::CUDA || (!local_.projection_padded() && !projection_regrouped()))
     return linear_backward(dp, xn, w, {.dx = &dxn, .dw = &dw, .dy_pitch = pitch});
   const Tensor wp = padded_projection(w);
   Tensor dwp = Tensor::zeros({pitch, w.dim(1)}, dw.dtype(), device_);
   linear_backward(dp, xn, wp, {.dx = &dxn, .dw = &dwp});
-  add_(dw, dwp.slice0(0, used));  // dW += dp^T xn over the used rows: the product's own fp32 sum
+  if (!projection_regrouped()) {
+    add_(dw, dwp.slice0(0, used));  // dW += dp^T xn over the used rows: the product's own fp32 sum
+    return;
+  }
+  Tensor dwg = Tensor::empty({used, w.dim(1)}, dw.dtype(), device_);  // the parameter's row order
+  regroup_rows(dwp, dwg, part_widths(local_), local_.G, false);
+  add_(dw, dwg);
 }
 
 Tensor NsaTransformer::padded_projection(const Tensor& w) const {
   const std::int64_t pitch = local_.projection_pitch(), used = w.dim(0);
   Tensor wp = act({pitch, w.dim(1)});
-  wp.slice0(0, used).copy_from(w);
+  if (projection_regrouped())
+    regroup_rows(w, wp, part_widths(local_), local_.G, true);
+  else
+    wp.slice0(0, used).copy_from(w);
   wp.slice0(used, pitch).zero_();
   return wp;
 }
@@ -455,7 +466,7 @@ void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o
 }
 
 void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o,
-                                   Tensor* const dparts[], std::int64_t B, std::int64_t T) {
+                                   Tensor* const dparts[], Tensor* dproj, std::int64_t B, std::int64_t T) {
   if (dims_.attention == Attention::Dense) {
     TIMED("dense attention backward");
     dense_core_backward(dense_dims(local_, B, T), a, d_o, *dparts[0], *dparts[1], *dparts[2]);
@@ -465,7 +476,7 @@ void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, co
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
   if (device_ == Device::CUDA) {
-    nsa_core_backward_cuda(local_.core_dims(B, T), a, W, G, d_o, dparts);
+    nsa_core_backward_cuda(local_.core_dims(B, T), a, W, G, d_o, dparts, dproj);
     return;
   }
   dispatch_real(dtype_, [&](auto tag) {
@@ -507,15 +518,19 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
 
   Tensor p = act({N, m.projection_pitch()});  // rows padded (model.h)
   projection_forward(a.xn, W("attn/wqkv"), p);
-  const std::vector<std::int64_t> widths = part_widths(m);
-  const std::vector<Tensor LayerActivations::*> members = part_members(m.attention);
-  std::vector<Tensor*> parts;
-  for (std::size_t k = 0; k < widths.size(); ++k) {
-    a.*members[k] = act({N, m.G * widths[k]});
-    parts.push_back(&(a.*members[k]));
+  if (projection_in_place()) {
+    a.proj = p;  // the core reads its columns
+  } else {
+    const std::vector<std::int64_t> widths = part_widths(m);
+    const std::vector<Tensor LayerActivations::*> members = part_members(m.attention);
+    std::vector<Tensor*> parts;
+    for (std::size_t k = 0; k < widths.size(); ++k) {
+      a.*members[k] = act({N, m.G * widths[k]});
+      parts.push_back(&(a.*members[k]));
+    }
+    { TIMED("split/gather projection"); split_or_gather(m, p, parts.data(), true); }
   }
   a.o = act({N, m.H * m.D});
-  { TIMED("split/gather projection"); split_or_gather(m, p, parts.data(), true); }
   p = Tensor();
   core_forward(l, a, a.o, keep == Keep::All, B, T);
 
@@ -607,15 +622,19 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   Tensor d_o = act({N, m.H * m.D});
   Tensor g_wo = G("attn/wo");
   { TIMED("matmul"); linear_backward(dh, a.o, W("attn/wo"), {&d_o, &g_wo, nullptr}); }
-  // Rows padded as p's; the gather writes zeros into the pad columns (projection_backward
-  // reads them on CUDA).
+  // Rows padded as p's; the pad columns zero (the join or zero_columns writes them:
+  // projection_backward reads them on CUDA).
   Tensor dp = act({N, m.projection_pitch()});
-  {
+  if (a.proj.defined()) {  // the core writes its gradients into dp's columns
+    core_backward(l, a, d_o, nullptr, &dp, B, T);
+    TIMED("split/gather projection");
+    zero_columns(dp, m.G * m.group_width(), m.projection_pitch());
+  } else {
     std::vector<Tensor> dpart_tensors;
     for (std::int64_t width : part_widths(m)) dpart_tensors.push_back(act({N, m.G * width}));
     std::vector<Tensor*> dparts;
     for (Tensor& t : dpart_tensors) dparts.push_back(&t);
-    core_backward(l, a, d_o, dparts.data(), B, T);
+    core_backward(l, a, d_o, dparts.data(), nullptr, B, T);
     { TIMED("split/gather projection"); split_or_gather(m, dp, dparts.data(), false); }
   }
   d_o = Tensor();

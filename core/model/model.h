@@ -6,7 +6,8 @@
 //     xn  = rmsnorm(x) * attn_norm
 //     p   = xn @ wqkv^T                      fused projection, group-major rows (below); each
 //                                            row padded to projection_pitch() elements
-//     q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gate = split(p)
+//     q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gate = split(p)   (on CUDA read in place:
+//                                            below)
 //     o   = nsa_core(q, ..., gate; cmp_wk, cmp_wv, cmp_pk, cmp_pv)          [N, H*D]
 //     h   = x + o @ wo^T
 //     hn  = rmsnorm(h) * mlp_norm
@@ -20,6 +21,13 @@
 // contiguous block of rows: for each KV group g, [q of its h heads (h*D rows), k_cmp (D),
 // v_cmp (D), k_slc (D), v_slc (D), k_win (D), v_win (D), gate logits of its h heads (3h,
 // head-major: head 0's (cmp, slc, win), then head 1's, ..., as the core's gate [.., H, 3])].
+//
+// The NSA core on CUDA reads its eight inputs from p in place and writes their gradients into
+// dp (the core's row pitches, nsa/cuda/nsa_cuda.h): no split or join. For that the CUDA products
+// run with wqkv's rows regrouped part by part (regroup_rows, core/ops/elementwise.h), so p's
+// rows are [q of every head (H*D) | k_cmp of every group (G*D) | v_cmp | k_slc | v_slc | k_win |
+// v_win | gate of every head (3H) | pad]: each input is one column range. The parameter (and
+// its gradient, checkpoints, tensor-parallel shards) keeps the group-major rows above.
 //
 // The LM head runs on row chunks: logits for a chunk, the cross entropy and its gradient in
 // place, then the chunk's backward, so the largest logits buffer is [chunk, V].
@@ -260,16 +268,23 @@ class NsaTransformer {
   enum class Keep { Nothing, Input, Selective, All };
   Tensor weight(const std::string& name) const;  // compute-dtype view
   // p = xn wqkv^T into rows of projection_pitch(), and its backward (dxn assigned, dw
-  // accumulated; dp's pad columns zero): on CUDA over the whole pitch (model.cpp says why).
+  // accumulated; dp's pad columns zero): on CUDA over the whole pitch (model.cpp says why), p's
+  // columns part-major where projection_in_place().
   void projection_forward(const Tensor& xn, const Tensor& w, Tensor& p) const;
   void projection_backward(const Tensor& dp, const Tensor& xn, const Tensor& w, Tensor& dxn, Tensor& dw) const;
-  Tensor padded_projection(const Tensor& w) const;  // [projection_pitch(), C]: w, then zero rows
+  // [projection_pitch(), C]: w's rows (regrouped part-major where projection_in_place()), then zero rows.
+  Tensor padded_projection(const Tensor& w) const;
+  // The NSA core reads its inputs from p in place (CUDA): LayerActivations::proj, no split.
+  bool projection_in_place() const { return device_ == Device::CUDA && dims_.attention == Attention::Nsa; }
+  // p's columns differ from the parameter's row order (in place and more than one group).
+  bool projection_regrouped() const { return projection_in_place() && local_.G > 1; }
   Tensor act(const Shape& shape) const;
   Tensor stat(const Shape& shape) const;
   void core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, std::int64_t B, std::int64_t T) const;
-  // dparts: the gradients of the core's inputs, in the order of the projection's parts.
+  // dparts: the gradients of the core's inputs, in the order of the projection's parts; where
+  // the core read a.proj in place, dproj instead (its columns, as a.proj's).
   void core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o, Tensor* const dparts[],
-                     std::int64_t B, std::int64_t T);
+                     Tensor* dproj, std::int64_t B, std::int64_t T);
   Keep keep_mode(std::int64_t l) const;
   // The residual stream between layers as a layer leaves it: its MLP output x and, not yet
   // added to it, its attention residual h (undefined: x is the whole stream, e.g. the

@@ -1,5 +1,6 @@
 #include "core/model/nsa_core_cuda.h"
 
+#include <array>
 #include <stdexcept>
 #include <vector>
 
@@ -45,10 +46,39 @@ std::unique_ptr<nsa::cuda::NsaSavedCuda> take_saved() {
 template <class T> const T* ptr(const Tensor& t) { return static_cast<const T*>(t.raw()); }
 template <class T> T* mut(const Tensor& t) { return static_cast<T*>(t.raw()); }
 
+// The first column of each of the eight inputs in a.proj's part-major rows (nsa_core_cuda.h).
+std::array<std::int64_t, 8> proj_columns(const nsa::NsaDims& d) {
+  std::array<std::int64_t, 8> at{};
+  for (int k = 1; k < 8; ++k) at[k] = at[k - 1] + (k == 1 ? d.H * d.D : d.G * d.D);
+  return at;
+}
+
+// The eight per-token tensors (or gradients) of the core: `parts` (split), else the columns
+// of `rows` (with their pitches).
 template <class T>
-nsa::NsaInputs<T> inputs(const LayerActivations& a, const TensorByPart& W) {
-  return {ptr<T>(a.q),     ptr<T>(a.k_cmp), ptr<T>(a.v_cmp),        ptr<T>(a.k_slc),        ptr<T>(a.v_slc),
-          ptr<T>(a.k_win), ptr<T>(a.v_win), ptr<T>(a.gate),         ptr<T>(W("attn/cmp_wk")), ptr<T>(W("attn/cmp_wv")),
+std::array<T*, 8> token_tensors(const nsa::NsaDims& d, const Tensor* const parts[8], const Tensor* rows,
+                                nsa::cuda::TokenPitches& pitches) {
+  std::array<T*, 8> p{};
+  if (!rows) {
+    for (int k = 0; k < 8; ++k) p[k] = parts[k] ? mut<T>(*parts[k]) : nullptr;
+    pitches = {};
+    return p;
+  }
+  const std::array<std::int64_t, 8> at = proj_columns(d);
+  if (rows->ndim() != 2 || rows->dim(0) != d.B * d.T || rows->dim(1) < at[7] + 3 * d.H)
+    throw std::invalid_argument("the NSA core's projection rows: " + rows->describe() + " for " + d.str());
+  const std::int64_t pitch = rows->dim(1);
+  for (int k = 0; k < 8; ++k) p[k] = mut<T>(*rows) + at[k];
+  pitches = {pitch, pitch, pitch};
+  return p;
+}
+
+template <class T>
+nsa::NsaInputs<T> inputs(const nsa::NsaDims& d, const LayerActivations& a, const TensorByPart& W,
+                         nsa::cuda::TokenPitches& pitches) {
+  const Tensor* parts[8] = {&a.q, &a.k_cmp, &a.v_cmp, &a.k_slc, &a.v_slc, &a.k_win, &a.v_win, &a.gate};
+  const std::array<T*, 8> x = token_tensors<T>(d, parts, a.proj.defined() ? &a.proj : nullptr, pitches);
+  return {x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], ptr<T>(W("attn/cmp_wk")), ptr<T>(W("attn/cmp_wv")),
           ptr<T>(W("attn/cmp_pk")), ptr<T>(W("attn/cmp_pv"))};
 }
 
@@ -60,7 +90,9 @@ std::shared_ptr<void> nsa_core_forward_cuda(const nsa::NsaDims& dims, const Laye
   dispatch_cuda(o.dtype(), [&](auto tag) {
     using T = decltype(tag);
     auto saved = save ? take_saved() : nullptr;
-    nsa::cuda::nsa_forward<T>(dims, inputs<T>(a, W), mut<T>(o), saved.get());
+    nsa::cuda::TokenPitches pitches;
+    const nsa::NsaInputs<T> in = inputs<T>(dims, a, W, pitches);
+    nsa::cuda::nsa_forward<T>(dims, in, mut<T>(o), saved.get(), nullptr, pitches);
     if (!saved) return;
     // The saved state is device memory outside the Tensor allocator: count it while held.
     const std::size_t bytes = saved->bytes();
@@ -80,24 +112,35 @@ std::shared_ptr<void> nsa_core_forward_cuda(const nsa::NsaDims& dims, const Laye
 }
 
 void nsa_core_backward_cuda(const nsa::NsaDims& dims, const LayerActivations& a, const TensorByPart& W,
-                            const TensorByPart& G, const Tensor& d_o, Tensor* const dparts[8]) {
+                            const TensorByPart& G, const Tensor& d_o, Tensor* const dparts[8], Tensor* dproj) {
+  if (a.proj.defined() != (dproj != nullptr))
+    throw std::invalid_argument("nsa_core_backward_cuda: the gradients go where the inputs were (split or in place)");
   dispatch_cuda(d_o.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    nsa::cuda::TokenPitches pitches, grad_pitches;
+    const nsa::NsaInputs<T> in = inputs<T>(dims, a, W, pitches);
+    const Tensor* gparts[8] = {};
+    if (dparts)
+      for (int k = 0; k < 8; ++k) gparts[k] = dparts[k];
+    const std::array<T*, 8> d = token_tensors<T>(dims, gparts, dproj, grad_pitches);
+    if (dproj && dproj->dim(1) != a.proj.dim(1))
+      throw std::invalid_argument("nsa_core_backward_cuda: dproj " + dproj->describe() + " has other rows than a.proj " +
+                                  a.proj.describe());
     nsa::cuda::NsaGradsCuda<T> g;
-    g.q = mut<T>(*dparts[0]);
-    g.k_cmp = mut<T>(*dparts[1]);
-    g.v_cmp = mut<T>(*dparts[2]);
-    g.k_slc = mut<T>(*dparts[3]);
-    g.v_slc = mut<T>(*dparts[4]);
-    g.k_win = mut<T>(*dparts[5]);
-    g.v_win = mut<T>(*dparts[6]);
-    g.gate = mut<T>(*dparts[7]);
+    g.q = d[0];
+    g.k_cmp = d[1];
+    g.v_cmp = d[2];
+    g.k_slc = d[3];
+    g.v_slc = d[4];
+    g.k_win = d[5];
+    g.v_win = d[6];
+    g.gate = d[7];
     g.cmp_wk = G("attn/cmp_wk").data<float>();
     g.cmp_wv = G("attn/cmp_wv").data<float>();
     g.cmp_pk = G("attn/cmp_pk").data<float>();
     g.cmp_pv = G("attn/cmp_pv").data<float>();
     const auto& saved = *static_cast<const nsa::cuda::NsaSavedCuda*>(a.nsa_saved.get());
-    nsa::cuda::nsa_backward<T>(dims, inputs<T>(a, W), saved, ptr<T>(d_o), g);
+    nsa::cuda::nsa_backward<T>(dims, in, saved, ptr<T>(d_o), g, nullptr, pitches);
   });
 }
 
@@ -109,7 +152,7 @@ std::shared_ptr<void> nsa_core_forward_cuda(const nsa::NsaDims&, const LayerActi
 }
 
 void nsa_core_backward_cuda(const nsa::NsaDims&, const LayerActivations&, const TensorByPart&, const TensorByPart&,
-                            const Tensor&, Tensor* const[8]) {
+                            const Tensor&, Tensor* const[8], Tensor*) {
   throw std::runtime_error("this build of nsatron has no CUDA");
 }
 

@@ -50,7 +50,9 @@ struct Sizes {
   std::int64_t wpad = 0;     // CUDA, projection_pitch > used: padded_projection's act [pitch, C]
   std::int64_t dwpad = 0;    //   and projection_backward's fp32 [pitch, C] scratch for dW
   std::int64_t proj = 0;     // act [N, G*group_width]: the parts (a.q ... a.gate or a.q, a.k,
-                             //   a.v) together; dpart_tensors together
+                             //   a.v) together; dpart_tensors together. In place: p itself
+                             //   ([N, projection_pitch], kept as a.proj), no parts
+  bool in_place = false;     // CUDA NSA: NsaTransformer::projection_in_place
   std::int64_t o = 0;        // act [N, H*D]: a.o, d_o, the recomputed o of complete_for_backward
   std::int64_t u = 0;        // act [N, 2F]: a.u, du
   std::int64_t f = 0;        // act [N, F]: a.act, dact
@@ -78,11 +80,14 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
   z.x = N * m.C * e;
   z.row = N * s;
   z.packed = N * m.projection_pitch() * e;
-  if (cuda && m.projection_padded()) {  // as NsaTransformer::projection_forward
+  z.in_place = cuda && m.attention == Attention::Nsa && p.projection_in_place;
+  const bool regrouped = z.in_place && m.G > 1;  // as NsaTransformer::projection_regrouped
+  if (cuda && (m.projection_padded() || regrouped)) {  // as NsaTransformer::projection_forward
     z.wpad = m.projection_pitch() * m.C * e;
     z.dwpad = m.projection_pitch() * m.C * 4;
+    if (regrouped) z.dwpad += m.G * m.group_width() * m.C * 4;  // and dW regrouped back
   }
-  z.proj = N * m.G * m.group_width() * e;
+  z.proj = z.in_place ? z.packed : N * m.G * m.group_width() * e;
   z.o = N * m.H * m.D * e;
   z.u = N * 2 * m.F * e;
   z.f = N * m.F * e;
@@ -224,12 +229,12 @@ class StageReplay {
     led_.alloc(z_.row);   // a.rstd1
     led_.alloc(z_.x);     // a.xn
     release_h();          // norm_stream(in): the previous layer's residual added
-    led_.alloc(z_.packed);  // p
+    led_.alloc(z_.in_place ? z_.proj : z_.packed);  // p (in place: kept as a.proj)
     led_.alloc(z_.wpad);    // projection_forward: the padded weight,
     led_.free(z_.wpad);     //   at its return
-    led_.alloc(z_.proj);  // the parts a.q ... (split_or_gather's targets)
+    if (!z_.in_place) led_.alloc(z_.proj);  // the parts a.q ... (split_or_gather's targets)
     led_.alloc(z_.o);     // a.o
-    led_.free(z_.packed);  // p = Tensor()
+    if (!z_.in_place) led_.free(z_.packed);  // p = Tensor()
     const bool save = k == Keep::All;
     core_forward(save);
     led_.alloc(z_.x);     // attn_out
@@ -273,8 +278,10 @@ class StageReplay {
     led_.free(z_.x);       // dhn = Tensor()
     led_.alloc(z_.o);      // d_o
     led_.alloc(z_.packed);  // dp
-    led_.alloc(z_.proj);   // dpart_tensors (core_backward's outputs)
-    led_.free(z_.proj);    // dpart_tensors, at the end of their scope
+    if (!z_.in_place) {
+      led_.alloc(z_.proj);   // dpart_tensors (core_backward's outputs)
+      led_.free(z_.proj);    // dpart_tensors, at the end of their scope
+    }
     led_.free(z_.o);       // d_o = Tensor()
     led_.free(z_.saved);   // a.drop_core_saved()
     led_.alloc(z_.x);      // dxn
@@ -390,7 +397,8 @@ std::vector<std::int64_t> zero1_ranges(const std::vector<ParamInfo>& params, std
 
 MemoryEstimate estimate_memory(const RunConfig& cfg) { return estimate_memory(cfg, true); }
 
-MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std::int64_t head_chunk) {
+MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std::int64_t head_chunk,
+                               bool projection_in_place) {
   const ModelDims dims = ModelDims::from_config(cfg);
   const std::int64_t tp = cfg.parallel.tp, pp = cfg.parallel.pp, dp = cfg.dp();
   if (tp < 1 || pp < 1 || dp < 1) throw std::invalid_argument("estimate_memory: the config is not validated for its world size");
@@ -404,6 +412,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std
   plan.dtype = cfg.train.dtype == "bf16" ? DType::BF16 : DType::F32;  // as the trainer (launch/train/setup.cpp)
   plan.nsa_saved_outputs = nsa_saved_outputs;
   plan.head_chunk = head_chunk;
+  plan.projection_in_place = projection_in_place;
   // MPI between CPU ranks posts ahead, and so do the copy engines between GPUs; NCCL does not.
   const bool copy_engines = plan.device == Device::CUDA && pp > 1 && cfg.parallel.pp_transport != "nccl";
   plan.pipeline_posts_ahead = plan.device == Device::CPU || copy_engines;

@@ -52,6 +52,10 @@ struct ActivationPlan {
   // one-pass row backward, as the kernels do since 2026-11-25 (docs/performance.md, change
   // 9). false: the saved state before that, which the GPU peaks recorded earlier measured.
   bool nsa_saved_outputs = true;
+  // CUDA, NSA: the core reads the projection p in place (NsaTransformer::projection_in_place:
+  // a layer keeps p, no split parts, and its backward no gradient parts), as since 2026-11-28.
+  // false: the split of before, which the GPU peaks recorded earlier measured.
+  bool projection_in_place = true;
   // pp > 1: whether the PP communicator posts receives ahead and completes sends late
   // (parallel::pipeline_events; the MPI backend, CPU ranks) or runs each transfer blocking at
   // its step (NCCL, GPU ranks). estimate_memory sets it from the device.
@@ -83,8 +87,11 @@ MemoryEstimate estimate_memory(const RunConfig& cfg);
 // The same for the NSA saved state of the CUDA kernels before 2026-11-25 when
 // nsa_saved_outputs is false (ActivationPlan::nsa_saved_outputs; the recorded GPU peaks of
 // tests/model/test_memory_plan.cpp measured that layout), and the LM head's row chunk
-// head_chunk (the GPU peaks recorded before 2026-11-26 (fourth session) ran at 1024 rows).
+// head_chunk (the GPU peaks recorded before 2026-11-26 (fourth session) ran at 1024 rows),
+// and the split projection of before 2026-11-28 when projection_in_place is false
+// (ActivationPlan::projection_in_place).
 MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs,
-                               std::int64_t head_chunk = NsaTransformer::kDefaultHeadChunk);
+                               std::int64_t head_chunk = NsaTransformer::kDefaultHeadChunk,
+                               bool projection_in_place = true);
 
 }  // namespace nsatron

@@ -440,7 +440,8 @@ TEST(MemoryPlan, EstimateIsTheRankThatNeedsMost) {
 // cuBLAS and NSA workspaces, is in neither figure.) Each peak is compared with the estimate
 // of the NSA saved state it was measured with: since 2026-11-25 (change 9) the bf16 kernels
 // keep the selection and window outputs (`outputs`); the earlier peaks measured the state
-// without them (estimate_memory(cfg, false)).
+// without them (estimate_memory(cfg, false)); the peaks before 2026-11-28 measured the split
+// projection (parts beside p: in_place false).
 TEST(MemoryPlan, CudaEstimateMatchesRecordedGpuPeaks) {
   struct Recorded {
     std::vector<std::string> overrides;
@@ -449,6 +450,7 @@ TEST(MemoryPlan, CudaEstimateMatchesRecordedGpuPeaks) {
     const char* where;
     bool outputs = false;  // measured with the saved branch outputs
     std::int64_t head_chunk = 1024;  // the LM head's row chunk it ran with (the default until 2026-11-26)
+    bool in_place = false;  // measured with the NSA core reading the projection in place (2026-11-28)
   };
   auto batch = [](int mb, const char* policy, int seq) {
     return std::vector<std::string>{"train.micro_batch=" + std::to_string(mb), "train.global_batch=" + std::to_string(mb),
@@ -476,7 +478,7 @@ TEST(MemoryPlan, CudaEstimateMatchesRecordedGpuPeaks) {
   };
   for (const Recorded& r : recorded) {
     const RunConfig cfg = load_config(std::string(NSATRON_SOURCE_DIR) + "/configs/nsa_125m.toml", r.overrides, r.world);
-    const double estimated = double(estimate_memory(cfg, r.outputs, r.head_chunk).total()) / double(1 << 30);
+    const double estimated = double(estimate_memory(cfg, r.outputs, r.head_chunk, r.in_place).total()) / double(1 << 30);
     EXPECT_NEAR(estimated, r.gib, r.unit / 2) << r.where << ": " << ::testing::PrintToString(r.overrides);
   }
 }
