@@ -458,6 +458,8 @@ TEST(MemoryPlan, CudaEstimateMatchesRecordedGpuPeaks) {
   };
   const std::vector<Recorded> recorded = {
       {batch(16, "none", 2048), 1, 13.43, 0.01, "outside-core section, head chunk 4096: 13.43 GiB", true, 4096},
+      {batch(16, "none", 2048), 1, 13.45, 0.01, "thirteenth session, the projection read in place: 13.45 GiB", true, 4096,
+       true},
       {batch(16, "none", 2048), 1, 13.33, 0.01, "change 9 section, training: 13.33 GiB", true},
       {batch(64, "none", 2048), 1, 47.11, 0.01, "change 9 section, training: 47.11 GiB", true},
       {batch(16, "none", 2048), 1, 11.08, 0.01, "2026-11-25 section, training: 11.08 GiB"},
