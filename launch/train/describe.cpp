@@ -159,7 +159,10 @@ void describe_implementations(Run& run) {
     out << "device       cuda: " << cuda_device_summary() << "; " << cfg.train.dtype << " compute, fp32 master weights, "
         << "gradients and AdamW state\n"
         << "matmul       cuBLASLt (core/ops/cuda/matmul.cu), fp32 accumulation\n"
-        << attention_impl(run, ("CUDA kernels (nsa/cuda); selection row side: " + selection_loop(run)).c_str(),
+        << attention_impl(run,
+                          ("CUDA kernels (nsa/cuda), inputs read in place from the fused projection; selection row side: " +
+                           selection_loop(run))
+                              .c_str(),
                           "flash-style CUDA kernels (nsa/cuda/dense.h)")
         << "\n"
         << "other ops    CUDA: rmsnorm, swiglu, embedding, chunked cross entropy, fused AdamW (core/ops/cuda)\n";
