@@ -304,6 +304,8 @@ void launch_cmp_select_tc(const Geo& g, const __nv_bfloat16* q, const float2* ro
                           float* o, float* lse, std::int32_t* sel, cudaStream_t s);
 // attention.cu
 struct RowArgs {  // row-side kernels (forward, and dq in the backward)
+  // The per-token inputs and their gradients: positions' rows Geo::qp (q), kvp (keys, values)
+  // and gp (gate) elements apart (TokenPitches); everything else contiguous.
   const void* q;       // T [B,T,H,D]
   const void* k;       // branch keys: T [B,T,G,D] (slc, win) or fp32 [B,N,G,D] (cmp)
   const void* v;
@@ -371,7 +373,7 @@ template <class T>
 void launch_row(const Geo& g, int branch, bool backward, const RowArgs& a, cudaStream_t s);
 
 struct KeyArgs {  // key-side backward kernels
-  const void* q;       // T [B,T,H,D]
+  const void* q;       // T [B,T,H,D] (rows Geo::qp apart, as RowArgs::q)
   const void* dout;    // T
   const void* k;       // branch keys (as in RowArgs)
   const void* v;
@@ -380,7 +382,7 @@ struct KeyArgs {  // key-side backward kernels
   const float* lse;    // [B,T,H] of this branch
   const float* gsig;
   const float* delta;
-  void* dk;            // T [B,T,G,D] (slc, win) or fp32 [B,N,G,D] (cmp), unrotated
+  void* dk;            // T [B,T,G,D] (slc, win; rows Geo::kvp apart) or fp32 [B,N,G,D] (cmp), unrotated
   void* dv;
   // compression only: the queries are split into cmp_key_splits(g) position ranges; with
   // more than one, each range writes its partial dK, dV to split_dk/split_dv
