@@ -2,6 +2,7 @@
 
 #include "core/ops/op_util.h"
 
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -78,9 +79,7 @@ void copy_columns(const std::string& op, const Tensor& packed, std::span<const T
   require(!parts.empty() && parts.size() <= std::size_t(kMaxColumnParts), op,
           "between 1 and " + std::to_string(kMaxColumnParts) + " parts, got " + std::to_string(parts.size()));
   const std::int64_t G = layout.groups;
-  require(G >= 1 && G * std::int64_t(parts.size()) <= kMaxColumnParts, op,
-          std::to_string(G) + " groups of " + std::to_string(parts.size()) + " parts: at most " +
-              std::to_string(kMaxColumnParts) + " parts in all, and at least one group");
+  require(G >= 1, op, "at least one group, got " + std::to_string(G));
   const std::int64_t R = packed.dim(0);
   const std::size_t e = dtype_size(packed.dtype());
   std::int64_t group_width = 0;
@@ -100,30 +99,37 @@ void copy_columns(const std::string& op, const Tensor& packed, std::span<const T
     require(pitch >= used && packed.dim(1) == pitch, op,
             "packed " + packed.describe() + " must have pitch = " + std::to_string(pitch) +
                 " columns, at least the parts' " + std::to_string(used));
-  ColumnParts cp;
-  for (std::int64_t g = 0; g < G; ++g) {
-    std::int64_t col = g * group_width;
-    for (const Tensor* t : parts) {
-      const std::size_t row_bytes = std::size_t(t->dim(1) / G) * e;
-      cp.ptr[cp.count] = static_cast<char*>(t->raw()) + std::size_t(g) * row_bytes;
-      cp.row_bytes[cp.count] = row_bytes;
-      cp.offset[cp.count] = std::size_t(col) * e;
-      cp.part_pitch[cp.count] = std::size_t(t->dim(1)) * e;
-      ++cp.count;
-      col += t->dim(1) / G;
-    }
-  }
-  if (layout.zero_pad && !to_parts) cp.zero_end = std::size_t(pitch) * e;
   if (R == 0 || pitch == 0) return;
-  if (packed.device() == Device::CUDA) {
+  // The raw form takes at most kMaxColumnParts (group, part) pairs: whole groups at a time, each
+  // batch's columns from its first group's (packed shifted there; the pad zeroed by the last).
+  const std::int64_t per_batch = std::max<std::int64_t>(1, kMaxColumnParts / std::int64_t(parts.size()));
+  for (std::int64_t g0 = 0; g0 < G; g0 += per_batch) {
+    const std::int64_t g1 = std::min(G, g0 + per_batch);
+    ColumnParts cp;
+    for (std::int64_t g = g0; g < g1; ++g) {
+      std::int64_t col = (g - g0) * group_width;
+      for (const Tensor* t : parts) {
+        const std::size_t row_bytes = std::size_t(t->dim(1) / G) * e;
+        cp.ptr[cp.count] = static_cast<char*>(t->raw()) + std::size_t(g) * row_bytes;
+        cp.row_bytes[cp.count] = row_bytes;
+        cp.offset[cp.count] = std::size_t(col) * e;
+        cp.part_pitch[cp.count] = std::size_t(t->dim(1)) * e;
+        ++cp.count;
+        col += t->dim(1) / G;
+      }
+    }
+    if (layout.zero_pad && !to_parts && g1 == G) cp.zero_end = std::size_t(pitch - g0 * group_width) * e;
+    char* base = static_cast<char*>(packed.raw()) + std::size_t(g0 * group_width) * e;
+    if (packed.device() == Device::CUDA) {
 #ifdef NSATRON_WITH_CUDA
-    cuda::copy_columns(packed.raw(), std::size_t(pitch) * e, cp, R, to_parts);
-    return;
+      cuda::copy_columns(base, std::size_t(pitch) * e, cp, R, to_parts);
+      continue;
 #else
-    no_cuda(op);
+      no_cuda(op);
 #endif
+    }
+    cpu::copy_columns(base, std::size_t(pitch) * e, cp, R, to_parts);
   }
-  cpu::copy_columns(packed.raw(), std::size_t(pitch) * e, cp, R, to_parts);
 }
 }  // namespace
 

@@ -59,7 +59,8 @@ void cast(const Tensor& src, Tensor& dst);
 // x [N, ...], any dtype, CPU or CUDA; keep [N] (uint8) in x's device memory.
 void zero_rows(Tensor& x, std::span<const std::uint8_t> keep);
 // packed [R, W] and parts[k] [R, w_k] with sum_k w_k = W; one dtype and device; at most
-// kMaxColumnParts parts in all (groups * parts.size() with PackedColumns::groups).
+// kMaxColumnParts parts (any number of groups: the raw form below takes at most kMaxColumnParts
+// (group, part) pairs a call, so the entry points run whole groups at a time).
 constexpr int kMaxColumnParts = 64;
 struct PackedColumns {
   std::int64_t groups = 1;  // the parts' columns repeat this many times per packed row

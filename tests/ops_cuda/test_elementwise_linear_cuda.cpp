@@ -135,7 +135,7 @@ TEST(ElementwiseCuda, GroupedPaddedSplitAndJoinMatchCpuBitForBit) {
     for (const std::vector<std::int64_t>& widths :
          {std::vector<std::int64_t>{1}, {3, 0, 5}, {8, 8, 16}, {7, 1, 2, 9, 4},
           {384, 64, 64, 64, 64, 64, 64, 18}})
-      for (std::int64_t G : {1, 2, 4})
+      for (std::int64_t G : {1, 2, 4, 9})  // 9 groups of 8 parts: two raw calls
         for (std::int64_t R : {1, 37, 1000}) {
           std::int64_t W = 0;
           for (std::int64_t w : widths) W += w;
