@@ -121,6 +121,15 @@ TEST(ModelGradcheck, RandomWeightsOneHeadPerGroup) {
   check_fd({.dims = tiny_dims(false, 4), .random_sd = 0.35}, 16);
 }
 
+// Nine KV groups of one head each: the projection's split runs 72 (group, part) pairs, more
+// than one raw call of split_columns takes (two calls, whole groups at a time).
+TEST(ModelGradcheck, RandomWeightsNineGroups) {
+  ModelDims d = tiny_dims(false, 9);
+  d.H = 9;
+  d.L = 1;
+  check_fd({.dims = d, .random_sd = 0.35}, 19);
+}
+
 // n = 4 with T = 21 (6 selection blocks): beyond the three forced blocks the top-n choice is
 // real for t >= 16, so the chosen blocks depend on the scores.
 TEST(ModelGradcheck, RandomWeightsSelectionWithChoice) {
