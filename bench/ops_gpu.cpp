@@ -143,10 +143,22 @@ int main(int argc, char** argv) {
     std::vector<Tensor*> pp;
     for (Tensor& q : parts) pp.push_back(&q);
     const std::vector<const Tensor*> cp(pp.begin(), pp.end());
-    t.memory("split_columns (projection)", double(L), time_ms([&] { split_columns(p, pp, layout); }, reps),
+    // The CUDA NSA model reads p in place (model.h): no split or join per step there, dp's pad
+    // zeroed, wqkv's rows regrouped per product (forward and dX) and dW's back (fp32).
+    const bool in_place = d.attention == Attention::Nsa;
+    t.memory("split_columns (projection)", in_place ? 0.0 : double(L),
+             time_ms([&] { split_columns(p, pp, layout); }, reps), 2.0 * double(N * G * Pg) * e);
+    t.memory("join_columns (gradients)", in_place ? 0.0 : double(L), time_ms([&] { join_columns(cp, p, layout); }, reps),
              2.0 * double(N * G * Pg) * e);
-    t.memory("join_columns (gradients)", double(L), time_ms([&] { join_columns(cp, p, layout); }, reps),
-             2.0 * double(N * G * Pg) * e);
+    const std::int64_t used = G * Pg, pitch = d.projection_pitch();
+    t.memory("zero_columns (dp's pad)", in_place ? double(L) : 0.0, time_ms([&] { zero_columns(p, used, pitch); }, reps),
+             double(N * (pitch - used)) * e);
+    Tensor w = rnd({used, C}, dt), wr = dev({pitch, C}, dt);
+    Tensor gw = rnd({used, C}, DType::F32), gr = dev({used, C}, DType::F32);
+    t.memory("regroup_rows (wqkv's copy)", in_place ? double(2 * L) : 0.0,
+             time_ms([&] { regroup_rows(w, wr, widths, G, true); }, reps), 2.0 * double(used * C) * e);
+    t.memory("regroup_rows (dW back, fp32)", in_place ? double(L) : 0.0,
+             time_ms([&] { regroup_rows(gw, gr, widths, G, false); }, reps), 8.0 * double(used * C));
   }
   {
     Tensor a = rnd({N, C}, dt), b = rnd({N, C}, dt), w = rnd({C}, dt), h = dev({N, C}, dt), y = dev({N, C}, dt);
