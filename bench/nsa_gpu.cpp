@@ -6,7 +6,7 @@
 //   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups]
 //                 [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
 //                 [--sel-loop auto|union|inverted|both] [--inputs random|local]
-//                 [--row-fwd auto|plain|ws|both]
+//                 [--row-fwd auto|plain|ws|both] [--layout split|projection|both]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
 // "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); "groups", the GQA
@@ -34,6 +34,13 @@
 // head, dim) an AR(1) sequence q_t = rho q_{t-1} + sqrt(1 - rho^2) e_t, rho = 0.995: unit
 // variance, correlation ~0.73 over 64 positions), so neighbouring positions choose mostly the
 // same blocks, as trained models' queries tend to; the shape's name is suffixed /L.
+//
+// --layout: split (default): the eight per-token inputs (and their gradients) as separate
+// contiguous tensors; projection: as the model's CUDA layers pass them, column ranges of one
+// row per position of the fused projection (q | k_cmp | v_cmp | k_slc | v_slc | k_win | v_win |
+// gate, padded to a multiple of 64 elements: nsa::cuda::TokenPitches, core/model/model.h),
+// the shape's name suffixed /P; both: each shape twice. (The dense baseline always runs on
+// the split layout.)
 //
 // Dense baseline (unless --no-dense): dense causal attention (RoPE, GQA; nsa/cuda/dense.h,
 // the engine's model.attention = "dense"), which is the NSA window branch with w = T and no
@@ -132,7 +139,7 @@ static double median(std::vector<double> v) {
 }
 
 template <class T>
-static void run(const Shape& sh, int reps_arg, bool dense, bool local_inputs) {
+static void run(const Shape& sh, int reps_arg, bool dense, bool local_inputs, bool projection) {
   const NsaDims& dm = sh.dims;
   const std::size_t nq = std::size_t(dm.B * dm.T * dm.H * dm.D);
   const std::size_t nk = std::size_t(dm.B * dm.T * dm.G * dm.D);
@@ -154,17 +161,46 @@ static void run(const Shape& sh, int reps_arg, bool dense, bool local_inputs) {
     if (k == 0 && local_inputs) fill_drifting(x[k], dm.B, dm.T, dm.H * dm.D, 100, 0.995f);
     else fill(x[k], sizes[k], 100 + k, sc);
   }
+  // --layout projection: the same values copied into the columns of one row per position.
+  const std::int64_t positions = dm.B * dm.T;
+  std::int64_t offset[8] = {0}, used = 0;
+  for (int k = 0; k < 8; ++k) {
+    offset[k] = used;
+    used += std::int64_t(sizes[k]) / positions;
+  }
+  const std::int64_t pitch = (used + 63) / 64 * 64;
+  cuda::TokenPitches pitches;
+  T* px[8] = {};
+  if (projection) {
+    pitches = {pitch, pitch, pitch};
+    T* rows = static_cast<T*>(alloc(std::size_t(positions * pitch) * sizeof(T)));
+    CUDA_CHECK(cudaMemset(rows, 0, std::size_t(positions * pitch) * sizeof(T)));
+    for (int k = 0; k < 8; ++k) {
+      const std::size_t w = sizes[k] / std::size_t(positions);
+      px[k] = rows + offset[k];
+      CUDA_CHECK(cudaMemcpy2D(px[k], std::size_t(pitch) * sizeof(T), x[k], w * sizeof(T), w * sizeof(T),
+                              std::size_t(positions), cudaMemcpyDeviceToDevice));
+    }
+  }
   T* dout = static_cast<T*>(alloc(nq * sizeof(T)));
   fill(dout, nq, 99, 1.f);
   T* out = static_cast<T*>(alloc(nq * sizeof(T)));
-  cuda::NsaGradsCuda<T> g;
+  cuda::NsaGradsCuda<T> g, pg;  // pg: --layout projection's, columns of one gradient row buffer
   T** act[8] = {&g.q, &g.k_cmp, &g.v_cmp, &g.k_slc, &g.v_slc, &g.k_win, &g.v_win, &g.gate};
   for (int k = 0; k < 8; ++k) *act[k] = static_cast<T*>(alloc(sizes[k] * sizeof(T)));
+  if (projection) {
+    T* grows = static_cast<T*>(alloc(std::size_t(positions * pitch) * sizeof(T)));
+    T** pact[8] = {&pg.q, &pg.k_cmp, &pg.v_cmp, &pg.k_slc, &pg.v_slc, &pg.k_win, &pg.v_win, &pg.gate};
+    for (int k = 0; k < 8; ++k) *pact[k] = grows + offset[k];
+  }
   g.cmp_wk = static_cast<float*>(alloc(nw * 4));
   g.cmp_wv = static_cast<float*>(alloc(nw * 4));
   g.cmp_pk = static_cast<float*>(alloc(np * 4));
   g.cmp_pv = static_cast<float*>(alloc(np * 4));
-  const NsaInputs<T> in{x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], x[8], x[9], x[10], x[11]};
+  const NsaInputs<T> in = projection ? NsaInputs<T>{px[0], px[1], px[2], px[3], px[4], px[5], px[6], px[7],
+                                                     x[8], x[9], x[10], x[11]}
+                                     : NsaInputs<T>{x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7],
+                                                     x[8], x[9], x[10], x[11]};
   cuda::NsaSavedCuda saved;
 
   cudaEvent_t e0, e1, e2;
@@ -173,9 +209,15 @@ static void run(const Shape& sh, int reps_arg, bool dense, bool local_inputs) {
   CUDA_CHECK(cudaEventCreate(&e2));
   auto once = [&](double* f_ms, double* b_ms) {
     CUDA_CHECK(cudaEventRecord(e0));
-    cuda::nsa_forward<T>(dm, in, out, &saved);
+    cuda::nsa_forward<T>(dm, in, out, &saved, nullptr, pitches);
     CUDA_CHECK(cudaEventRecord(e1));
-    cuda::nsa_backward<T>(dm, in, saved, dout, g);
+    if (projection) {
+      pg.cmp_wk = g.cmp_wk;
+      pg.cmp_wv = g.cmp_wv;
+      pg.cmp_pk = g.cmp_pk;
+      pg.cmp_pv = g.cmp_pv;
+    }
+    cuda::nsa_backward<T>(dm, in, saved, dout, projection ? pg : g, nullptr, pitches);
     CUDA_CHECK(cudaEventRecord(e2));
     CUDA_CHECK(cudaEventSynchronize(e2));
     float a = 0, b = 0;
@@ -261,7 +303,7 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128}, hs = {1, 2, 4, 6, 8, 16};
   int reps = 0;
   bool dense = true;
-  std::string sel_loop = "auto", inputs = "random", row_fwd = "auto";
+  std::string sel_loop = "auto", inputs = "random", row_fwd = "auto", layout = "split";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -281,12 +323,13 @@ int main(int argc, char** argv) {
     else if (a == "--sel-loop") sel_loop = val();
     else if (a == "--inputs") inputs = val();
     else if (a == "--row-fwd") row_fwd = val();
+    else if (a == "--layout") layout = val();
     else {
       std::fprintf(stderr,
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups] "
                    "[--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
                    "[--sel-loop auto|union|inverted|both] [--inputs random|local] "
-                   "[--row-fwd auto|plain|ws|both]\n");
+                   "[--row-fwd auto|plain|ws|both] [--layout split|projection|both]\n");
       return 2;
     }
   }
@@ -295,6 +338,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool local_inputs = inputs == "local";
+  std::vector<std::pair<bool, std::string>> layouts;
+  if (layout == "split") layouts = {{false, ""}};
+  else if (layout == "projection") layouts = {{true, "/P"}};
+  else if (layout == "both") layouts = {{false, ""}, {true, "/P"}};
+  else {
+    std::fprintf(stderr, "--layout: split, projection or both, not %s\n", layout.c_str());
+    return 2;
+  }
   if (!nsatron::cuda_available()) {
     std::printf("bench_nsa_gpu: %s, nothing to do\n", nsatron::cuda_device_summary().c_str());
     return 0;
@@ -358,12 +409,13 @@ int main(int argc, char** argv) {
   }
   for (const auto& s : shapes)
     for (const auto& [loop, suffix] : loops)
-      for (const auto& [rf, rsuffix] : row_fwds) {
-        cuda::set_selection_row_loop(loop);
-        cuda::set_row_forward(rf);
-        const Shape named{s.name + suffix + rsuffix + (local_inputs ? "/L" : ""), s.dims};
-        if (dtype == "fp32") run<float>(named, reps, dense, local_inputs);
-        else run<cuda::bf16>(named, reps, dense, local_inputs);
-      }
+      for (const auto& [rf, rsuffix] : row_fwds)
+        for (const auto& [projection, lsuffix] : layouts) {
+          cuda::set_selection_row_loop(loop);
+          cuda::set_row_forward(rf);
+          const Shape named{s.name + suffix + rsuffix + lsuffix + (local_inputs ? "/L" : ""), s.dims};
+          if (dtype == "fp32") run<float>(named, reps, dense, local_inputs, projection);
+          else run<cuda::bf16>(named, reps, dense, local_inputs, projection);
+        }
   return 0;
 }
