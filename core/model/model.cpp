@@ -330,14 +330,23 @@ void NsaTransformer::projection_forward(const Tensor& xn, const Tensor& w, Tenso
 }
 
 void NsaTransformer::projection_backward(const Tensor& dp, const Tensor& xn, const Tensor& w, Tensor& dxn,
-                                         Tensor& dw) const {
+                                         Tensor& dw, const std::function<void()>& between_dx_dw) const {
   const std::int64_t pitch = local_.projection_pitch(), used = w.dim(0);
+  if (device_ != Device::CUDA || (!local_.projection_padded() && !projection_regrouped())) {
+    { TIMED("matmul"); linear_backward(dp, xn, w, {.dx = &dxn, .dy_pitch = pitch}); }
+    between_dx_dw();
+    TIMED("matmul");
+    return linear_backward(dp, xn, w, {.dw = &dw, .dy_pitch = pitch});
+  }
+  const Tensor wp = [&] {
+    TIMED("matmul");
+    return padded_projection(w);
+  }();
+  { TIMED("matmul"); linear_backward(dp, xn, wp, {.dx = &dxn}); }
+  between_dx_dw();
   TIMED("matmul");
-  if (device_ != Device::CUDA || (!local_.projection_padded() && !projection_regrouped()))
-    return linear_backward(dp, xn, w, {.dx = &dxn, .dw = &dw, .dy_pitch = pitch});
-  const Tensor wp = padded_projection(w);
   Tensor dwp = Tensor::zeros({pitch, w.dim(1)}, dw.dtype(), device_);
-  linear_backward(dp, xn, wp, {.dx = &dxn, .dw = &dwp});
+  linear_backward(dp, xn, wp, {.dw = &dwp});
   if (!projection_regrouped()) {
     add_(dw, dwp.slice0(0, used));  // dW += dp^T xn over the used rows: the product's own fp32 sum
     return;
@@ -396,6 +405,18 @@ void NsaTransformer::tp_sum(Tensor& t) const {
   if (tp_ == 1) return;
   TIMED("tp all-reduce");
   tp_group_->all_reduce(t);
+}
+
+void NsaTransformer::tp_start_sum(Tensor& t) const {
+  if (tp_ == 1) return;
+  TIMED("tp all-reduce");
+  tp_group_->start_all_reduce(t);
+}
+
+void NsaTransformer::tp_finish_sums() const {
+  if (tp_ == 1) return;
+  TIMED("tp all-reduce");
+  tp_group_->wait_all();
 }
 
 Tensor NsaTransformer::embed(const Ids& tokens, std::int64_t N) const {
@@ -610,9 +631,13 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   { TIMED("swiglu"); swiglu_backward(dact, a.u, du); }
   dact = Tensor();
   Tensor dhn = act({N, m.C});
-  { TIMED("matmul"); linear_backward(du, a.hn, mlp_in(compute_, l), {&dhn, &g_in, nullptr}); }
+  // Column-parallel w_gate/w_up: every rank's share of the norm output's gradient, summed while
+  // the weight gradient (which needs neither) is computed.
+  { TIMED("matmul"); linear_backward(du, a.hn, mlp_in(compute_, l), {.dx = &dhn}); }
+  tp_start_sum(dhn);
+  { TIMED("matmul"); linear_backward(du, a.hn, mlp_in(compute_, l), {.dw = &g_in}); }
+  tp_finish_sums();
   du = Tensor();
-  tp_sum(dhn);  // column-parallel w_gate/w_up: every rank's share of the norm output's gradient
   Tensor dh = act({N, m.C});
   Tensor g_mlp_norm = G("mlp_norm");
   { TIMED("rmsnorm"); rmsnorm_backward(dhn, a.h, W("mlp_norm"), a.rstd2, dh, g_mlp_norm, &dx_out); }
@@ -641,9 +666,10 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   a.drop_core_saved();
   Tensor dxn = act({N, m.C});
   Tensor g_wqkv = G("attn/wqkv");
-  projection_backward(dp, a.xn, W("attn/wqkv"), dxn, g_wqkv);
+  // Column-parallel wqkv: dxn summed over the ranks while dW is computed.
+  projection_backward(dp, a.xn, W("attn/wqkv"), dxn, g_wqkv, [&] { tp_start_sum(dxn); });
+  tp_finish_sums();
   dp = Tensor();
-  tp_sum(dxn);  // column-parallel wqkv
   dx_in = act({N, m.C});
   Tensor g_attn_norm = G("attn_norm");
   { TIMED("rmsnorm"); rmsnorm_backward(dxn, a.x, W("attn_norm"), a.rstd1, dx_in, g_attn_norm, &dh); }

@@ -261,6 +261,11 @@ class NsaTransformer {
   Ids device_ids(std::span<const std::int32_t> host, bool vocab_local, bool keep_copy = false) const;
   Tensor mlp_in(const Tensor& flat, std::int64_t l) const;  // [w_gate; w_up] of layer l in a flat buffer
   void tp_sum(Tensor& t) const;
+  // tp_sum in two halves, so that work which needs neither t nor its sum runs between them
+  // (the backward's weight gradients: Communicator::start_all_reduce, on GPUs the collective's
+  // own stream); no other TP collective between them.
+  void tp_start_sum(Tensor& t) const;
+  void tp_finish_sums() const;
   // Final-norm output -> mean loss (one element on the device, not read); with dxf, also the
   // head's gradients and dxf.
   Tensor head_loss(const Tensor& xf, const Ids& targets, std::int64_t N, double grad_scale, Tensor* dxf);
@@ -271,7 +276,9 @@ class NsaTransformer {
   // accumulated; dp's pad columns zero): on CUDA over the whole pitch (model.cpp says why), p's
   // columns part-major where projection_in_place().
   void projection_forward(const Tensor& xn, const Tensor& w, Tensor& p) const;
-  void projection_backward(const Tensor& dp, const Tensor& xn, const Tensor& w, Tensor& dxn, Tensor& dw) const;
+  // dxn first, then between_dx_dw() (e.g. starting dxn's tensor-parallel sum), then dw.
+  void projection_backward(const Tensor& dp, const Tensor& xn, const Tensor& w, Tensor& dxn, Tensor& dw,
+                           const std::function<void()>& between_dx_dw) const;
   // [projection_pitch(), C]: w's rows (regrouped part-major where projection_in_place()), then zero rows.
   Tensor padded_projection(const Tensor& w) const;
   // The NSA core reads its inputs from p in place (CUDA): LayerActivations::proj, no split.
