@@ -37,7 +37,8 @@
 // the columns of wo of its heads), F/tp of the MLP's hidden units (rows of w_gate and w_up,
 // columns of w_out) and a contiguous range of the vocabulary (rows of the embedding and the
 // LM head); the norm gains are replicated. Per layer the forward all-reduces (sum) the
-// outputs of wo and w_out, the backward the gradients of the two norm outputs; the
+// outputs of wo and w_out, the backward the gradients of the two norm outputs (while the
+// weight gradients are computed: tp_start_sum); the
 // embedding's output and the gradient of the final norm's output are all-reduced too, and
 // the loss is the vocab-parallel cross entropy (core/ops/vocab_parallel_cross_entropy.h).
 // The NSA core itself needs no communication. Pipeline parallelism: the model holds the layers
