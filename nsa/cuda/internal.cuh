@@ -29,7 +29,7 @@ struct Geo {
   float scale;  // 1 / sqrt(D)
   FastDiv hdiv;  // division by h (row index -> position, head)
   FastDiv ddiv;  // division by d (position -> compressed blocks it sees)
-  FastDiv Hdiv, Gdiv;  // division by H and G (pitched rows: row index -> position, head or group)
+  FastDiv Hdiv;  // division by H (pitched rows: query row index -> position, head)
   // Elements from one position's row of the per-token inputs (and their gradients) to the next
   // (TokenPitches, resolved): q qp (H*D when contiguous), the keys and values kvp (G*D), the
   // gate gp (3*H). The output, d_out, the compressed keys and values and every scratch tensor
@@ -77,7 +77,6 @@ inline Geo make_geo(const NsaDims& dm, const TokenPitches& tp = {}) {
   g.hdiv = FastDiv(std::max(1, g.h));
   g.ddiv = FastDiv(std::max(1, g.d));
   g.Hdiv = FastDiv(std::max(1, g.H));
-  g.Gdiv = FastDiv(std::max(1, g.G));
   g.qp = tp.q ? tp.q : std::int64_t(g.H) * g.D;
   g.kvp = tp.kv ? tp.kv : std::int64_t(g.G) * g.D;
   g.gp = tp.gate ? tp.gate : std::int64_t(g.H) * 3;
