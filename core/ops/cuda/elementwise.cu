@@ -14,6 +14,16 @@ using namespace cuda_detail;
 
 namespace {
 
+// Calls f(U{}) for the widest unit U (16, 8, 4, 2 or 1 bytes) that divides `a` (the OR of the
+// addresses, sizes and offsets a copy or fill touches): zero_rows, copy_columns, regroup_rows.
+template <class F> void with_widest_unit(std::uintptr_t a, F&& f) {
+  if (a % 16 == 0) return f(uint4{});
+  if (a % 8 == 0) return f(std::uint64_t{});
+  if (a % 4 == 0) return f(std::uint32_t{});
+  if (a % 2 == 0) return f(std::uint16_t{});
+  f(std::uint8_t{});
+}
+
 // out = a + b over elements [0, n); out may be a or b (each element read, then written, by
 // one thread).
 template <class T, int V>
@@ -166,11 +176,7 @@ void regroup_rows(const void* in, void* out, std::size_t row_bytes, const RowPar
   // The widest unit that divides the rows and both addresses.
   const std::uintptr_t a =
       reinterpret_cast<std::uintptr_t>(in) | reinterpret_cast<std::uintptr_t>(out) | std::uintptr_t(row_bytes);
-  if (a % 16 == 0) return regroup_rows_as<uint4>(in, out, row_bytes, parts, to_part_major);
-  if (a % 8 == 0) return regroup_rows_as<unsigned long long>(in, out, row_bytes, parts, to_part_major);
-  if (a % 4 == 0) return regroup_rows_as<unsigned int>(in, out, row_bytes, parts, to_part_major);
-  if (a % 2 == 0) return regroup_rows_as<unsigned short>(in, out, row_bytes, parts, to_part_major);
-  regroup_rows_as<unsigned char>(in, out, row_bytes, parts, to_part_major);
+  with_widest_unit(a, [&](auto unit) { regroup_rows_as<decltype(unit)>(in, out, row_bytes, parts, to_part_major); });
 }
 
 void zero_columns(void* x, std::size_t pitch, std::size_t begin, std::size_t end, std::int64_t R) {
@@ -194,22 +200,14 @@ void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std
   }
   if (widest > std::size_t(0x7fffffff))
     throw std::invalid_argument("split_columns / join_columns (cuda): rows too wide");
-  if (a % 16 == 0) return copy_columns_as<uint4>(packed, pitch, parts, R, to_parts);
-  if (a % 8 == 0) return copy_columns_as<unsigned long long>(packed, pitch, parts, R, to_parts);
-  if (a % 4 == 0) return copy_columns_as<unsigned int>(packed, pitch, parts, R, to_parts);
-  if (a % 2 == 0) return copy_columns_as<unsigned short>(packed, pitch, parts, R, to_parts);
-  copy_columns_as<unsigned char>(packed, pitch, parts, R, to_parts);
+  with_widest_unit(a, [&](auto unit) { copy_columns_as<decltype(unit)>(packed, pitch, parts, R, to_parts); });
 }
 
 void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep) {
   if (N == 0 || row_bytes == 0) return;
   // The widest unit that divides the row and the address.
   const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(x) | std::uintptr_t(row_bytes);
-  if (a % 16 == 0) return zero_rows_as<uint4>(x, row_bytes, N, keep);
-  if (a % 8 == 0) return zero_rows_as<unsigned long long>(x, row_bytes, N, keep);
-  if (a % 4 == 0) return zero_rows_as<unsigned int>(x, row_bytes, N, keep);
-  if (a % 2 == 0) return zero_rows_as<unsigned short>(x, row_bytes, N, keep);
-  zero_rows_as<unsigned char>(x, row_bytes, N, keep);
+  with_widest_unit(a, [&](auto unit) { zero_rows_as<decltype(unit)>(x, row_bytes, N, keep); });
 }
 
 void cast(DType src_dt, const void* src, DType dst_dt, void* dst, std::int64_t n) {
