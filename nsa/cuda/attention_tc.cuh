@@ -171,10 +171,14 @@ __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
     const bool vec = D == DP && half % 8 == 0 && total < (std::int64_t(1) << 30) && pitch % 8 == 0 &&
                      (reinterpret_cast<std::uintptr_t>(src) & 15u) == 0 &&
                      (reinterpret_cast<std::uintptr_t>(rope) & 15u) == 0;
-    if (vec) {
+    // The contiguous rows' loop as it was before pitches (a branch per 8 elements before their
+    // loads cost these copies 19%, docs/performance.md, thirteenth session), the pitched one apart.
+    auto rows = [&](auto contiguous) {
       for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < int(total); idx += gridDim.x * blockDim.x) {
         const int row = idx / chunks, d0 = (idx - row * chunks) * 8;
-        const S* x = src + pitched(row, G, pitch, D);
+        const int pos = decltype(contiguous)::value ? row / G.d : G.div(row);
+        const S* x = src + (decltype(contiguous)::value ? std::int64_t(row) * D
+                                                        : std::int64_t(pos) * pitch + (row - pos * G.d) * D);
         float v[8];
         bf16x8_to_float(*reinterpret_cast<const uint4*>(x + d0), v);
         if (rope) {
@@ -182,7 +186,7 @@ __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
           const int i0 = lo ? d0 : d0 - half;
           float xp[8];
           bf16x8_to_float(*reinterpret_cast<const uint4*>(x + (lo ? d0 + half : d0 - half)), xp);
-          const float4* c4 = reinterpret_cast<const float4*>(rope + std::int64_t(G.div(row) % NK) * half + i0);
+          const float4* c4 = reinterpret_cast<const float4*>(rope + std::int64_t(pos % NK) * half + i0);
 #pragma unroll
           for (int e2 = 0; e2 < 4; ++e2) {
             const float4 c = c4[e2];
@@ -192,6 +196,12 @@ __global__ void pad_kernel(const S* __restrict__ src, bf16* __restrict__ dst,
         }
         store_parts(v, row, d0);
       }
+    };
+    if (vec) {
+      if (pitch == std::int64_t(G.d) * D)
+        rows(std::true_type{});
+      else
+        rows(std::false_type{});
       return;
     }
   }

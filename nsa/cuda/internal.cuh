@@ -31,10 +31,13 @@ struct Geo {
   FastDiv ddiv;  // division by d (position -> compressed blocks it sees)
   FastDiv Hdiv;  // division by H (pitched rows: query row index -> position, head)
   // Elements from one position's row of the per-token inputs (and their gradients) to the next
-  // (TokenPitches, resolved): q qp (H*D when contiguous), the keys and values kvp (G*D), the
-  // gate gp (3*H). The output, d_out, the compressed keys and values and every scratch tensor
-  // are contiguous.
-  std::int64_t qp, kvp, gp;
+  // (TokenPitches, resolved; below 2^31: check_dims): q qp (H*D when contiguous), the keys and
+  // values kvp (G*D), the gate gp (3*H). The output, d_out, the compressed keys and values and
+  // every scratch tensor are contiguous. (ints, as every field, keeping the record 4-byte
+  // aligned: with 64-bit pitches one H200 run had the selection forward, which reads none of
+  // them, 5.7% slower at the paper's 8192; on an H100 the ints gave 1.56 against 1.58 ms,
+  // docs/performance.md, fourteenth session.)
+  int qp, kvp, gp;
 };
 
 // Element offset of row `row` = position * units + u of a per-token tensor whose positions are
@@ -77,9 +80,9 @@ inline Geo make_geo(const NsaDims& dm, const TokenPitches& tp = {}) {
   g.hdiv = FastDiv(std::max(1, g.h));
   g.ddiv = FastDiv(std::max(1, g.d));
   g.Hdiv = FastDiv(std::max(1, g.H));
-  g.qp = tp.q ? tp.q : std::int64_t(g.H) * g.D;
-  g.kvp = tp.kv ? tp.kv : std::int64_t(g.G) * g.D;
-  g.gp = tp.gate ? tp.gate : std::int64_t(g.H) * 3;
+  g.qp = int(tp.q ? tp.q : std::int64_t(g.H) * g.D);
+  g.kvp = int(tp.kv ? tp.kv : std::int64_t(g.G) * g.D);
+  g.gp = int(tp.gate ? tp.gate : std::int64_t(g.H) * 3);
   return g;
 }
 

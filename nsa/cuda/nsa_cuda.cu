@@ -9,6 +9,7 @@
 //           after the three branches) -> key side of the window, selected and compressed
 //           keys -> compression backward (tokens, W, p).
 #include <algorithm>
+#include <climits>
 #include <map>
 #include <type_traits>
 #include <mutex>
@@ -227,6 +228,8 @@ void check_dims(const NsaDims& dims, const TokenPitches& p = {}) {
     if (pitch != 0 && pitch < width)
       throw UserError(std::string("NSA attention on CUDA: the ") + what + " pitch " + std::to_string(pitch) +
                       " is below its rows' width " + std::to_string(width));
+    if (std::max(pitch, width) > INT_MAX)
+      throw UserError(std::string("NSA attention on CUDA: the ") + what + " rows are too wide");
   };
   check_pitch(p.q, dims.H * dims.D, "q");
   check_pitch(p.kv, dims.G * dims.D, "keys' and values'");

@@ -169,6 +169,24 @@ void regroup_rows_as(const void* in, void* out, std::size_t row_bytes, const Row
   check_launch("regroup_rows");
 }
 
+// zero_columns in units of U: units [begin, begin + width) of each row of pitch units.
+template <class U>
+__global__ void zero_columns_kernel(U* x, std::int64_t pitch, std::int64_t begin, std::int64_t width, std::int64_t total) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const std::int64_t r = i / width;
+    x[r * pitch + begin + (i - r * width)] = U{};
+  }
+}
+
+template <class U>
+void zero_columns_as(void* x, std::size_t pitch, std::size_t begin, std::size_t end, std::int64_t R) {
+  const std::int64_t width = std::int64_t((end - begin) / sizeof(U)), total = width * R;
+  zero_columns_kernel<U><<<grid_for(total, 256, 8192), 256>>>(static_cast<U*>(x), std::int64_t(pitch / sizeof(U)),
+                                                              std::int64_t(begin / sizeof(U)), width, total);
+  check_launch("zero_columns");
+}
+
 }  // namespace
 
 void regroup_rows(const void* in, void* out, std::size_t row_bytes, const RowParts& parts, bool to_part_major) {
@@ -181,7 +199,10 @@ void regroup_rows(const void* in, void* out, std::size_t row_bytes, const RowPar
 
 void zero_columns(void* x, std::size_t pitch, std::size_t begin, std::size_t end, std::int64_t R) {
   if (R == 0 || end <= begin) return;
-  CUDA_CHECK(cudaMemset2DAsync(static_cast<char*>(x) + begin, pitch, 0, end - begin, std::size_t(R)));
+  // The widest unit that divides the address, the pitch and both ends (a 2-D memset of the
+  // model's 56-byte pad columns took 0.025 ms per call; docs/performance.md, thirteenth session).
+  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(x) | pitch | begin | end;
+  with_widest_unit(a, [&](auto unit) { zero_columns_as<decltype(unit)>(x, pitch, begin, end, R); });
 }
 
 void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts) {
