@@ -68,3 +68,5 @@ run pp2_7_5_nccl_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set "parallel.pp_
 run pp2_v2_4332_nccl_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2 \
   --set "parallel.pp_layers=[4, 3, 3, 2]" --set parallel.pp_transport=nccl
 run tp2_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2
+# Each layer in two halves of the micro-batch, one half's TP all-reduces beside the other's compute.
+run tp2_overlap_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_overlap=true

@@ -93,8 +93,12 @@ NcclCommunicator::NcclCommunicator(ncclComm* comm, std::string name, int rank, i
     : comm_(comm), name_(std::move(name)), rank_(rank), size_(size), device_(device) {
   barrier_flag_ = Tensor::zeros({1}, DType::F32, Device::CUDA);
   auto cuda = [&](cudaError_t e, const char* call) { check_cuda(e, "setup of", name_, rank_, size_, call); };
+  // The highest priority: the block scheduler places a started collective's blocks before the
+  // compute kernels' waiting ones, so it runs beside them instead of after them.
+  int least_priority = 0, greatest_priority = 0;
+  cuda(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority), "cudaDeviceGetStreamPriorityRange");
   cudaStream_t stream = nullptr;
-  cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  cuda(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest_priority), "cudaStreamCreateWithPriority");
   overlap_stream_ = stream;
   cudaEvent_t a = nullptr, b = nullptr;
   cuda(cudaEventCreateWithFlags(&a, cudaEventDisableTiming), "cudaEventCreateWithFlags");

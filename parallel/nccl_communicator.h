@@ -22,8 +22,9 @@
 // send_recv is both in one ncclGroupStart/ncclGroupEnd, so an exchange between two ranks or
 // around a ring cannot deadlock at any size. A send_recv with itself is a device copy.
 //
-// Overlap (start_all_reduce / wait_all, parallel.overlap_grad_reduce): a started all-reduce
-// runs on this communicator's own non-blocking CUDA stream, after an event recorded on the
+// Overlap (start_all_reduce / wait_all: parallel.overlap_grad_reduce, and tensor parallelism's
+// sums, parallel.tp_overlap): a started all-reduce runs on this communicator's own
+// non-blocking CUDA stream of the highest priority, after an event recorded on the
 // compute stream when it is started (so it reads the gradients the kernels enqueued before
 // wrote), concurrently with the kernels enqueued after it; wait_all() makes the compute stream
 // wait for an event recorded after the last of them. The same NCCL call on the same buffer:

@@ -218,6 +218,14 @@ const std::vector<Key>& keys() {
           "instead of all after the backward: the same buckets and sums, so the same bits. On GPUs "
           "they run on a communication stream beside the backward's kernels (data parallelism "
           "alone: tp = pp = 1). Not with zero1 (docs/parallel.md); no effect with dp = 1."),
+      key("parallel", "tp_overlap", &R::parallel, &ParallelConfig::tp_overlap,
+          "Tensor parallelism (tp > 1): run each layer on the micro-batch in two halves of its "
+          "sequences (its first micro_batch / 2, then the rest), so that each half's TP all-reduces "
+          "(the outputs of wo and w_out, the gradients of the norm outputs) run while the other half, "
+          "or the weight gradients, compute (on GPUs on the communicator's stream). Needs "
+          "train.micro_batch >= 2; no effect with tp = 1. The same losses as without, to rounding "
+          "(the NSA core's compression-map gradients are summed per half, products over half the "
+          "rows may take other kernels); docs/parallel.md."),
       key("parallel", "grad_bucket_kib", &R::parallel, &ParallelConfig::grad_bucket_kib,
           "Size in KiB of a data-parallel gradient bucket (one all-reduce of the flat gradient "
           "buffer, without zero1); 25600 = 25 MiB. Smaller buckets start sooner with "
@@ -589,6 +597,10 @@ void check_rules(Validator& v, RunConfig& c) {
             "or pp the DP all-reduces would run beside the TP/PP communicators' kernels, which NCCL "
             "allows only when they all fit the GPU at once, and that has not been tested; set it to "
             "false, or run it on CPU ranks");
+  if (p.tp_overlap && p.tp > 1 && t.micro_batch < 2)
+    v.error(at({"parallel.tp_overlap", "train.micro_batch"}),
+            "tp_overlap runs each micro-batch in two halves of its sequences and needs micro_batch >= 2 "
+            "(it is " + n(t.micro_batch) + "); set it to false, or raise micro_batch");
   if (p.overlap_grad_reduce && p.zero1)
     v.error(at({"parallel.overlap_grad_reduce", "parallel.zero1"}),
             "overlap_grad_reduce cannot be combined with zero1: ZeRO-1 reduces the gradients with one "
@@ -806,6 +818,7 @@ std::string config_reference_markdown() {
       "- `parallel.grad_bucket_kib <= 2^40`.\n"
       "- `parallel.overlap_grad_reduce = true` needs `parallel.zero1 = false`, and with\n"
       "  `train.device = \"cuda\"` also `parallel.tp = 1` and `parallel.pp = 1`.\n"
+      "- `parallel.tp_overlap = true` with `parallel.tp > 1` needs `train.micro_batch >= 2`.\n"
       "- `recompute.layers <= model.n_layers`.\n";
   for (const auto& sec : section_order()) {
     md += "\n## [" + sec + "]\n\n| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";

@@ -321,37 +321,35 @@ Tensor NsaTransformer::weight(const std::string& name) const {
 // used extent alone. The CPU runs the products over the used columns.
 // Where the NSA core reads p in place (projection_in_place), the copy's rows are also regrouped
 // part by part (model.h), and dW's scratch regrouped back before its add.
-void NsaTransformer::projection_forward(const Tensor& xn, const Tensor& w, Tensor& p) const {
+Tensor NsaTransformer::projection_weight(const Tensor& w) const {
+  if (!projection_products_padded()) return w;
   TIMED("matmul");
-  if (device_ != Device::CUDA || (!local_.projection_padded() && !projection_regrouped()))
-    return linear_forward(xn, w, nullptr, p, local_.projection_pitch());
-  const Tensor wp = padded_projection(w);
-  linear_forward(xn, wp, nullptr, p);
+  return padded_projection(w);
 }
 
-void NsaTransformer::projection_backward(const Tensor& dp, const Tensor& xn, const Tensor& w, Tensor& dxn,
-                                         Tensor& dw, const std::function<void()>& between_dx_dw) const {
-  const std::int64_t pitch = local_.projection_pitch(), used = w.dim(0);
-  if (device_ != Device::CUDA || (!local_.projection_padded() && !projection_regrouped())) {
-    { TIMED("matmul"); linear_backward(dp, xn, w, {.dx = &dxn, .dy_pitch = pitch}); }
-    between_dx_dw();
-    TIMED("matmul");
-    return linear_backward(dp, xn, w, {.dw = &dw, .dy_pitch = pitch});
-  }
-  const Tensor wp = [&] {
-    TIMED("matmul");
-    return padded_projection(w);
-  }();
-  { TIMED("matmul"); linear_backward(dp, xn, wp, {.dx = &dxn}); }
-  between_dx_dw();
+void NsaTransformer::projection_forward(const Tensor& xn, const Tensor& wp, Tensor& p) const {
   TIMED("matmul");
-  Tensor dwp = Tensor::zeros({pitch, w.dim(1)}, dw.dtype(), device_);
+  if (projection_products_padded()) return linear_forward(xn, wp, nullptr, p);
+  linear_forward(xn, wp, nullptr, p, local_.projection_pitch());
+}
+
+void NsaTransformer::projection_backward_dx(const Tensor& dp, const Tensor& xn, const Tensor& wp, Tensor& dxn) const {
+  TIMED("matmul");
+  if (projection_products_padded()) return linear_backward(dp, xn, wp, {.dx = &dxn});
+  linear_backward(dp, xn, wp, {.dx = &dxn, .dy_pitch = local_.projection_pitch()});
+}
+
+void NsaTransformer::projection_backward_dw(const Tensor& dp, const Tensor& xn, const Tensor& wp, Tensor& dw) const {
+  TIMED("matmul");
+  const std::int64_t pitch = local_.projection_pitch(), used = dw.dim(0);
+  if (!projection_products_padded()) return linear_backward(dp, xn, wp, {.dw = &dw, .dy_pitch = pitch});
+  Tensor dwp = Tensor::zeros({pitch, wp.dim(1)}, dw.dtype(), device_);
   linear_backward(dp, xn, wp, {.dw = &dwp});
   if (!projection_regrouped()) {
     add_(dw, dwp.slice0(0, used));  // dW += dp^T xn over the used rows: the product's own fp32 sum
     return;
   }
-  Tensor dwg = Tensor::empty({used, w.dim(1)}, dw.dtype(), device_);  // the parameter's row order
+  Tensor dwg = Tensor::empty({used, wp.dim(1)}, dw.dtype(), device_);  // the parameter's row order
   regroup_rows(dwp, dwg, part_widths(local_), local_.G, false);
   add_(dw, dwg);
 }
@@ -419,6 +417,20 @@ void NsaTransformer::tp_finish_sums() const {
   tp_group_->wait_all();
 }
 
+void NsaTransformer::tp_pass_on(Tensor& t) const {
+  if (tp_ == 1) return;
+  TIMED("tp all-reduce");
+  tp_group_->wait_all();
+  tp_group_->start_all_reduce(t);
+}
+
+std::vector<NsaTransformer::RowPart> NsaTransformer::parts_of(std::int64_t B, std::int64_t T) const {
+  const int n = row_parts(B);
+  std::vector<RowPart> parts;
+  for (int k = 0; k < n; ++k) parts.push_back({k, n, B * k / n, B * (k + 1) / n, T});
+  return parts;
+}
+
 Tensor NsaTransformer::embed(const Ids& tokens, std::int64_t N) const {
   Tensor x = act({N, dims_.C});
   if (tp_ == 1) {
@@ -452,6 +464,7 @@ Tensor NsaTransformer::forward_layers(int chunk, const Ids& tokens, const Tensor
     layer_forward(l, s, &out, nullptr, Keep::Nothing, B, T);
     s = std::move(out);
   }
+  tp_finish_sums();  // the last layer's (row parts)
   sum_stream(s);
   return s.x;
 }
@@ -465,49 +478,75 @@ NsaTransformer::Keep NsaTransformer::keep_mode(std::int64_t l) const {
   return Keep::All;
 }
 
-void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, std::int64_t B,
-                                  std::int64_t T) const {
+void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save,
+                                  const RowPart& part) const {
   if (dims_.attention == Attention::Dense) {
     TIMED("dense attention forward");
-    dense_core_forward(dense_dims(local_, B, T), a, o, save);
+    if (save && part.count > 1 && !a.attn_lse.defined()) a.attn_lse = stat({o.dim(0), local_.H});  // the parts' rows
+    LayerActivations rows = a.rows(part.r0(), part.r1());
+    Tensor o_rows = part.of(o);
+    dense_core_forward(dense_dims(local_, part.B(), part.T), rows, o_rows, save);
+    if (save && part.count == 1) a.attn_lse = rows.attn_lse;
     return;
   }
   TIMED("nsa core forward");
-  auto W = [&](const char* part) { return weight(layer_name(l, part)); };
+  auto W = [&](const char* part_name) { return weight(layer_name(l, part_name)); };
+  const LayerActivations rows = a.rows(part.r0(), part.r1());
+  Tensor o_rows = part.of(o);
+  const nsa::NsaDims dims = local_.core_dims(part.B(), part.T);
+  std::shared_ptr<void> saved;
   if (device_ == Device::CUDA) {
-    a.nsa_saved = nsa_core_forward_cuda(local_.core_dims(B, T), a, W, o, save);
-    return;
+    saved = nsa_core_forward_cuda(dims, rows, W, o_rows, save);
+  } else {
+    dispatch_real(dtype_, [&](auto tag) {
+      using Real = decltype(tag);
+      auto kept = save ? std::make_unique<nsa::NsaSaved<Real>>() : nullptr;
+      nsa::nsa_forward<Real>(dims, core_inputs<Real>(rows, W), o_rows.data<Real>(), kept.get());
+      if (kept) saved = hold_saved(std::move(kept));
+    });
   }
-  dispatch_real(dtype_, [&](auto tag) {
-    using Real = decltype(tag);
-    auto saved = save ? std::make_unique<nsa::NsaSaved<Real>>() : nullptr;
-    nsa::nsa_forward<Real>(local_.core_dims(B, T), core_inputs<Real>(a, W), o.data<Real>(), saved.get());
-    if (saved) a.nsa_saved = hold_saved(std::move(saved));
-  });
+  if (!save) return;
+  a.nsa_saved.resize(std::size_t(part.count));
+  a.nsa_saved[std::size_t(part.index)] = std::move(saved);
 }
 
 void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o,
-                                   Tensor* const dparts[], Tensor* dproj, std::int64_t B, std::int64_t T) {
+                                   Tensor* const dparts[], Tensor* dproj, const RowPart& part) {
+  const LayerActivations rows = a.rows(part.r0(), part.r1());
+  const Tensor d_o_rows = part.of(d_o);
+  std::vector<Tensor> dpart_rows;  // the part's rows of each of dparts
+  std::vector<Tensor*> dpart_ptrs;
+  if (dparts) {
+    const std::size_t count = part_widths(local_).size();
+    for (std::size_t k = 0; k < count; ++k) dpart_rows.push_back(part.of(*dparts[k]));
+    for (Tensor& t : dpart_rows) dpart_ptrs.push_back(&t);
+  }
+  Tensor dproj_rows = dproj ? part.of(*dproj) : Tensor();
   if (dims_.attention == Attention::Dense) {
     TIMED("dense attention backward");
-    dense_core_backward(dense_dims(local_, B, T), a, d_o, *dparts[0], *dparts[1], *dparts[2]);
+    dense_core_backward(dense_dims(local_, part.B(), part.T), rows, d_o_rows, *dpart_ptrs[0], *dpart_ptrs[1],
+                        *dpart_ptrs[2]);
     return;
   }
   TIMED("nsa core backward");
-  auto W = [&](const char* part) { return weight(layer_name(l, part)); };
-  auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
+  auto W = [&](const char* part_name) { return weight(layer_name(l, part_name)); };
+  auto G = [&](const char* part_name) { return params_.grad(layer_name(l, part_name)); };
+  const void* saved = a.nsa_saved.at(std::size_t(part.index)).get();
+  const nsa::NsaDims dims = local_.core_dims(part.B(), part.T);
   if (device_ == Device::CUDA) {
-    nsa_core_backward_cuda(local_.core_dims(B, T), a, W, G, d_o, dparts, dproj);
+    nsa_core_backward_cuda(dims, rows, saved, W, G, d_o_rows, dparts ? dpart_ptrs.data() : nullptr,
+                           dproj ? &dproj_rows : nullptr);
     return;
   }
   dispatch_real(dtype_, [&](auto tag) {
     using Real = decltype(tag);
-    nsa::NsaGrads<Real> gr{dparts[0]->data<Real>(), dparts[1]->data<Real>(), dparts[2]->data<Real>(),
-                           dparts[3]->data<Real>(), dparts[4]->data<Real>(), dparts[5]->data<Real>(),
-                           dparts[6]->data<Real>(), dparts[7]->data<Real>(), G("attn/cmp_wk").data<Real>(),
+    Tensor* const* d = dpart_ptrs.data();
+    nsa::NsaGrads<Real> gr{d[0]->data<Real>(), d[1]->data<Real>(), d[2]->data<Real>(),
+                           d[3]->data<Real>(), d[4]->data<Real>(), d[5]->data<Real>(),
+                           d[6]->data<Real>(), d[7]->data<Real>(), G("attn/cmp_wk").data<Real>(),
                            G("attn/cmp_wv").data<Real>(), G("attn/cmp_pk").data<Real>(), G("attn/cmp_pv").data<Real>()};
-    const auto& saved = *static_cast<const nsa::NsaSaved<Real>*>(a.nsa_saved.get());
-    nsa::nsa_backward<Real>(local_.core_dims(B, T), core_inputs<Real>(a, W), saved, d_o.data<Real>(), gr);
+    nsa::nsa_backward<Real>(dims, core_inputs<Real>(rows, W), *static_cast<const nsa::NsaSaved<Real>*>(saved),
+                            d_o_rows.data<Real>(), gr);
   });
 }
 
@@ -530,50 +569,79 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
   const ModelDims& m = local_;
   const std::int64_t N = B * T;
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
+  const std::vector<RowPart> parts = parts_of(B, T);
+  // A row-parallel product's output (wo, w_out): summed over the tensor-parallel ranks now, or
+  // with row parts while the next part computes (model.h).
+  auto sum_part = [&](Tensor t) {
+    if (parts.size() > 1)
+      tp_pass_on(t);
+    else
+      tp_sum(t);
+  };
   LayerActivations a;
   a.rstd1 = stat({N});
   a.xn = act({N, m.C});
-  norm_stream(in, W("attn_norm"), a.xn, a.rstd1);  // the previous layer's residual add too
-  a.x = in.x;
-  const Tensor& x = a.x;
-
   Tensor p = act({N, m.projection_pitch()});  // rows padded (model.h)
-  projection_forward(a.xn, W("attn/wqkv"), p);
+  std::vector<Tensor*> split;                 // the core's inputs as tensors of their own (not in place)
   if (projection_in_place()) {
     a.proj = p;  // the core reads its columns
   } else {
     const std::vector<std::int64_t> widths = part_widths(m);
     const std::vector<Tensor LayerActivations::*> members = part_members(m.attention);
-    std::vector<Tensor*> parts;
     for (std::size_t k = 0; k < widths.size(); ++k) {
       a.*members[k] = act({N, m.G * widths[k]});
-      parts.push_back(&(a.*members[k]));
+      split.push_back(&(a.*members[k]));
     }
-    { TIMED("split/gather projection"); split_or_gather(m, p, parts.data(), true); }
   }
-  a.o = act({N, m.H * m.D});
-  p = Tensor();
-  core_forward(l, a, a.o, keep == Keep::All, B, T);
-
-  Tensor attn_out = act({N, m.C});
-  { TIMED("matmul"); linear_forward(a.o, W("attn/wo"), nullptr, attn_out); }
-  tp_sum(attn_out);  // row-parallel wo: the heads' contributions from every rank
+  Tensor attn_out;
+  for (const RowPart& r : parts) {  // attention
+    {  // (the views in this block hold their tensors: gone before the core)
+      Stream s{r.of(in.x), r.of(in.h)};
+      Tensor xn = r.of(a.xn), rstd = r.of(a.rstd1), pr = r.of(p);
+      norm_stream(s, W("attn_norm"), xn, rstd);  // the previous layer's residual add too
+      if (r.index + 1 == r.count) in.h = Tensor();
+      projection_forward(xn, projection_weight(W("attn/wqkv")), pr);
+      if (!split.empty()) {
+        std::vector<Tensor> views;
+        for (Tensor* t : split) views.push_back(r.of(*t));
+        std::vector<Tensor*> ptrs;
+        for (Tensor& t : views) ptrs.push_back(&t);
+        TIMED("split/gather projection");
+        split_or_gather(m, pr, ptrs.data(), true);
+      }
+    }
+    if (r.index == 0) a.o = act({N, m.H * m.D});
+    if (r.index + 1 == r.count) p = Tensor();
+    core_forward(l, a, a.o, keep == Keep::All, r);
+    if (r.index == 0) attn_out = act({N, m.C});
+    Tensor out_rows = r.of(attn_out);
+    { TIMED("matmul"); linear_forward(r.of(a.o), W("attn/wo"), nullptr, out_rows); }
+    sum_part(out_rows);  // row-parallel wo: the heads' contributions from every rank
+  }
+  a.x = in.x;
   a.h = act({N, m.C});
   a.hn = act({N, m.C});
   a.rstd2 = stat({N});
-  { TIMED("rmsnorm"); add_rmsnorm_forward(x, attn_out, W("mlp_norm"), a.h, a.hn, a.rstd2, m.norm_eps); }
-  attn_out = Tensor();
-
-  a.u = act({N, 2 * m.F});
-  { TIMED("matmul"); linear_forward(a.hn, mlp_in(compute_, l), nullptr, a.u); }
-  a.act = act({N, m.F});
-  { TIMED("swiglu"); swiglu_forward(a.u, a.act); }
-  if (out) {  // (a recompute for the backward needs the activations, not the output)
-    out->x = act({N, m.C});
-    { TIMED("matmul"); linear_forward(a.act, W("mlp/w_out"), nullptr, out->x); }
-    tp_sum(out->x);  // row-parallel w_out
-    out->h = a.h;    // h + out->x: added by the next norm
+  for (const RowPart& r : parts) {  // MLP
+    Tensor h = r.of(a.h), hn = r.of(a.hn), rstd = r.of(a.rstd2);
+    { TIMED("rmsnorm"); add_rmsnorm_forward(r.of(a.x), r.of(attn_out), W("mlp_norm"), h, hn, rstd, m.norm_eps); }
+    if (r.index + 1 == r.count) attn_out = Tensor();
+    if (r.index == 0) a.u = act({N, 2 * m.F});
+    Tensor u = r.of(a.u);
+    { TIMED("matmul"); linear_forward(hn, mlp_in(compute_, l), nullptr, u); }
+    if (r.index == 0) a.act = act({N, m.F});
+    Tensor activation = r.of(a.act);
+    { TIMED("swiglu"); swiglu_forward(u, activation); }
+    if (out) {  // (a recompute for the backward needs the activations, not the output)
+      if (r.index == 0) out->x = act({N, m.C});
+      Tensor x_rows = r.of(out->x);
+      { TIMED("matmul"); linear_forward(activation, W("mlp/w_out"), nullptr, x_rows); }
+      sum_part(x_rows);  // row-parallel w_out
+    } else if (parts.size() > 1) {
+      tp_finish_sums();  // the last part's attention output, read next
+    }
   }
+  if (out) out->h = a.h;  // h + out->x: added by the next norm
 
   if (!acts) return;
   switch (keep) {
@@ -611,7 +679,7 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
   }
   if (!a.core_saved()) {
     Tensor o = act({N, m.H * m.D});  // equals a.o bit for bit
-    core_forward(l, a, o, true, B, T);
+    for (const RowPart& r : parts_of(B, T)) core_forward(l, a, o, true, r);
   }
 }
 
@@ -622,20 +690,35 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   const std::int64_t N = B * T;
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
+  const std::vector<RowPart> parts = parts_of(B, T);
+  // Each part's gradient of a column-parallel product's input (w_gate/w_up, wqkv) is summed over
+  // the tensor-parallel ranks while the next part's is computed, the last while the weight
+  // gradients (over every row, which need neither the sums nor the parts) are.
 
   // MLP: x' = h + w_out(swiglu(w_in(rmsnorm(h))))
-  Tensor dact = act({N, m.F});
-  Tensor g_out = G("mlp/w_out"), g_in = mlp_in(params_.flat_grads(), l);
-  { TIMED("matmul"); linear_backward(dx_out, a.act, W("mlp/w_out"), {&dact, &g_out, nullptr}); }
-  Tensor du = act({N, 2 * m.F});
-  { TIMED("swiglu"); swiglu_backward(dact, a.u, du); }
-  dact = Tensor();
-  Tensor dhn = act({N, m.C});
-  // Column-parallel w_gate/w_up: every rank's share of the norm output's gradient, summed while
-  // the weight gradient (which needs neither) is computed.
-  { TIMED("matmul"); linear_backward(du, a.hn, mlp_in(compute_, l), {.dx = &dhn}); }
-  tp_start_sum(dhn);
-  { TIMED("matmul"); linear_backward(du, a.hn, mlp_in(compute_, l), {.dw = &g_in}); }
+  Tensor dact, du, dhn;
+  for (const RowPart& r : parts) {
+    if (r.index == 0) dact = act({N, m.F});
+    if (r.index == 0) du = act({N, 2 * m.F});
+    Tensor du_rows = r.of(du);
+    {
+      Tensor dact_rows = r.of(dact);
+      { TIMED("matmul"); linear_backward(r.of(dx_out), r.of(a.act), W("mlp/w_out"), {.dx = &dact_rows}); }
+      TIMED("swiglu");
+      swiglu_backward(dact_rows, r.of(a.u), du_rows);
+    }
+    if (r.index + 1 == r.count) dact = Tensor();
+    if (r.index == 0) dhn = act({N, m.C});
+    Tensor dhn_rows = r.of(dhn);
+    { TIMED("matmul"); linear_backward(du_rows, r.of(a.hn), mlp_in(compute_, l), {.dx = &dhn_rows}); }
+    tp_pass_on(dhn_rows);
+  }
+  {
+    Tensor g_out = G("mlp/w_out"), g_in = mlp_in(params_.flat_grads(), l);
+    TIMED("matmul");
+    linear_backward(dx_out, a.act, W("mlp/w_out"), {.dw = &g_out});
+    linear_backward(du, a.hn, mlp_in(compute_, l), {.dw = &g_in});
+  }
   tp_finish_sums();
   du = Tensor();
   Tensor dh = act({N, m.C});
@@ -644,30 +727,53 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   dhn = Tensor();
 
   // Attention: h = x + wo(nsa(split(wqkv(rmsnorm(x)))))
-  Tensor d_o = act({N, m.H * m.D});
-  Tensor g_wo = G("attn/wo");
-  { TIMED("matmul"); linear_backward(dh, a.o, W("attn/wo"), {&d_o, &g_wo, nullptr}); }
-  // Rows padded as p's; the pad columns zero (the join or zero_columns writes them:
-  // projection_backward reads them on CUDA).
-  Tensor dp = act({N, m.projection_pitch()});
-  if (a.proj.defined()) {  // the core writes its gradients into dp's columns
-    core_backward(l, a, d_o, nullptr, &dp, B, T);
-    TIMED("split/gather projection");
-    zero_columns(dp, m.G * m.group_width(), m.projection_pitch());
-  } else {
-    std::vector<Tensor> dpart_tensors;
-    for (std::int64_t width : part_widths(m)) dpart_tensors.push_back(act({N, m.G * width}));
-    std::vector<Tensor*> dparts;
-    for (Tensor& t : dpart_tensors) dparts.push_back(&t);
-    core_backward(l, a, d_o, dparts.data(), nullptr, B, T);
-    { TIMED("split/gather projection"); split_or_gather(m, dp, dparts.data(), false); }
+  // dp's rows padded as p's; the pad columns zero (the join or zero_columns writes them:
+  // projection_backward_dx reads them on CUDA).
+  Tensor d_o, dp, dxn;
+  std::vector<Tensor> dpart_tensors;  // the core's input gradients as tensors of their own (not in place)
+  for (const RowPart& r : parts) {
+    if (r.index == 0) d_o = act({N, m.H * m.D});
+    {
+      Tensor d_o_rows = r.of(d_o);
+      TIMED("matmul");
+      linear_backward(r.of(dh), r.of(a.o), W("attn/wo"), {.dx = &d_o_rows});
+    }
+    if (r.index == 0) {
+      dp = act({N, m.projection_pitch()});
+      if (!a.proj.defined())
+        for (std::int64_t width : part_widths(m)) dpart_tensors.push_back(act({N, m.G * width}));
+    }
+    Tensor dp_rows = r.of(dp);
+    if (a.proj.defined()) {  // the core writes its gradients into dp's columns
+      core_backward(l, a, d_o, nullptr, &dp, r);
+      TIMED("split/gather projection");
+      zero_columns(dp_rows, m.G * m.group_width(), m.projection_pitch());
+    } else {
+      std::vector<Tensor*> dparts;
+      for (Tensor& t : dpart_tensors) dparts.push_back(&t);
+      core_backward(l, a, d_o, dparts.data(), nullptr, r);
+      std::vector<Tensor> views;
+      for (Tensor& t : dpart_tensors) views.push_back(r.of(t));
+      std::vector<Tensor*> ptrs;
+      for (Tensor& t : views) ptrs.push_back(&t);
+      TIMED("split/gather projection");
+      split_or_gather(m, dp_rows, ptrs.data(), false);
+    }
+    if (r.index + 1 == r.count) {
+      d_o = Tensor();
+      dpart_tensors.clear();
+      a.drop_core_saved();
+    }
+    if (r.index == 0) dxn = act({N, m.C});
+    Tensor dxn_rows = r.of(dxn);
+    projection_backward_dx(dp_rows, r.of(a.xn), projection_weight(W("attn/wqkv")), dxn_rows);
+    tp_pass_on(dxn_rows);
   }
-  d_o = Tensor();
-  a.drop_core_saved();
-  Tensor dxn = act({N, m.C});
-  Tensor g_wqkv = G("attn/wqkv");
-  // Column-parallel wqkv: dxn summed over the ranks while dW is computed.
-  projection_backward(dp, a.xn, W("attn/wqkv"), dxn, g_wqkv, [&] { tp_start_sum(dxn); });
+  {
+    Tensor g_wo = G("attn/wo"), g_wqkv = G("attn/wqkv");
+    { TIMED("matmul"); linear_backward(dh, a.o, W("attn/wo"), {.dw = &g_wo}); }
+    projection_backward_dw(dp, a.xn, projection_weight(W("attn/wqkv")), g_wqkv);
+  }
   tp_finish_sums();
   dp = Tensor();
   dx_in = act({N, m.C});
@@ -747,6 +853,7 @@ StageState NsaTransformer::stage_forward(int chunk, std::span<const std::int32_t
     layer_forward(l, s, &out, &st.acts[std::size_t(l - layer_begin)], keep_mode(l), B, T);
     s = std::move(out);
   }
+  tp_finish_sums();  // the last layer's (row parts)
   if (!chunk_last(chunk)) {
     sum_stream(s);
     st.output = s.x;

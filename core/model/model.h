@@ -41,7 +41,17 @@
 // weight gradients are computed: tp_start_sum); the
 // embedding's output and the gradient of the final norm's output are all-reduced too, and
 // the loss is the vocab-parallel cross entropy (core/ops/vocab_parallel_cross_entropy.h).
-// The NSA core itself needs no communication. Pipeline parallelism: the model holds the layers
+// The NSA core itself needs no communication. With parallel.tp_overlap (set_tp_overlap) a
+// layer runs in two row parts, the micro-batch's first B/2 sequences and the rest (RowPart):
+//   forward   attention(part 0) | attention(part 1) | mlp(part 0) | mlp(part 1) | next layer...
+//   backward  mlp dX(0) | mlp dX(1) | mlp dW | norm | attention dX(0) | attention dX(1) | attention dW | norm
+// and each part's all-reduce, started where the part ends (on GPUs on the communicator's
+// stream), is waited for where the next part ends: it runs beside the other part's work (the
+// forward's wo and w_out sums beside the other part's attention or MLP, the backward's beside
+// the other part's or the weight gradients). The weight gradients of the products and norms
+// are computed over the whole micro-batch as without parts; the NSA core's compression maps
+// accumulate theirs per part, and products over half the rows may take other kernels, so the
+// bits differ from the run without parts (to rounding: the tensor-parallel tests). Pipeline parallelism: the model holds the layers
 // [layer_begin, layer_end) only, the embedding on the first stage, the final norm and head on
 // the last (with tied embeddings, the last stage holds a replica of the embedding; the
 // trainer adds the two stages' gradients). With an interleaved pipeline (virtual stages) a
@@ -172,6 +182,13 @@ class NsaTransformer {
   // (412 MB in bf16 at V = 50304; the 125M step's peak grew 13.33 -> 13.43 GiB).
   static constexpr std::int64_t kDefaultHeadChunk = 4096;
   void set_head_chunk(std::int64_t rows) { head_chunk_ = rows; }
+  // Tensor parallelism (parallel.tp_overlap): each layer runs a micro-batch of B >= 2 sequences
+  // in two row parts (the first B/2 sequences, then the rest), so that one part's TP all-reduce
+  // runs while the other part computes (above, "Tensor parallelism"). No effect with tp = 1 or
+  // B = 1.
+  void set_tp_overlap(bool on) { tp_overlap_ = on; }
+  // The row parts a micro-batch of B sequences runs in: 2 with the overlap (above), else 1.
+  int row_parts(std::int64_t B) const { return tp_overlap_ && tp_ > 1 && B >= 2 ? 2 : 1; }
 
   // Forward and backward of one micro-batch of B sequences of T tokens (row-major [B, T]).
   // Gradients ACCUMULATE into params().flat_grads(), scaled by `grad_scale` (1 / number of
@@ -267,6 +284,19 @@ class NsaTransformer {
   // own stream); no other TP collective between them.
   void tp_start_sum(Tensor& t) const;
   void tp_finish_sums() const;
+  // The all-reduce of one row part's result: waits for the sum started before (the previous
+  // part's) and starts t's, left running for the next part (tp_finish_sums completes it).
+  void tp_pass_on(Tensor& t) const;
+  // Sequences [b0, b1) of a micro-batch (row_parts()): rows [b0 T, b1 T) of every per-token tensor.
+  struct RowPart {
+    int index = 0, count = 1;
+    std::int64_t b0 = 0, b1 = 0, T = 0;
+    std::int64_t r0() const { return b0 * T; }
+    std::int64_t r1() const { return b1 * T; }
+    std::int64_t B() const { return b1 - b0; }
+    Tensor of(const Tensor& t) const { return t.defined() ? t.slice0(r0(), r1()) : Tensor(); }
+  };
+  std::vector<RowPart> parts_of(std::int64_t B, std::int64_t T) const;
   // Final-norm output -> mean loss (one element on the device, not read); with dxf, also the
   // head's gradients and dxf.
   Tensor head_loss(const Tensor& xf, const Ids& targets, std::int64_t N, double grad_scale, Tensor* dxf);
@@ -275,11 +305,18 @@ class NsaTransformer {
   Tensor weight(const std::string& name) const;  // compute-dtype view
   // p = xn wqkv^T into rows of projection_pitch(), and its backward (dxn assigned, dw
   // accumulated; dp's pad columns zero): on CUDA over the whole pitch (model.cpp says why), p's
-  // columns part-major where projection_in_place().
-  void projection_forward(const Tensor& xn, const Tensor& w, Tensor& p) const;
-  // dxn first, then between_dx_dw() (e.g. starting dxn's tensor-parallel sum), then dw.
-  void projection_backward(const Tensor& dp, const Tensor& xn, const Tensor& w, Tensor& dxn, Tensor& dw,
-                           const std::function<void()>& between_dx_dw) const;
+  // columns part-major where projection_in_place(). wp: projection_weight(wqkv), made once per
+  // layer for its row parts.
+  void projection_forward(const Tensor& xn, const Tensor& wp, Tensor& p) const;
+  void projection_backward_dx(const Tensor& dp, const Tensor& xn, const Tensor& wp, Tensor& dxn) const;
+  void projection_backward_dw(const Tensor& dp, const Tensor& xn, const Tensor& wp, Tensor& dw) const;
+  // The products run over the whole pitch with a padded (and regrouped) copy of wqkv (CUDA,
+  // where the pitch has pad columns or the columns are regrouped).
+  bool projection_products_padded() const {
+    return device_ == Device::CUDA && (local_.projection_padded() || projection_regrouped());
+  }
+  // The weight the projection's products take: that copy, else w itself.
+  Tensor projection_weight(const Tensor& w) const;
   // [projection_pitch(), C]: w's rows (regrouped part-major where projection_in_place()), then zero rows.
   Tensor padded_projection(const Tensor& w) const;
   // The NSA core reads its inputs from p in place (CUDA): LayerActivations::proj, no split.
@@ -288,11 +325,14 @@ class NsaTransformer {
   bool projection_regrouped() const { return projection_in_place() && local_.G > 1; }
   Tensor act(const Shape& shape) const;
   Tensor stat(const Shape& shape) const;
-  void core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, std::int64_t B, std::int64_t T) const;
+  // The core on the rows of one part (a's tensors and o whole; the saved state into
+  // a.nsa_saved[part.index]).
+  void core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, const RowPart& part) const;
   // dparts: the gradients of the core's inputs, in the order of the projection's parts; where
-  // the core read a.proj in place, dproj instead (its columns, as a.proj's).
+  // the core read a.proj in place, dproj instead (its columns, as a.proj's). Whole tensors; the
+  // part's rows are written.
   void core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o, Tensor* const dparts[],
-                     Tensor* dproj, std::int64_t B, std::int64_t T);
+                     Tensor* dproj, const RowPart& part);
   Keep keep_mode(std::int64_t l) const;
   // The residual stream between layers as a layer leaves it: its MLP output x and, not yet
   // added to it, its attention residual h (undefined: x is the whole stream, e.g. the
@@ -306,7 +346,8 @@ class NsaTransformer {
   // x = h + x where no norm follows (a stage's output, evaluation), h released.
   void sum_stream(Stream& s) const;
   // in: the layer's input (summed into in.x by its norm); out: its output, nullptr when only
-  // the activations are wanted (full recompute).
+  // the activations are wanted (full recompute). With two row parts the sum of out->x's second
+  // part may still be running: the next layer_forward, or tp_finish_sums(), completes it.
   void layer_forward(std::int64_t l, Stream& in, Stream* out, LayerActivations* acts, Keep keep, std::int64_t B,
                      std::int64_t T) const;
   void complete_for_backward(std::int64_t l, LayerActivations& a, std::int64_t B, std::int64_t T) const;
@@ -334,6 +375,7 @@ class NsaTransformer {
   RecomputePolicy policy_ = RecomputePolicy::None;
   std::int64_t recompute_layers_ = 0;
   std::int64_t head_chunk_ = kDefaultHeadChunk;
+  bool tp_overlap_ = false;
   std::size_t last_activation_peak_ = 0;
   GradsReadyHook grads_ready_;
 };

@@ -115,7 +115,12 @@ void describe_parallelism(Run& run) {
     out << "; one GPU per rank (rank 0 on GPU " << run.gpu_index << "), activations and gradients over NCCL";
   if (tp > 1)
     out << "; TP: per rank " << dims.G / tp << " KV group(s) with " << dims.H / tp << " query heads, "
-        << dims.F / tp << " MLP units, about " << dims.V / tp << " vocabulary rows; vocab-parallel cross entropy";
+        << dims.F / tp << " MLP units, about " << dims.V / tp << " vocabulary rows; vocab-parallel cross entropy"
+        << (run.cfg.parallel.tp_overlap
+                ? std::string("; each layer in two halves of the micro-batch, one half's all-reduces beside the "
+                              "other's compute (tp_overlap)") +
+                      (run.multi_gpu ? " on a communication stream" : "")
+                : std::string("; the forward's all-reduces in line, the backward's beside the weight gradients"));
   if (pp > 1) describe_pipeline(run);
   if (pp > 1 && run.multi_gpu) out << "; pipeline messages: " << run.pp_transport;
   if (run.dp() > 1 && !opt.zero1())

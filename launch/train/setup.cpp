@@ -105,6 +105,7 @@ void build_model_and_optimizer(Run& run) {
     shard.chunks = cfg.stage_chunks(run.groups.layout.pp_rank);  // one range unless virtual stages
     run.model = std::make_unique<NsaTransformer>(run.dims, run.dtype, run.device, shard);
     run.model->set_recompute(parse_recompute_policy(cfg.recompute.policy), cfg.recompute.layers);
+    run.model->set_tp_overlap(cfg.parallel.tp_overlap);
     ParamStore& params = run.model->params();
     params.initialize(std::uint64_t(cfg.train.seed));
     std::vector<ParamSegment> segments;

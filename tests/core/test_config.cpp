@@ -271,6 +271,24 @@ TEST(Config, OverlapGradReduce) {
             std::string::npos) << e;
 }
 
+TEST(Config, TensorParallelOverlap) {
+  // Off by default; a boolean, round-tripping; with tp > 1 it needs two sequences per micro-batch.
+  EXPECT_FALSE(parse_config("", "run.toml").parallel.tp_overlap);
+  RunConfig c = parse_config("[parallel]\ntp = 2\ntp_overlap = true\n[train]\nmicro_batch = 2\nglobal_batch = 2\n",
+                             "run.toml", {}, 2);
+  EXPECT_TRUE(c.parallel.tp_overlap);
+  EXPECT_TRUE(parse_config(to_toml(c), "resolved.toml", {}, 2).parallel.tp_overlap);
+  std::string e = errors_of("[parallel]\ntp = 1\ntp_overlap = 1\n");
+  EXPECT_NE(e.find("run.toml:3:1: parallel.tp_overlap: expected a boolean, got an integer"), std::string::npos) << e;
+  e = errors_of("[parallel]\ntp = 2\ntp_overlap = true\n");
+  EXPECT_NE(e.find("run.toml:3:1: parallel.tp_overlap: tp_overlap runs each micro-batch in two halves of its "
+                   "sequences and needs micro_batch >= 2 (it is 1)"),
+            std::string::npos)
+      << e;
+  // No effect (and no error) without tensor parallelism.
+  EXPECT_TRUE(parse_config("[parallel]\ntp_overlap = true\n", "run.toml").parallel.tp_overlap);
+}
+
 TEST(Config, CommTimeout) {
   // 600 s by default, a number of seconds >= 0 (0: no watchdog), round-tripping.
   EXPECT_EQ(parse_config("", "run.toml").parallel.comm_timeout_s, 600);

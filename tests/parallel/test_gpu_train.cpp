@@ -43,6 +43,9 @@ TEST_F(GpuTrain, EveryLayoutMatchesOneGpuInFp32) {
   ASSERT_EQ(train(0, "one", fp32).code, 0);
   std::vector<Layout> layouts = {{"dp2", 2, ""}, {"pp2", 2, " --set parallel.pp=2"},
                                  {"tp2", 2, " --set parallel.tp=2"},
+                                 {"tp2_overlap", 2, " --set parallel.tp=2 --set parallel.tp_overlap=true"},
+                                 {"tp2_overlap_selective", 2,
+                                  " --set parallel.tp=2 --set parallel.tp_overlap=true --set recompute.policy=selective"},
                                  {"dp2_zero1", 2, " --set parallel.zero1=true"},
                                  {"pp2_v2", 2, " --set parallel.pp=2 --set parallel.virtual_stages=2"}};
   if (nsatron::cuda_device_count() >= 4)
@@ -68,6 +71,7 @@ TEST_F(GpuTrain, EveryLayoutFollowsOneGpuInBf16) {
   // (dp2 with ZeRO-1: the bf16 compute copy is refreshed after the weights' all-gather.)
   for (const Layout& l : {Layout{"dp2", 2, ""}, Layout{"pp2", 2, " --set parallel.pp=2"},
                           Layout{"tp2", 2, " --set parallel.tp=2"},
+                          Layout{"tp2_overlap", 2, " --set parallel.tp=2 --set parallel.tp_overlap=true"},
                           Layout{"dp2_zero1", 2, " --set parallel.zero1=true"},
                           Layout{"pp2_v2", 2, " --set parallel.pp=2 --set parallel.virtual_stages=2"}}) {
     SCOPED_TRACE(l.name);

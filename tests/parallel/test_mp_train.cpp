@@ -207,6 +207,43 @@ TEST_F(MpTrain, DenseAttentionUnderTensorAndPipelineParallelism) {
   stop_and_resume("ref", "tp2pp2_to_1", ten, 4, " --set parallel.tp=2 --set parallel.pp=2", 0, "", 1e-5, kDenseTensors);
 }
 
+// parallel.tp_overlap: each layer in two halves of the micro-batch (micro_batch 2: one sequence
+// each), each half's TP sums waited for only where the next half ends (MPI_Iallreduce here:
+// a sum read before its wait would be one rank's share). NSA and dense attention, with
+// pipeline stages, data parallelism and the three recompute policies, against one rank; and a
+// checkpoint written with it resumed without it.
+TEST_F(MpTrain, TensorParallelOverlapMatchesOneRank) {
+  const std::string on = " --set parallel.tp_overlap=true";
+  for (const std::string& attention : {"nsa", "dense"}) {
+    const std::string model = kModel + " --set model.attention=" + attention;
+    const int tensors = attention == "nsa" ? kTensors : 4 * 7 + 2;
+    ASSERT_EQ(train(0, "one_" + attention, model).code, 0);
+    const std::vector<Layout> layouts = {
+        {"tp2", 2, " --set parallel.tp=2" + on, "tp=2 pp=1 dp=1"},
+        {"tp2_pp2_selective", 4, " --set parallel.tp=2 --set parallel.pp=2 --set recompute.policy=selective" + on,
+         "recompute    selective"},
+        {"tp2_dp2_full", 4, " --set parallel.tp=2 --set recompute.policy=full --set recompute.layers=2" + on,
+         "recompute    full"},
+        {"tp4", 4, " --set parallel.tp=4" + on, "per rank 1 KV group(s) with 2 query heads"},
+    };
+    for (const Layout& l : layouts) {
+      const std::string name = l.name + "_" + attention;
+      SCOPED_TRACE(name);
+      CommandResult r = train(l.np, name, model + l.settings);
+      ASSERT_EQ(r.code, 0) << r.out << r.err;
+      EXPECT_NE(r.out.find(l.log_says), std::string::npos) << r.out;
+      EXPECT_NE(r.out.find("one half's all-reduces beside the other's compute (tp_overlap)"), std::string::npos)
+          << r.out;
+      EXPECT_EQ(r.err, "");
+      expect_same_curve("one_" + attention, name, 1e-5, 5);
+      expect_same_tensors("one_" + attention, name, 1e-5, tensors);
+    }
+  }
+  const std::string ten = kModel + " --set train.steps=10";
+  ASSERT_EQ(train(0, "ref", ten).code, 0);
+  stop_and_resume("ref", "tp2_overlap_to_1", ten, 2, " --set parallel.tp=2" + on, 0, "", 1e-5, kTensors);
+}
+
 TEST_F(MpTrain, UntiedHeadUnderTensorAndPipelineParallelism) {
   const std::string untied = kModel + " --set model.tie_embeddings=false";
   ASSERT_EQ(train(0, "one", untied).code, 0);
