@@ -4,7 +4,7 @@
 # machine with data parallelism (gradient buckets reduced after the backward, then overlapped with
 # it: parallel.overlap_grad_reduce), with two pipeline stages (1F1B, then the interleaved
 # schedule with 2 or 3 virtual stages; their messages on the copy engines, the default, then
-# the balanced layouts again over NCCL), and with tp = 2 (dp over the rest).
+# the balanced layouts again over NCCL), and with tp = 2 (dp over the rest), without and with parallel.tp_overlap.
 # Prints the mean tokens/s,
 # ms/step and MFU of steps 3..N of each run (the first steps warm up).
 #

@@ -225,7 +225,9 @@ const std::vector<Key>& keys() {
           "or the weight gradients, compute (on GPUs on the communicator's stream). Needs "
           "train.micro_batch >= 2; no effect with tp = 1. The same losses as without, to rounding "
           "(the NSA core's compression-map gradients are summed per half, products over half the "
-          "rows may take other kernels); docs/parallel.md."),
+          "rows may take other kernels). Measured slower at the 125M model on 2 H200s (the NSA "
+          "core's kernels on half the sequences cost more than the sums they hide); "
+          "docs/parallel.md."),
       key("parallel", "grad_bucket_kib", &R::parallel, &ParallelConfig::grad_bucket_kib,
           "Size in KiB of a data-parallel gradient bucket (one all-reduce of the flat gradient "
           "buffer, without zero1); 25600 = 25 MiB. Smaller buckets start sooner with "
