@@ -3,13 +3,14 @@
 // `ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel`
 // with `--reps 1` (docs/performance.md, "NSA CUDA kernels: optimisation log").
 //
-//   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups]
-//                 [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
+//   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,125m_tp2,groups]
+//                 [--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
 //                 [--sel-loop auto|union|inverted|both] [--inputs random|local]
 //                 [--row-fwd auto|plain|ws|both] [--layout split|projection|both]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
-// "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); "groups", the GQA
+// "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); "125m_tp2", a
+// tensor-parallel rank's share of it at tp = 2 (H=6, G=1); both with B = --B; "groups", the GQA
 // group sizes h = 1, 2, 4, 6, 8, 16 (or --h; each must divide 48) at 48 query heads (G = 48/h),
 // B=1, at the --T lengths and --D head dims; all with
 // l=32, d=16, l'=64, n=16, w=512. Each time is the median of R runs (default: as many as fit
@@ -298,9 +299,14 @@ static std::vector<std::int64_t> parse_list(const std::string& s) {
   return v;
 }
 
+// Whether `name` is one of the comma-separated names of `list`.
+bool listed(const std::string& list, const std::string& name) {
+  return ("," + list + ",").find("," + name + ",") != std::string::npos;
+}
+
 int main(int argc, char** argv) {
   std::string dtype = "bf16", which = "paper,125m";
-  std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128}, hs = {1, 2, 4, 6, 8, 16};
+  std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128}, hs = {1, 2, 4, 6, 8, 16}, Bs = {16};
   int reps = 0;
   bool dense = true;
   std::string sel_loop = "auto", inputs = "random", row_fwd = "auto", layout = "split";
@@ -319,6 +325,7 @@ int main(int argc, char** argv) {
     else if (a == "--T") Ts = parse_list(val());
     else if (a == "--D") Ds = parse_list(val());
     else if (a == "--h") hs = parse_list(val());
+    else if (a == "--B") Bs = parse_list(val());
     else if (a == "--no-dense") dense = false;
     else if (a == "--sel-loop") sel_loop = val();
     else if (a == "--inputs") inputs = val();
@@ -326,8 +333,8 @@ int main(int argc, char** argv) {
     else if (a == "--layout") layout = val();
     else {
       std::fprintf(stderr,
-                   "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,groups] "
-                   "[--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
+                   "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,125m_tp2,groups] "
+                   "[--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
                    "[--sel-loop auto|union|inverted|both] [--inputs random|local] "
                    "[--row-fwd auto|plain|ws|both] [--layout split|projection|both]\n");
       return 2;
@@ -374,10 +381,15 @@ int main(int argc, char** argv) {
     d.rope_theta = 10000.0;
     return d;
   };
-  if (which.find("125m") != std::string::npos) shapes.push_back({"125m", dims(16, 2048, 12, 2, 64)});
-  if (which.find("paper") != std::string::npos)
+  // 125m: one layer of configs/nsa_125m.toml; 125m_tp2: one tensor-parallel rank's share of it
+  // at tp = 2 (half the heads and groups); B sequences each (--B).
+  for (auto B : Bs) {
+    if (listed(which, "125m")) shapes.push_back({"125m", dims(B, 2048, 12, 2, 64)});
+    if (listed(which, "125m_tp2")) shapes.push_back({"125m_tp2", dims(B, 2048, 6, 1, 64)});
+  }
+  if (listed(which, "paper"))
     for (auto T : Ts) shapes.push_back({"paper", dims(1, T, 64, 4, 128)});
-  if (which.find("groups") != std::string::npos)
+  if (listed(which, "groups"))
     for (auto T : Ts)
       for (auto D : Ds)
         for (auto h : hs) {
