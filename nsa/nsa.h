@@ -49,6 +49,7 @@
 // Every output element is summed in a fixed order: the result is bit-identical for any
 // number of threads.
 #pragma once
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -71,6 +72,12 @@ struct NsaDims {
   double rope_theta = 10000.0;
 
   std::int64_t heads_per_group() const { return H / G; }
+  // Columns per KV group of the eight per-token inputs, in NsaInputs' order (q, k_cmp, v_cmp,
+  // k_slc, v_slc, k_win, v_win, gate): h*D, D six times, 3h; input k is [B*T, G * width k].
+  std::array<std::int64_t, 8> input_widths() const {
+    const std::int64_t h = heads_per_group();
+    return {h * D, D, D, D, D, D, D, 3 * h};
+  }
   // N: compressed blocks, block i covering tokens [i*d, i*d+l-1].
   std::int64_t num_cmp_blocks() const {
     return T >= cmp_block ? (T - cmp_block) / cmp_stride + 1 : 0;

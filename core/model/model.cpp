@@ -3,6 +3,7 @@
 #include "core/model/layer_activations.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 
@@ -99,7 +100,8 @@ nsa::DenseDims dense_dims(const ModelDims& m, std::int64_t B, std::int64_t T) {
 std::vector<std::int64_t> part_widths(const ModelDims& m) {
   const std::int64_t h = m.heads_per_group(), D = m.D;
   if (m.attention == Attention::Dense) return {h * D, D, D};
-  return {h * D, D, D, D, D, D, D, 3 * h};
+  const std::array<std::int64_t, 8> widths = m.core_dims(1, 1).input_widths();  // the core's (nsa/nsa.h)
+  return {widths.begin(), widths.end()};
 }
 
 // Where the parts live in LayerActivations, in the same order.

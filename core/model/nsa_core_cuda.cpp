@@ -48,8 +48,9 @@ template <class T> T* mut(const Tensor& t) { return static_cast<T*>(t.raw()); }
 
 // The first column of each of the eight inputs in a.proj's part-major rows (nsa_core_cuda.h).
 std::array<std::int64_t, 8> proj_columns(const nsa::NsaDims& d) {
+  const std::array<std::int64_t, 8> widths = d.input_widths();
   std::array<std::int64_t, 8> at{};
-  for (int k = 1; k < 8; ++k) at[k] = at[k - 1] + (k == 1 ? d.H * d.D : d.G * d.D);
+  for (int k = 1; k < 8; ++k) at[k] = at[k - 1] + d.G * widths[k - 1];
   return at;
 }
 
@@ -65,7 +66,7 @@ std::array<T*, 8> token_tensors(const nsa::NsaDims& d, const Tensor* const parts
     return p;
   }
   const std::array<std::int64_t, 8> at = proj_columns(d);
-  if (rows->ndim() != 2 || rows->dim(0) != d.B * d.T || rows->dim(1) < at[7] + 3 * d.H)
+  if (rows->ndim() != 2 || rows->dim(0) != d.B * d.T || rows->dim(1) < at[7] + d.G * d.input_widths()[7])
     throw std::invalid_argument("the NSA core's projection rows: " + rows->describe() + " for " + d.str());
   const std::int64_t pitch = rows->dim(1);
   for (int k = 0; k < 8; ++k) p[k] = mut<T>(*rows) + at[k];
