@@ -33,8 +33,8 @@ struct LayerActivations {
     nsa_saved.clear();
     attn_lse = Tensor();
   }
-  // Views of rows [r0, r1) of every per-token tensor held (the per-row statistics too); no
-  // saved core state.
+  // Views of rows [r0, r1) of every per-token tensor held (the per-row statistics and dense
+  // attention's attn_lse too); not the NSA core's saved state (one per row part already).
   LayerActivations rows(std::int64_t r0, std::int64_t r1) const {
     LayerActivations v;
     for (auto member : {&LayerActivations::x, &LayerActivations::rstd1, &LayerActivations::xn, &LayerActivations::q,

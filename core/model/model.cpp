@@ -533,7 +533,10 @@ void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, co
   TIMED("nsa core backward");
   auto W = [&](const char* part_name) { return weight(layer_name(l, part_name)); };
   auto G = [&](const char* part_name) { return params_.grad(layer_name(l, part_name)); };
-  const void* saved = a.nsa_saved.at(std::size_t(part.index)).get();
+  if (a.nsa_saved.size() != std::size_t(part.count))
+    throw std::logic_error("core_backward: the forward saved " + std::to_string(a.nsa_saved.size()) +
+                           " row part(s), the backward runs " + std::to_string(part.count));
+  const void* saved = a.nsa_saved[std::size_t(part.index)].get();
   const nsa::NsaDims dims = local_.core_dims(part.B(), part.T);
   if (device_ == Device::CUDA) {
     nsa_core_backward_cuda(dims, rows, saved, W, G, d_o_rows, dparts ? dpart_ptrs.data() : nullptr,
@@ -580,29 +583,30 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
     else
       tp_sum(t);
   };
+  // Allocations in this order (the memory plan replays it: core/model/plan.cpp).
   LayerActivations a;
   a.rstd1 = stat({N});
   a.xn = act({N, m.C});
-  Tensor p = act({N, m.projection_pitch()});  // rows padded (model.h)
-  std::vector<Tensor*> split;                 // the core's inputs as tensors of their own (not in place)
-  if (projection_in_place()) {
-    a.proj = p;  // the core reads its columns
-  } else {
-    const std::vector<std::int64_t> widths = part_widths(m);
-    const std::vector<Tensor LayerActivations::*> members = part_members(m.attention);
-    for (std::size_t k = 0; k < widths.size(); ++k) {
-      a.*members[k] = act({N, m.G * widths[k]});
-      split.push_back(&(a.*members[k]));
-    }
-  }
-  Tensor attn_out;
+  Tensor p, attn_out;
+  std::vector<Tensor*> split;  // the core's inputs as tensors of their own (not in place)
   for (const RowPart& r : parts) {  // attention
     {  // (the views in this block hold their tensors: gone before the core)
       Stream s{r.of(in.x), r.of(in.h)};
-      Tensor xn = r.of(a.xn), rstd = r.of(a.rstd1), pr = r.of(p);
+      Tensor xn = r.of(a.xn), rstd = r.of(a.rstd1);
       norm_stream(s, W("attn_norm"), xn, rstd);  // the previous layer's residual add too
       if (r.index + 1 == r.count) in.h = Tensor();
+      if (r.index == 0) p = act({N, m.projection_pitch()});  // rows padded (model.h)
+      if (r.index == 0 && projection_in_place()) a.proj = p;  // the core reads its columns
+      Tensor pr = r.of(p);
       projection_forward(xn, projection_weight(W("attn/wqkv")), pr);
+      if (r.index == 0 && !projection_in_place()) {
+        const std::vector<std::int64_t> widths = part_widths(m);
+        const std::vector<Tensor LayerActivations::*> members = part_members(m.attention);
+        for (std::size_t k = 0; k < widths.size(); ++k) {
+          a.*members[k] = act({N, m.G * widths[k]});
+          split.push_back(&(a.*members[k]));
+        }
+      }
       if (!split.empty()) {
         std::vector<Tensor> views;
         for (Tensor* t : split) views.push_back(r.of(*t));

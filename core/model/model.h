@@ -305,8 +305,8 @@ class NsaTransformer {
   Tensor weight(const std::string& name) const;  // compute-dtype view
   // p = xn wqkv^T into rows of projection_pitch(), and its backward (dxn assigned, dw
   // accumulated; dp's pad columns zero): on CUDA over the whole pitch (model.cpp says why), p's
-  // columns part-major where projection_in_place(). wp: projection_weight(wqkv), made once per
-  // layer for its row parts.
+  // columns part-major where projection_in_place(). wp: projection_weight(wqkv) (a copy on
+  // CUDA, made per call and dropped after it: the memory plan counts it so).
   void projection_forward(const Tensor& xn, const Tensor& wp, Tensor& p) const;
   void projection_backward_dx(const Tensor& dp, const Tensor& xn, const Tensor& wp, Tensor& dxn) const;
   void projection_backward_dw(const Tensor& dp, const Tensor& xn, const Tensor& wp, Tensor& dw) const;

@@ -59,6 +59,9 @@ struct Sizes {
   std::int64_t saved = 0;    // the core's saved state: NSA's NsaSaved (CPU) / NsaSavedCuda, noted by
                              //   hold_saved / nsa_core_forward_cuda; dense: attn_lse [N, H] (fp32 on CUDA)
   bool dense = false;        // dense attention allocates its lse even when it keeps none
+  int parts = 1;             // the layer's row parts (NsaTransformer::row_parts)
+  std::int64_t saved_part[2] = {0, 0};  // two parts: each part's saved state (NSA; dense: its lse scratch),
+                             //   z.saved their sum (dense: one [N, H] lse either way)
   std::int64_t ids = 0;      // CUDA: st.ids, the device copy of the tokens (tp > 1: also the rebased ids
                              //   and the ownership mask); the CPU reads the host vectors (not counted)
   std::int64_t targets = 0;  // CUDA: tgt, the device copy of the targets
@@ -92,23 +95,28 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
   z.u = N * 2 * m.F * e;
   z.f = N * m.F * e;
   z.dense = m.attention == Attention::Dense;
-  if (z.dense) {
-    z.saved = N * m.H * s;  // dense_core_forward's lse: fp32 on CUDA, the compute dtype on the CPU
-  } else {
-    const nsa::NsaDims c = m.core_dims(p.micro_batch, p.seq_len);
+  // The core's saved state for B sequences.
+  auto saved_for = [&](std::int64_t B) -> std::int64_t {
+    if (z.dense) return B * p.seq_len * m.H * s;  // dense_core_forward's lse: fp32 on CUDA, the compute dtype on the CPU
+    const nsa::NsaDims c = m.core_dims(B, p.seq_len);
     if (cuda) {
       // NsaSavedCuda (nsa/cuda/nsa_cuda.cu, saved_layout): fp32 compressed K and V [B, Nc, G, D],
       // int32 selected blocks [B, T, G, n], fp32 lse [3, B, T, H], and for bf16 the selection and
       // window branches' fp32 outputs [2, B, T, H, D] (the backward's do . o_c), each 256-byte
       // aligned.
       const std::int64_t kv = align256(c.B * c.num_cmp_blocks() * c.G * c.D * 4);
-      z.saved = 2 * kv + align256(c.B * c.T * c.G * c.sel_count * 4) + align256(3 * c.B * c.T * c.H * 4) +
-                (p.dtype == DType::BF16 && p.nsa_saved_outputs ? align256(2 * c.B * c.T * c.H * c.D * 4) : 0);
-    } else if (p.dtype == DType::F64) {
-      z.saved = std::int64_t(nsa::NsaSaved<double>::bytes_for(c));
-    } else {
-      z.saved = std::int64_t(nsa::NsaSaved<float>::bytes_for(c));
+      return 2 * kv + align256(c.B * c.T * c.G * c.sel_count * 4) + align256(3 * c.B * c.T * c.H * 4) +
+             (p.dtype == DType::BF16 && p.nsa_saved_outputs ? align256(2 * c.B * c.T * c.H * c.D * 4) : 0);
     }
+    if (p.dtype == DType::F64) return std::int64_t(nsa::NsaSaved<double>::bytes_for(c));
+    return std::int64_t(nsa::NsaSaved<float>::bytes_for(c));
+  };
+  z.saved = saved_for(p.micro_batch);
+  z.parts = p.tp_overlap && p.tp > 1 && p.micro_batch >= 2 ? 2 : 1;
+  if (z.parts == 2) {  // sequences [0, B/2) and [B/2, B)
+    z.saved_part[0] = saved_for(p.micro_batch / 2);
+    z.saved_part[1] = saved_for(p.micro_batch - p.micro_batch / 2);
+    if (!z.dense) z.saved = z.saved_part[0] + z.saved_part[1];
   }
   if (cuda) {
     z.ids = N * 4 + (p.tp > 1 ? N * 4 + N : 0);  // device_ids(tokens, vocab_local = true): span, local, owned
@@ -224,8 +232,53 @@ class StageReplay {
     h_held_ = false;
   }
 
+  // core_forward of row part r of z_.parts: NSA notes the part's saved state when it keeps it;
+  // dense attention in two parts writes the rows of one lse (allocated by the first) when
+  // saving, else allocates and drops each part's own.
+  void core_forward_part(bool save, int r) {
+    if (z_.parts == 1) return core_forward(save);
+    if (z_.dense && save) {
+      if (r == 0) led_.alloc(z_.saved);
+    } else if (z_.dense) {
+      led_.alloc(z_.saved_part[r]);
+      led_.free(z_.saved_part[r]);
+    } else if (save) {
+      led_.alloc(z_.saved_part[r]);
+    }
+  }
+
+  // layer_forward in two row parts (model.cpp: attention(0), attention(1), MLP(0), MLP(1);
+  // a tensor is allocated by the first part that writes it, freed after the last that reads it).
+  void layer_forward_parts(Keep k, bool x_out) {
+    const bool save = k == Keep::All;
+    led_.alloc(z_.row);  // a.rstd1
+    led_.alloc(z_.x);    // a.xn
+    for (int r = 0; r < 2; ++r) {
+      if (r == 1) release_h();  // the last part's norm: the previous layer's residual added
+      if (r == 0) led_.alloc(z_.in_place ? z_.proj : z_.packed);  // p (in place: a.proj)
+      led_.alloc(z_.wpad);  // projection_forward: the padded weight,
+      led_.free(z_.wpad);   //   per call
+      if (r == 0 && !z_.in_place) led_.alloc(z_.proj);  // the parts a.q ...
+      if (r == 0) led_.alloc(z_.o);                     // a.o
+      if (r == 1 && !z_.in_place) led_.free(z_.packed);  // p = Tensor()
+      core_forward_part(save, r);
+      if (r == 0) led_.alloc(z_.x);  // attn_out
+    }
+    led_.alloc(z_.x);    // a.h
+    led_.alloc(z_.x);    // a.hn
+    led_.alloc(z_.row);  // a.rstd2
+    led_.alloc(z_.u);    // a.u (part 0)
+    led_.alloc(z_.f);    // a.act
+    if (x_out) led_.alloc(z_.x);  // out->x
+    led_.free(z_.x);     // attn_out = Tensor() (part 1)
+    const std::int64_t made = 2 * z_.row + 3 * z_.x + z_.proj + z_.o + (save ? z_.saved : 0) + z_.u + z_.f;
+    h_held_ = x_out && k == Keep::Input;
+    led_.free(made - kept(k) - (h_held_ ? z_.x : 0));
+  }
+
   // layer_forward(l, in, out, acts, keep): the layer's input is live already.
   void layer_forward(Keep k, bool x_out) {
+    if (z_.parts == 2) return layer_forward_parts(k, x_out);
     led_.alloc(z_.row);   // a.rstd1
     led_.alloc(z_.x);     // a.xn
     release_h();          // norm_stream(in): the previous layer's residual added
@@ -261,14 +314,43 @@ class StageReplay {
         led_.alloc(z_.x);  // a.hn
         led_.alloc(z_.f);  // a.act
         led_.alloc(z_.o);  // o (equals a.o)
-        core_forward(true);
+        for (int r = 0; r < z_.parts; ++r) core_forward_part(true, r);
         led_.free(z_.o);   // o, at the return
         return;
     }
   }
 
+  // layer_backward in two row parts (model.cpp): as below, but dhn and dxn are allocated by the
+  // first part while dact, or d_o, the gradient parts and the saved state, wait for the second.
+  void layer_backward_parts() {
+    led_.alloc(z_.f);  // dact
+    led_.alloc(z_.u);  // du
+    led_.alloc(z_.x);  // dhn (part 0)
+    led_.free(z_.f);   // dact = Tensor() (part 1)
+    led_.free(z_.u);   // du = Tensor()
+    led_.alloc(z_.x);  // dh
+    led_.free(z_.x);   // dhn = Tensor()
+    led_.alloc(z_.o);       // d_o
+    led_.alloc(z_.packed);  // dp
+    if (!z_.in_place) led_.alloc(z_.proj);  // dpart_tensors
+    led_.alloc(z_.x);                       // dxn (part 0)
+    led_.alloc(z_.wpad);                    // part 0's projection dX: the padded weight,
+    led_.free(z_.wpad);                     //   per call
+    led_.free(z_.o + (z_.in_place ? 0 : z_.proj) + z_.saved);  // part 1: d_o, dpart_tensors, the saved states
+    led_.alloc(z_.wpad);                    // part 1's projection dX
+    led_.free(z_.wpad);
+    led_.alloc(z_.wpad);   // the projection's dW: the padded weight
+    led_.alloc(z_.dwpad);  //   and dW's scratch,
+    led_.free(z_.wpad + z_.dwpad);
+    led_.free(z_.packed);  // dp = Tensor()
+    led_.alloc(z_.x);      // dx_in (returned)
+    led_.free(z_.x);       // return: dh,
+    led_.free(z_.x);       //   dxn
+  }
+
   // layer_backward after complete_for_backward; dx_out is live.
   void layer_backward() {
+    if (z_.parts == 2) return layer_backward_parts();
     led_.alloc(z_.f);      // dact
     led_.alloc(z_.u);      // du
     led_.free(z_.f);       // dact = Tensor()
@@ -413,6 +495,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std
   plan.nsa_saved_outputs = nsa_saved_outputs;
   plan.head_chunk = head_chunk;
   plan.projection_in_place = projection_in_place;
+  plan.tp_overlap = cfg.parallel.tp_overlap;
   // MPI between CPU ranks posts ahead, and so do the copy engines between GPUs; NCCL does not.
   const bool copy_engines = plan.device == Device::CUDA && pp > 1 && cfg.parallel.pp_transport != "nccl";
   plan.pipeline_posts_ahead = plan.device == Device::CPU || copy_engines;

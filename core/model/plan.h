@@ -56,6 +56,9 @@ struct ActivationPlan {
   // a layer keeps p, no split parts, and its backward no gradient parts), as since 2026-11-28.
   // false: the split of before, which the GPU peaks recorded earlier measured.
   bool projection_in_place = true;
+  // Tensor parallelism's row parts (parallel.tp_overlap, NsaTransformer::set_tp_overlap): with
+  // tp > 1 and micro_batch >= 2 each layer runs in two parts (NsaTransformer::row_parts).
+  bool tp_overlap = false;
   // pp > 1: whether the PP communicator posts receives ahead and completes sends late
   // (parallel::pipeline_events; the MPI backend, CPU ranks) or runs each transfer blocking at
   // its step (NCCL, GPU ranks). estimate_memory sets it from the device.

@@ -134,7 +134,7 @@ ActivationPlan plan_of(const Case& c) {
 }
 
 // forward_backward on the whole model: its last_activation_peak_bytes.
-void expect_model_peak(const Case& c, int tp = 1, int tp_rank = 0) {
+void expect_model_peak(const Case& c, int tp = 1, int tp_rank = 0, bool tp_overlap = false) {
   ModelShard shard;
   shard.tp = tp;
   shard.tp_rank = tp_rank;
@@ -143,12 +143,14 @@ void expect_model_peak(const Case& c, int tp = 1, int tp_rank = 0) {
   model.params().initialize(7);
   model.set_recompute(c.policy, c.layers);
   model.set_head_chunk(c.chunk);
+  model.set_tp_overlap(tp_overlap);
   const Batch b = random_batch(c.dims.V, c.B, c.T, 11);
   model.forward_backward(b.tokens, b.targets, b.B, b.T);
   const std::int64_t measured = std::int64_t(model.last_activation_peak_bytes());
   ActivationPlan p = plan_of(c);
   p.tp = tp;
   p.tp_rank = tp_rank;
+  p.tp_overlap = tp_overlap;
   const std::int64_t estimated = estimate_activation_bytes(c.dims, p);
   EXPECT_EQ(estimated, measured) << c.what << ", tp rank " << tp_rank << " of " << tp
                                  << in_activations(estimated - measured, c.dims, c.B * c.T);
@@ -195,6 +197,23 @@ TEST(MemoryPlan, ActivationsMatchATensorParallelRank) {
                         Case{d, RecomputePolicy::Selective, 0, 2, 128, 1024, "nsa, selective"},
                         Case{dense(d), RecomputePolicy::Full, 2, 2, 128, 1024, "dense, full 2"}})
     for (int r = 0; r < 2; ++r) expect_model_peak(c, 2, r);
+}
+
+// The same with parallel.tp_overlap: each layer in two row parts (B = 2: one sequence each;
+// B = 3: one and two), whose tensors live longer than one part's would.
+TEST(MemoryPlan, ActivationsMatchATensorParallelRankInRowParts) {
+  ModelDims d = mid_dims();
+  d.V = 255;
+  for (std::int64_t B : {2, 3})
+    for (const Case& c : {Case{d, RecomputePolicy::None, 0, B, 128, 100, "nsa, none"},
+                          Case{d, RecomputePolicy::Selective, 0, B, 128, 1024, "nsa, selective"},
+                          Case{d, RecomputePolicy::Full, 2, B, 128, 1024, "nsa, full 2"},
+                          Case{dense(d), RecomputePolicy::None, 0, B, 128, 100, "dense, none"},
+                          Case{dense(d), RecomputePolicy::Selective, 0, B, 128, 1024, "dense, selective"},
+                          Case{dense(d), RecomputePolicy::Full, 2, B, 128, 1024, "dense, full 2"}}) {
+      SCOPED_TRACE("B = " + std::to_string(B));
+      for (int r = 0; r < 2; ++r) expect_model_peak(c, 2, r, true);
+    }
 }
 
 // Runs one optimizer step's micro-batches of pipeline stage s of pp under the trainer's 1F1B
