@@ -239,6 +239,13 @@ TEST_F(MpTrain, TensorParallelOverlapMatchesOneRank) {
       expect_same_tensors("one_" + attention, name, 1e-5, tensors);
     }
   }
+  // Uneven parts: micro-batches of 3 sequences (1 and 2).
+  const std::string three = kModel + " --set train.micro_batch=3 --set train.global_batch=6";
+  ASSERT_EQ(train(0, "one_b3", three).code, 0);
+  CommandResult r = train(2, "tp2_b3", three + " --set parallel.tp=2" + on);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  expect_same_curve("one_b3", "tp2_b3", 1e-5, 5);
+  expect_same_tensors("one_b3", "tp2_b3", 1e-5, kTensors);
   const std::string ten = kModel + " --set train.steps=10";
   ASSERT_EQ(train(0, "ref", ten).code, 0);
   stop_and_resume("ref", "tp2_overlap_to_1", ten, 2, " --set parallel.tp=2" + on, 0, "", 1e-5, kTensors);
