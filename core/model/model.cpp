@@ -115,13 +115,25 @@ std::vector<Tensor LayerActivations::*> part_members(Attention attention) {
 // [N, projection_pitch()] holds per token row the G groups' columns, group g's part k at
 // g * group width + o_k, then the pad; part k is [N, G * w_k], group g at g * w_k. A grouped,
 // padded column split (core/ops/elementwise.h), one pass over the bytes on either device.
-void split_or_gather(const ModelDims& m, Tensor& p, Tensor* const parts[], bool to_parts) {
-  const std::size_t count = part_widths(m).size();
+// Rows [r0, r1) of each tensor (views).
+std::vector<Tensor> row_views(std::span<Tensor* const> tensors, std::int64_t r0, std::int64_t r1) {
+  std::vector<Tensor> views;
+  for (Tensor* t : tensors) views.push_back(t->slice0(r0, r1));
+  return views;
+}
+
+// On rows [r0, r1) of p and of the parts (a layer's row part, model.h).
+void split_or_gather(const ModelDims& m, Tensor& p, std::span<Tensor* const> parts, std::int64_t r0, std::int64_t r1,
+                     bool to_parts) {
   const PackedColumns layout{.groups = m.G, .pitch = m.projection_pitch(), .zero_pad = !to_parts};
+  Tensor p_rows = p.slice0(r0, r1);
+  std::vector<Tensor> views = row_views(parts, r0, r1);
+  std::vector<Tensor*> ptrs;
+  for (Tensor& t : views) ptrs.push_back(&t);
   if (to_parts)
-    split_columns(p, std::span<Tensor* const>(parts, count), layout);
+    split_columns(p_rows, ptrs, layout);
   else
-    join_columns(std::vector<const Tensor*>(parts, parts + count), p, layout);
+    join_columns(std::vector<const Tensor*>(ptrs.begin(), ptrs.end()), p_rows, layout);
 }
 
 // The NSA core's inputs: the split projection kept in `a` and the layer's compression
@@ -407,12 +419,6 @@ void NsaTransformer::tp_sum(Tensor& t) const {
   tp_group_->all_reduce(t);
 }
 
-void NsaTransformer::tp_start_sum(Tensor& t) const {
-  if (tp_ == 1) return;
-  TIMED("tp all-reduce");
-  tp_group_->start_all_reduce(t);
-}
-
 void NsaTransformer::tp_finish_sums() const {
   if (tp_ == 1) return;
   TIMED("tp all-reduce");
@@ -484,11 +490,10 @@ void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o
                                   const RowPart& part) const {
   if (dims_.attention == Attention::Dense) {
     TIMED("dense attention forward");
-    if (save && part.count > 1 && !a.attn_lse.defined()) a.attn_lse = stat({o.dim(0), local_.H});  // the parts' rows
+    if (save && part.index == 0) a.attn_lse = stat({o.dim(0), local_.H});  // each part writes its rows
     LayerActivations rows = a.rows(part.r0(), part.r1());
     Tensor o_rows = part.of(o);
     dense_core_forward(dense_dims(local_, part.B(), part.T), rows, o_rows, save);
-    if (save && part.count == 1) a.attn_lse = rows.attn_lse;
     return;
   }
   TIMED("nsa core forward");
@@ -517,12 +522,9 @@ void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, co
   const LayerActivations rows = a.rows(part.r0(), part.r1());
   const Tensor d_o_rows = part.of(d_o);
   std::vector<Tensor> dpart_rows;  // the part's rows of each of dparts
+  if (dparts) dpart_rows = row_views({dparts, part_widths(local_).size()}, part.r0(), part.r1());
   std::vector<Tensor*> dpart_ptrs;
-  if (dparts) {
-    const std::size_t count = part_widths(local_).size();
-    for (std::size_t k = 0; k < count; ++k) dpart_rows.push_back(part.of(*dparts[k]));
-    for (Tensor& t : dpart_rows) dpart_ptrs.push_back(&t);
-  }
+  for (Tensor& t : dpart_rows) dpart_ptrs.push_back(&t);
   Tensor dproj_rows = dproj ? part.of(*dproj) : Tensor();
   if (dims_.attention == Attention::Dense) {
     TIMED("dense attention backward");
@@ -588,6 +590,7 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
   a.rstd1 = stat({N});
   a.xn = act({N, m.C});
   Tensor p, attn_out;
+  Tensor wqkv;                 // projection_weight: made by the first part, dropped after the last's product
   std::vector<Tensor*> split;  // the core's inputs as tensors of their own (not in place)
   for (const RowPart& r : parts) {  // attention
     {  // (the views in this block hold their tensors: gone before the core)
@@ -595,10 +598,14 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
       Tensor xn = r.of(a.xn), rstd = r.of(a.rstd1);
       norm_stream(s, W("attn_norm"), xn, rstd);  // the previous layer's residual add too
       if (r.index + 1 == r.count) in.h = Tensor();
-      if (r.index == 0) p = act({N, m.projection_pitch()});  // rows padded (model.h)
-      if (r.index == 0 && projection_in_place()) a.proj = p;  // the core reads its columns
+      if (r.index == 0) {
+        p = act({N, m.projection_pitch()});  // rows padded (model.h)
+        if (projection_in_place()) a.proj = p;  // the core reads its columns
+        wqkv = projection_weight(W("attn/wqkv"));
+      }
       Tensor pr = r.of(p);
-      projection_forward(xn, projection_weight(W("attn/wqkv")), pr);
+      projection_forward(xn, wqkv, pr);
+      if (r.index + 1 == r.count) wqkv = Tensor();
       if (r.index == 0 && !projection_in_place()) {
         const std::vector<std::int64_t> widths = part_widths(m);
         const std::vector<Tensor LayerActivations::*> members = part_members(m.attention);
@@ -608,12 +615,8 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
         }
       }
       if (!split.empty()) {
-        std::vector<Tensor> views;
-        for (Tensor* t : split) views.push_back(r.of(*t));
-        std::vector<Tensor*> ptrs;
-        for (Tensor& t : views) ptrs.push_back(&t);
         TIMED("split/gather projection");
-        split_or_gather(m, pr, ptrs.data(), true);
+        split_or_gather(m, p, split, r.r0(), r.r1(), true);
       }
     }
     if (r.index == 0) a.o = act({N, m.H * m.D});
@@ -736,6 +739,7 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   // dp's rows padded as p's; the pad columns zero (the join or zero_columns writes them:
   // projection_backward_dx reads them on CUDA).
   Tensor d_o, dp, dxn;
+  Tensor wqkv;                        // projection_weight: made for the first part's dX, dropped after dW
   std::vector<Tensor> dpart_tensors;  // the core's input gradients as tensors of their own (not in place)
   for (const RowPart& r : parts) {
     if (r.index == 0) d_o = act({N, m.H * m.D});
@@ -758,27 +762,27 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
       std::vector<Tensor*> dparts;
       for (Tensor& t : dpart_tensors) dparts.push_back(&t);
       core_backward(l, a, d_o, dparts.data(), nullptr, r);
-      std::vector<Tensor> views;
-      for (Tensor& t : dpart_tensors) views.push_back(r.of(t));
-      std::vector<Tensor*> ptrs;
-      for (Tensor& t : views) ptrs.push_back(&t);
       TIMED("split/gather projection");
-      split_or_gather(m, dp_rows, ptrs.data(), false);
+      split_or_gather(m, dp, dparts, r.r0(), r.r1(), false);
     }
     if (r.index + 1 == r.count) {
       d_o = Tensor();
       dpart_tensors.clear();
       a.drop_core_saved();
     }
-    if (r.index == 0) dxn = act({N, m.C});
+    if (r.index == 0) {
+      dxn = act({N, m.C});
+      wqkv = projection_weight(W("attn/wqkv"));
+    }
     Tensor dxn_rows = r.of(dxn);
-    projection_backward_dx(dp_rows, r.of(a.xn), projection_weight(W("attn/wqkv")), dxn_rows);
+    projection_backward_dx(dp_rows, r.of(a.xn), wqkv, dxn_rows);
     tp_pass_on(dxn_rows);
   }
   {
     Tensor g_wo = G("attn/wo"), g_wqkv = G("attn/wqkv");
     { TIMED("matmul"); linear_backward(dh, a.o, W("attn/wo"), {.dw = &g_wo}); }
-    projection_backward_dw(dp, a.xn, projection_weight(W("attn/wqkv")), g_wqkv);
+    projection_backward_dw(dp, a.xn, wqkv, g_wqkv);
+    wqkv = Tensor();
   }
   tp_finish_sums();
   dp = Tensor();

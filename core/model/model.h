@@ -38,7 +38,7 @@
 // columns of w_out) and a contiguous range of the vocabulary (rows of the embedding and the
 // LM head); the norm gains are replicated. Per layer the forward all-reduces (sum) the
 // outputs of wo and w_out, the backward the gradients of the two norm outputs (while the
-// weight gradients are computed: tp_start_sum); the
+// weight gradients are computed: tp_pass_on); the
 // embedding's output and the gradient of the final norm's output are all-reduced too, and
 // the loss is the vocab-parallel cross entropy (core/ops/vocab_parallel_cross_entropy.h).
 // The NSA core itself needs no communication. With parallel.tp_overlap (set_tp_overlap) a
@@ -279,14 +279,12 @@ class NsaTransformer {
   Ids device_ids(std::span<const std::int32_t> host, bool vocab_local, bool keep_copy = false) const;
   Tensor mlp_in(const Tensor& flat, std::int64_t l) const;  // [w_gate; w_up] of layer l in a flat buffer
   void tp_sum(Tensor& t) const;
-  // tp_sum in two halves, so that work which needs neither t nor its sum runs between them
-  // (the backward's weight gradients: Communicator::start_all_reduce, on GPUs the collective's
-  // own stream); no other TP collective between them.
-  void tp_start_sum(Tensor& t) const;
-  void tp_finish_sums() const;
-  // The all-reduce of one row part's result: waits for the sum started before (the previous
-  // part's) and starts t's, left running for the next part (tp_finish_sums completes it).
+  // tp_sum in halves, so that work which needs neither t nor its sum runs between them (the
+  // backward's weight gradients, the next row part: Communicator::start_all_reduce, on GPUs the
+  // collective's own stream): tp_pass_on waits for the sum started before (if any) and starts
+  // t's; tp_finish_sums completes the last. No other TP collective between them.
   void tp_pass_on(Tensor& t) const;
+  void tp_finish_sums() const;
   // Sequences [b0, b1) of a micro-batch (row_parts()): rows [b0 T, b1 T) of every per-token tensor.
   struct RowPart {
     int index = 0, count = 1;
@@ -306,7 +304,7 @@ class NsaTransformer {
   // p = xn wqkv^T into rows of projection_pitch(), and its backward (dxn assigned, dw
   // accumulated; dp's pad columns zero): on CUDA over the whole pitch (model.cpp says why), p's
   // columns part-major where projection_in_place(). wp: projection_weight(wqkv) (a copy on
-  // CUDA, made per call and dropped after it: the memory plan counts it so).
+  // CUDA, made once per layer's forward and once per backward, for all its row parts).
   void projection_forward(const Tensor& xn, const Tensor& wp, Tensor& p) const;
   void projection_backward_dx(const Tensor& dp, const Tensor& xn, const Tensor& wp, Tensor& dxn) const;
   void projection_backward_dw(const Tensor& dp, const Tensor& xn, const Tensor& wp, Tensor& dw) const;

@@ -256,8 +256,8 @@ class StageReplay {
     for (int r = 0; r < 2; ++r) {
       if (r == 1) release_h();  // the last part's norm: the previous layer's residual added
       if (r == 0) led_.alloc(z_.in_place ? z_.proj : z_.packed);  // p (in place: a.proj)
-      led_.alloc(z_.wpad);  // projection_forward: the padded weight,
-      led_.free(z_.wpad);   //   per call
+      if (r == 0) led_.alloc(z_.wpad);  // projection_weight: the padded weight, for both parts
+      if (r == 1) led_.free(z_.wpad);   //   (dropped after the last part's product)
       if (r == 0 && !z_.in_place) led_.alloc(z_.proj);  // the parts a.q ...
       if (r == 0) led_.alloc(z_.o);                     // a.o
       if (r == 1 && !z_.in_place) led_.free(z_.packed);  // p = Tensor()
@@ -283,8 +283,8 @@ class StageReplay {
     led_.alloc(z_.x);     // a.xn
     release_h();          // norm_stream(in): the previous layer's residual added
     led_.alloc(z_.in_place ? z_.proj : z_.packed);  // p (in place: kept as a.proj)
-    led_.alloc(z_.wpad);    // projection_forward: the padded weight,
-    led_.free(z_.wpad);     //   at its return
+    led_.alloc(z_.wpad);    // projection_weight: the padded weight,
+    led_.free(z_.wpad);     //   dropped after the product
     if (!z_.in_place) led_.alloc(z_.proj);  // the parts a.q ... (split_or_gather's targets)
     led_.alloc(z_.o);     // a.o
     if (!z_.in_place) led_.free(z_.packed);  // p = Tensor()
@@ -334,13 +334,9 @@ class StageReplay {
     led_.alloc(z_.packed);  // dp
     if (!z_.in_place) led_.alloc(z_.proj);  // dpart_tensors
     led_.alloc(z_.x);                       // dxn (part 0)
-    led_.alloc(z_.wpad);                    // part 0's projection dX: the padded weight,
-    led_.free(z_.wpad);                     //   per call
+    led_.alloc(z_.wpad);                    //   and the padded weight, to dW
     led_.free(z_.o + (z_.in_place ? 0 : z_.proj) + z_.saved);  // part 1: d_o, dpart_tensors, the saved states
-    led_.alloc(z_.wpad);                    // part 1's projection dX
-    led_.free(z_.wpad);
-    led_.alloc(z_.wpad);   // the projection's dW: the padded weight
-    led_.alloc(z_.dwpad);  //   and dW's scratch,
+    led_.alloc(z_.dwpad);  // dW's scratch,
     led_.free(z_.wpad + z_.dwpad);
     led_.free(z_.packed);  // dp = Tensor()
     led_.alloc(z_.x);      // dx_in (returned)
@@ -367,7 +363,7 @@ class StageReplay {
     led_.free(z_.o);       // d_o = Tensor()
     led_.free(z_.saved);   // a.drop_core_saved()
     led_.alloc(z_.x);      // dxn
-    led_.alloc(z_.wpad);   // projection_backward: the padded weight
+    led_.alloc(z_.wpad);   // projection_weight: the padded weight (dX to dW)
     led_.alloc(z_.dwpad);  //   and dW's scratch,
     led_.free(z_.wpad + z_.dwpad);  // at its return
     led_.free(z_.packed);  // dp = Tensor()
