@@ -3,6 +3,8 @@
 #include "core/ops/elementwise.h"
 #include "tests/ops/op_test_util.h"
 
+#include <numeric>
+
 namespace nsatron {
 namespace {
 
@@ -102,6 +104,14 @@ TEST(Elementwise, ZeroRowsClearsTheRowsNotKept) {
   EXPECT_NO_THROW(zero_rows(none, std::span<const std::uint8_t>()));
 }
 
+// The part widths the column and row tests run: one part, a zero width, the 125M projection's
+// eight parts, odd widths.
+const std::vector<std::vector<std::int64_t>> kPartWidths = {
+    {1}, {3, 0, 5}, {384, 64, 64, 64, 64, 64, 64, 18}, {7, 1, 2, 9, 4}};
+std::int64_t total_width(const std::vector<std::int64_t>& widths) {
+  return std::accumulate(widths.begin(), widths.end(), std::int64_t(0));
+}
+
 // Parts of random widths (zero and odd widths included) of an [R, W] matrix.
 std::vector<Tensor> parts_of(test::Rng& rng, std::int64_t R, const std::vector<std::int64_t>& widths, DType dt) {
   std::vector<Tensor> parts;
@@ -112,11 +122,9 @@ std::vector<Tensor> parts_of(test::Rng& rng, std::int64_t R, const std::vector<s
 TEST(Elementwise, SplitColumnsIsTheColumnSliceAndJoinItsInverse) {
   test::Rng rng(84);
   for (DType dt : {DType::F32, DType::F64, DType::BF16})
-    for (const std::vector<std::int64_t>& widths :
-         {std::vector<std::int64_t>{1}, {3, 0, 5}, {384, 64, 64, 64, 64, 64, 64, 18}, {7, 1, 2, 9, 4}})
+    for (const std::vector<std::int64_t>& widths : kPartWidths)
       for (std::int64_t R : {1, 3, 37}) {
-        std::int64_t W = 0;
-        for (std::int64_t w : widths) W += w;
+        const std::int64_t W = total_width(widths);
         const std::string tag = std::string(dtype_name(dt)) + " R=" + std::to_string(R) + " W=" + std::to_string(W);
         Tensor packed = rng.randn({R, W}, DType::F64).to_dtype(dt);
         std::vector<Tensor> parts = parts_of(rng, R, widths, dt);
@@ -147,12 +155,10 @@ TEST(Elementwise, GroupedPaddedSplitAndJoinFollowThePlainLoop) {
   test::Rng rng(86);
   const double sentinel = -3.5;
   for (DType dt : {DType::F32, DType::F64, DType::BF16})
-    for (const std::vector<std::int64_t>& widths :
-         {std::vector<std::int64_t>{1}, {3, 0, 5}, {384, 64, 64, 64, 64, 64, 64, 18}, {7, 1, 2, 9, 4}})
+    for (const std::vector<std::int64_t>& widths : kPartWidths)
       for (std::int64_t G : {1, 2, 4, 9})  // 9 groups of 8 parts: two raw calls (at most 64 pairs each)
         for (std::int64_t R : {1, 3, 37}) {
-          std::int64_t W = 0;
-          for (std::int64_t w : widths) W += w;
+          const std::int64_t W = total_width(widths);
           for (std::int64_t pitch : {G * W, G * W + 5, (G * W + 63) / 64 * 64}) {
             const std::string tag = std::string(dtype_name(dt)) + " G=" + std::to_string(G) + " R=" +
                                     std::to_string(R) + " W=" + std::to_string(W) +
@@ -194,12 +200,10 @@ TEST(Elementwise, RegroupRowsFollowsThePlainLoopAndZeroColumnsItsColumns) {
   test::Rng rng(88);
   const double sentinel = -3.5;
   for (DType dt : {DType::F32, DType::F64, DType::BF16})
-    for (const std::vector<std::int64_t>& widths :
-         {std::vector<std::int64_t>{1}, {3, 0, 5}, {384, 64, 64, 64, 64, 64, 64, 18}, {7, 1, 2, 9, 4}})
+    for (const std::vector<std::int64_t>& widths : kPartWidths)
       for (std::int64_t G : {1, 2, 3})
         for (std::int64_t C : {1, 5, 8}) {
-          std::int64_t W = 0;
-          for (std::int64_t w : widths) W += w;
+          const std::int64_t W = total_width(widths);
           const std::string tag = std::string(dtype_name(dt)) + " G=" + std::to_string(G) + " W=" + std::to_string(W) +
                                   " C=" + std::to_string(C);
           const std::int64_t R = G * W, extra = 2;  // two rows past the regrouped ones
