@@ -1564,14 +1564,14 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
 //         roundings grad_k reached 1.04e-2 of the bf16 bound 1e-2 at D=6); at DP = 128, dS
 //         rounded to bf16 once (key_ds_parts, internal.cuh, says what it costs in accuracy),
 // skipping sub-batches whose positions cannot see its keys. A selection list of more than
-// kRS rows is split over blocks (grid y) of kRS rows each, whose fp32 partial sums are added
+// key_rows_per_split(g) rows (internal.cuh) is split over blocks (grid y) of that many rows each,
+// whose fp32 partial sums are added
 // in split order by the unit's last block (see the epilogue): balance, block 0 is chosen by
 // every position. Every dK, dV element is owned by
 // one thread and summed over the rows in a fixed order (deterministic). At the end dK is
 // scaled, rotated back and both are stored as bf16.
 constexpr int kKeyWarps = 4;
 constexpr int kKB = 16 * kKeyWarps;  // keys per block
-constexpr int kRS = kKeyRowSplit;    // selection: rows per split of a block's row list
 // 16-row sub-batches a warp of the key side computes together (registers: 2 at DP <= 64).
 template <int DP>
 constexpr int kKeyPairs = DP <= 64 ? 2 : 1;
@@ -1635,7 +1635,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   int* rtp = reinterpret_cast<int*>(rs + S * 3 * kRB);    // [S][RB] position, -1: none
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.z / g.G, gi = blockIdx.z % g.G;
-  int s0, s1, npos, p0 = 0, nsplit = 1, off = 0, rsplit = kRS;
+  int s0, s1, npos, p0 = 0, nsplit = 1, off = 0, rsplit = 0;
   std::int64_t unit = 0;
   const std::int32_t* list = nullptr;
   if constexpr (BR == kWin) {
@@ -1659,7 +1659,8 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
     off = a.inv_off[unit];
     npos = a.inv_off[unit + 1] - off;
     list = a.inv_pos + off;
-    nsplit = max(1, (npos * g.h + kRS - 1) / kRS);
+    rsplit = key_rows_per_split(g);
+    nsplit = max(1, (npos * g.h + rsplit - 1) / rsplit);
   }
   if (s0 >= s1 || int(blockIdx.y) >= nsplit) return;  // block-uniform
   // This block's rows: [rbeg, rend) of the list's (position, head) rows.
@@ -2001,13 +2002,13 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
         Tv[kk * FS + dd] = dV[j][e];
       }
   } else {
-    // Selection, split list: partial sums to slot (off*h/RS + unit + split) [2][KB][DP] (the
+    // Selection, split list: partial sums to slot (off*h/rsplit + unit + split) [2][KB][DP] (the
     // slots of a unit are distinct from every other unit's); the last block of the unit to
     // finish adds the partials in split order (the result does not depend on which one).
     // Compression: slot unit * kCmpKeyMaxSplits + split.
     const int sub = int(blockIdx.x) % nsub;
     const std::int64_t slot0 =
-        BR == kCmp ? unit * kCmpKeyMaxSplits : std::int64_t(off) * g.h / kRS + unit;
+        BR == kCmp ? unit * kCmpKeyMaxSplits : std::int64_t(off) * g.h / rsplit + unit;
     auto part = [&](int sp) {
       return a.slc_part + ((slot0 + sp) * nsub + sub) * std::int64_t(2 * kKB * DP);
     };

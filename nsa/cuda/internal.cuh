@@ -408,20 +408,34 @@ struct KeyArgs {  // key-side backward kernels
   float* slc_part;
   int* slc_ticket;
 };
-// Tensor-core selection key side: row lists are split every kKeyRowSplit (position, head)
-// rows (a multiple of the kernel's row batches).
-constexpr int kKeyRowSplit = 8192;
+// Tensor-core selection key side: a block's row list is split every key_rows_per_split(g)
+// (position, head) rows, a multiple of the kernel's row batches and a function of the shape
+// only (the splits' fp32 partials are added in split order: the bits depend on it). The first
+// block is chosen by every position, so its list (T h rows per (b, g)) is the kernel's longest
+// path: with a fixed 8192 it set the kernel's time at a tensor-parallel rank's share of the
+// 125M layer (H = 6, G = 1: 0.33 ms for 8 sequences, 0.38 for 16; docs/performance.md,
+// fourteenth session). So the split is the total rows over kKeySplitShare, within
+// [kKeyRowSplitMin, kKeyRowSplitMax]: large shapes keep 8192 (the paper's 8192 and 64k, the
+// whole 125M layer), small ones split finer.
+constexpr int kKeyRowSplitMin = 1024, kKeyRowSplitMax = 8192, kKeySplitShare = 512;
+__host__ __device__ inline int key_rows_per_split(const Geo& g) {
+  const std::int64_t rows = std::int64_t(g.B) * g.T * g.G * g.n * g.h;
+  std::int64_t per = (rows / kKeySplitShare + 63) / 64 * 64;
+  if (per < kKeyRowSplitMin) per = kKeyRowSplitMin;  // (constexprs: usable in device code)
+  if (per > kKeyRowSplitMax) per = kKeyRowSplitMax;
+  return int(per);
+}
 inline int key_max_splits(const Geo& g) {
-  return int((std::int64_t(g.T) * g.h + kKeyRowSplit - 1) / kKeyRowSplit);
+  return int((std::int64_t(g.T) * g.h + key_rows_per_split(g) - 1) / key_rows_per_split(g));
 }
 inline int key_subtiles(const Geo& g) { return (g.ls + 63) / 64; }
 inline std::int64_t key_tickets(const Geo& g) {
   return std::int64_t(g.B) * g.G * g.NB * key_subtiles(g);
 }
 inline std::int64_t key_split_floats(const Geo& g, int DP) {
-  // slots: total rows / kKeyRowSplit + units + 1, each [subtiles][2][64][DP]
+  // slots: total rows / key_rows_per_split + units + 1, each [subtiles][2][64][DP]
   const std::int64_t rows = std::int64_t(g.B) * g.T * g.G * g.n * g.h;
-  const std::int64_t slots = rows / kKeyRowSplit + std::int64_t(g.B) * g.G * g.NB + 1;
+  const std::int64_t slots = rows / key_rows_per_split(g) + std::int64_t(g.B) * g.G * g.NB + 1;
   return slots * key_subtiles(g) * 2 * 64 * DP;
 }
 // Inverse selection index: for each unit (b, g, j) of B*G*NB, the positions t >= j*l' whose
@@ -467,8 +481,10 @@ void launch_slc_inverted(const Geo& g, bool backward, const RowArgs& a, const Sl
 constexpr int kCmpKeyMaxSplits = 16;
 // The fewest rows a range holds: at the 125M shape (T = 2048, h = 6) 8192 gave 2 key tiles x
 // 2 ranges x 32 (b, g) = 128 blocks on 132 SMs (ncu: 6% achieved occupancy, 0.58 ms);
-// 2048 gives up to 6 ranges per tile.
-constexpr int kCmpKeyMinRows = 2048;
+// 2048 gave up to 6 ranges per tile, 96 blocks for a tensor-parallel rank's share of it on 8
+// sequences (0.091 ms against 0.109 for 16: docs/performance.md, fourteenth session); 768
+// gives 16.
+constexpr int kCmpKeyMinRows = 768;
 inline int cmp_key_blocks(const Geo& g) { return (g.N + 63) / 64; }
 __host__ __device__ inline int cmp_key_rows_per_split(const Geo& g) {
   const std::int64_t rows = std::int64_t(g.T - g.l + 1 > 0 ? g.T - g.l + 1 : 0) * g.h;

@@ -518,8 +518,9 @@ TEST(NsaCuda, TinyQueryRowsStayFinite) {
 }
 
 // The same with selection row lists long enough to be split over blocks on the bf16
-// tensor-core key side (block 0 is chosen by all 2048 positions x 16 heads = 32768 rows,
-// four splits whose partial sums the last block to finish adds in split order).
+// tensor-core key side (block 0 is chosen by all 2048 positions x 16 heads = 32768 rows: 32
+// splits of key_rows_per_split = 1024 at this shape, whose partial sums the last block to
+// finish adds in split order).
 TEST(NsaCuda, DeterministicSplitLists) {
   if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
   const NsaDims dm = make_dims(1, 2048, 16, 1, 64, 32, 16, 64, 16, 512);
