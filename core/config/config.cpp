@@ -219,15 +219,14 @@ const std::vector<Key>& keys() {
           "they run on a communication stream beside the backward's kernels (data parallelism "
           "alone: tp = pp = 1). Not with zero1 (docs/parallel.md); no effect with dp = 1."),
       key("parallel", "tp_overlap", &R::parallel, &ParallelConfig::tp_overlap,
-          "Tensor parallelism (tp > 1): run each layer on the micro-batch in two halves of its "
-          "sequences (its first micro_batch / 2, then the rest), so that each half's TP all-reduces "
-          "(the outputs of wo and w_out, the gradients of the norm outputs) run while the other half, "
-          "or the weight gradients, compute (on GPUs on the communicator's stream). Needs "
+          "Tensor parallelism (tp > 1): run each layer's norms, products and SwiGLU on the "
+          "micro-batch in two halves of its sequences (its first micro_batch / 2, then the rest), "
+          "the attention core over the whole micro-batch, so that each half's TP all-reduces (the "
+          "outputs of wo and w_out, the gradients of the norm outputs) run while the other half, or "
+          "the weight gradients, compute (on GPUs on the communicator's stream). Needs "
           "train.micro_batch >= 2; no effect with tp = 1. The same losses as without, to rounding "
-          "(the NSA core's compression-map gradients are summed per half, products over half the "
-          "rows may take other kernels). Measured slower at the 125M model on 2 H200s (the NSA "
-          "core's kernels on half the sequences cost more than the sums they hide); "
-          "docs/parallel.md."),
+          "(products over half the rows may take other kernels). docs/parallel.md gives its "
+          "measured speed."),
       key("parallel", "grad_bucket_kib", &R::parallel, &ParallelConfig::grad_bucket_kib,
           "Size in KiB of a data-parallel gradient bucket (one all-reduce of the flat gradient "
           "buffer, without zero1); 25600 = 25 MiB. Smaller buckets start sooner with "

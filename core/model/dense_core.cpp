@@ -36,8 +36,7 @@ template <class T> T* mut(const Tensor& t) { return static_cast<T*>(t.raw()); }
 
 void dense_core_forward(const nsa::DenseDims& dims, LayerActivations& a, Tensor& o, bool save) {
   const bool cuda = o.device() == Device::CUDA;
-  Tensor lse = a.attn_lse.defined() ? a.attn_lse  // rows of the caller's (NsaTransformer::RowPart)
-                                     : Tensor::empty({dims.B * dims.T, dims.H}, cuda ? DType::F32 : o.dtype(), o.device());
+  Tensor lse = Tensor::empty({dims.B * dims.T, dims.H}, cuda ? DType::F32 : o.dtype(), o.device());
   dispatch(o, [&](auto tag) {
     using T = decltype(tag);
     if (!cuda) {

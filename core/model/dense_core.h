@@ -7,8 +7,7 @@
 namespace nsatron {
 
 // o = attention(a.q, a.k, a.v) ([N, H*D], the compute dtype). With `save`, a.attn_lse gets the
-// per-row log-sum-exp the backward needs ([N, H]: fp32 on CUDA, the compute dtype on the CPU),
-// written into a.attn_lse where that is already defined (rows of a larger one).
+// per-row log-sum-exp the backward needs ([N, H]: fp32 on CUDA, the compute dtype on the CPU).
 void dense_core_forward(const nsa::DenseDims& dims, LayerActivations& a, Tensor& o, bool save);
 // Assigns dq, dk, dv from d_o, the saved a.attn_lse and the core's output a.o.
 void dense_core_backward(const nsa::DenseDims& dims, const LayerActivations& a, const Tensor& d_o, Tensor& dq,

@@ -17,8 +17,7 @@ struct LayerActivations {
   Tensor q, k_cmp, v_cmp, k_slc, v_slc, k_win, v_win, gate;  // NSA core inputs (split)
   Tensor proj;                                // or the projection p whose columns they are (CUDA:
                                               //   NsaTransformer::projection_in_place)
-  std::vector<std::shared_ptr<void>> nsa_saved;  // the NSA core's saved state (CPU or CUDA type),
-                                              //   one per row part (NsaTransformer::RowPart)
+  std::shared_ptr<void> nsa_saved;            // the NSA core's saved state (CPU or CUDA type)
   Tensor k, v;                                // dense attention's keys and values [N, G*D] (q as above)
   Tensor attn_lse;                            // dense attention's saved log-sum-exp [N, H]
   Tensor o;                                   // attention core output [N, H*D]
@@ -28,24 +27,10 @@ struct LayerActivations {
   Tensor act;                                 // swiglu(u) [N, F]
 
   // The attention core's saved state (NSA's or dense attention's) is held.
-  bool core_saved() const { return !nsa_saved.empty() || attn_lse.defined(); }
+  bool core_saved() const { return nsa_saved != nullptr || attn_lse.defined(); }
   void drop_core_saved() {
-    nsa_saved.clear();
+    nsa_saved.reset();
     attn_lse = Tensor();
-  }
-  // Views of rows [r0, r1) of every per-token tensor held (the per-row statistics and dense
-  // attention's attn_lse too); not the NSA core's saved state (one per row part already).
-  LayerActivations rows(std::int64_t r0, std::int64_t r1) const {
-    LayerActivations v;
-    for (auto member : {&LayerActivations::x, &LayerActivations::rstd1, &LayerActivations::xn, &LayerActivations::q,
-                        &LayerActivations::k_cmp, &LayerActivations::v_cmp, &LayerActivations::k_slc,
-                        &LayerActivations::v_slc, &LayerActivations::k_win, &LayerActivations::v_win,
-                        &LayerActivations::gate, &LayerActivations::proj, &LayerActivations::k, &LayerActivations::v,
-                        &LayerActivations::attn_lse, &LayerActivations::o, &LayerActivations::h,
-                        &LayerActivations::rstd2, &LayerActivations::hn, &LayerActivations::u,
-                        &LayerActivations::act})
-      if ((this->*member).defined()) v.*member = (this->*member).slice0(r0, r1);
-    return v;
   }
 };
 

@@ -486,74 +486,52 @@ NsaTransformer::Keep NsaTransformer::keep_mode(std::int64_t l) const {
   return Keep::All;
 }
 
-void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save,
-                                  const RowPart& part) const {
+void NsaTransformer::core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, std::int64_t B,
+                                  std::int64_t T) const {
   if (dims_.attention == Attention::Dense) {
     TIMED("dense attention forward");
-    if (save && part.index == 0) a.attn_lse = stat({o.dim(0), local_.H});  // each part writes its rows
-    LayerActivations rows = a.rows(part.r0(), part.r1());
-    Tensor o_rows = part.of(o);
-    dense_core_forward(dense_dims(local_, part.B(), part.T), rows, o_rows, save);
+    dense_core_forward(dense_dims(local_, B, T), a, o, save);
     return;
   }
   TIMED("nsa core forward");
   auto W = [&](const char* part_name) { return weight(layer_name(l, part_name)); };
-  const LayerActivations rows = a.rows(part.r0(), part.r1());
-  Tensor o_rows = part.of(o);
-  const nsa::NsaDims dims = local_.core_dims(part.B(), part.T);
-  std::shared_ptr<void> saved;
+  const nsa::NsaDims dims = local_.core_dims(B, T);
   if (device_ == Device::CUDA) {
-    saved = nsa_core_forward_cuda(dims, rows, W, o_rows, save);
-  } else {
-    dispatch_real(dtype_, [&](auto tag) {
-      using Real = decltype(tag);
-      auto kept = save ? std::make_unique<nsa::NsaSaved<Real>>() : nullptr;
-      nsa::nsa_forward<Real>(dims, core_inputs<Real>(rows, W), o_rows.data<Real>(), kept.get());
-      if (kept) saved = hold_saved(std::move(kept));
-    });
+    a.nsa_saved = nsa_core_forward_cuda(dims, a, W, o, save);
+    return;
   }
-  if (!save) return;
-  a.nsa_saved.resize(std::size_t(part.count));
-  a.nsa_saved[std::size_t(part.index)] = std::move(saved);
+  dispatch_real(dtype_, [&](auto tag) {
+    using Real = decltype(tag);
+    auto kept = save ? std::make_unique<nsa::NsaSaved<Real>>() : nullptr;
+    nsa::nsa_forward<Real>(dims, core_inputs<Real>(a, W), o.data<Real>(), kept.get());
+    if (kept) a.nsa_saved = hold_saved(std::move(kept));
+  });
 }
 
 void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o,
-                                   Tensor* const dparts[], Tensor* dproj, const RowPart& part) {
-  const LayerActivations rows = a.rows(part.r0(), part.r1());
-  const Tensor d_o_rows = part.of(d_o);
-  std::vector<Tensor> dpart_rows;  // the part's rows of each of dparts
-  if (dparts) dpart_rows = row_views({dparts, part_widths(local_).size()}, part.r0(), part.r1());
-  std::vector<Tensor*> dpart_ptrs;
-  for (Tensor& t : dpart_rows) dpart_ptrs.push_back(&t);
-  Tensor dproj_rows = dproj ? part.of(*dproj) : Tensor();
+                                   Tensor* const dparts[], Tensor* dproj, std::int64_t B, std::int64_t T) {
   if (dims_.attention == Attention::Dense) {
     TIMED("dense attention backward");
-    dense_core_backward(dense_dims(local_, part.B(), part.T), rows, d_o_rows, *dpart_ptrs[0], *dpart_ptrs[1],
-                        *dpart_ptrs[2]);
+    dense_core_backward(dense_dims(local_, B, T), a, d_o, *dparts[0], *dparts[1], *dparts[2]);
     return;
   }
   TIMED("nsa core backward");
   auto W = [&](const char* part_name) { return weight(layer_name(l, part_name)); };
   auto G = [&](const char* part_name) { return params_.grad(layer_name(l, part_name)); };
-  if (a.nsa_saved.size() != std::size_t(part.count))
-    throw std::logic_error("core_backward: the forward saved " + std::to_string(a.nsa_saved.size()) +
-                           " row part(s), the backward runs " + std::to_string(part.count));
-  const void* saved = a.nsa_saved[std::size_t(part.index)].get();
-  const nsa::NsaDims dims = local_.core_dims(part.B(), part.T);
+  if (!a.nsa_saved) throw std::logic_error("core_backward: the forward saved no state for the backward");
+  const nsa::NsaDims dims = local_.core_dims(B, T);
   if (device_ == Device::CUDA) {
-    nsa_core_backward_cuda(dims, rows, saved, W, G, d_o_rows, dparts ? dpart_ptrs.data() : nullptr,
-                           dproj ? &dproj_rows : nullptr);
+    nsa_core_backward_cuda(dims, a, a.nsa_saved.get(), W, G, d_o, dparts, dproj);
     return;
   }
   dispatch_real(dtype_, [&](auto tag) {
     using Real = decltype(tag);
-    Tensor* const* d = dpart_ptrs.data();
-    nsa::NsaGrads<Real> gr{d[0]->data<Real>(), d[1]->data<Real>(), d[2]->data<Real>(),
-                           d[3]->data<Real>(), d[4]->data<Real>(), d[5]->data<Real>(),
-                           d[6]->data<Real>(), d[7]->data<Real>(), G("attn/cmp_wk").data<Real>(),
+    nsa::NsaGrads<Real> gr{dparts[0]->data<Real>(), dparts[1]->data<Real>(), dparts[2]->data<Real>(),
+                           dparts[3]->data<Real>(), dparts[4]->data<Real>(), dparts[5]->data<Real>(),
+                           dparts[6]->data<Real>(), dparts[7]->data<Real>(), G("attn/cmp_wk").data<Real>(),
                            G("attn/cmp_wv").data<Real>(), G("attn/cmp_pk").data<Real>(), G("attn/cmp_pv").data<Real>()};
-    nsa::nsa_backward<Real>(dims, core_inputs<Real>(rows, W), *static_cast<const nsa::NsaSaved<Real>*>(saved),
-                            d_o_rows.data<Real>(), gr);
+    nsa::nsa_backward<Real>(dims, core_inputs<Real>(a, W), *static_cast<const nsa::NsaSaved<Real>*>(a.nsa_saved.get()),
+                            d_o.data<Real>(), gr);
   });
 }
 
@@ -592,37 +570,40 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
   Tensor p, attn_out;
   Tensor wqkv;                 // projection_weight: made by the first part, dropped after the last's product
   std::vector<Tensor*> split;  // the core's inputs as tensors of their own (not in place)
-  for (const RowPart& r : parts) {  // attention
-    {  // (the views in this block hold their tensors: gone before the core)
-      Stream s{r.of(in.x), r.of(in.h)};
-      Tensor xn = r.of(a.xn), rstd = r.of(a.rstd1);
-      norm_stream(s, W("attn_norm"), xn, rstd);  // the previous layer's residual add too
-      if (r.index + 1 == r.count) in.h = Tensor();
-      if (r.index == 0) {
-        p = act({N, m.projection_pitch()});  // rows padded (model.h)
-        if (projection_in_place()) a.proj = p;  // the core reads its columns
-        wqkv = projection_weight(W("attn/wqkv"));
-      }
-      Tensor pr = r.of(p);
-      projection_forward(xn, wqkv, pr);
-      if (r.index + 1 == r.count) wqkv = Tensor();
-      if (r.index == 0 && !projection_in_place()) {
-        const std::vector<std::int64_t> widths = part_widths(m);
-        const std::vector<Tensor LayerActivations::*> members = part_members(m.attention);
-        for (std::size_t k = 0; k < widths.size(); ++k) {
-          a.*members[k] = act({N, m.G * widths[k]});
-          split.push_back(&(a.*members[k]));
-        }
-      }
-      if (!split.empty()) {
-        TIMED("split/gather projection");
-        split_or_gather(m, p, split, r.r0(), r.r1(), true);
+  // Attention: the norm and projection per row part, the NSA core over the whole micro-batch
+  // (its kernels lose efficiency on fewer sequences), the output product and its sum per part.
+  for (const RowPart& r : parts) {
+    if (r.index > 0) tp_finish_sums();  // the previous layer's last part's output, read here
+    Stream s{r.of(in.x), r.of(in.h)};
+    Tensor xn = r.of(a.xn), rstd = r.of(a.rstd1);
+    norm_stream(s, W("attn_norm"), xn, rstd);  // the previous layer's residual add too
+    if (r.index + 1 == r.count) in.h = Tensor();
+    if (r.index == 0) {
+      p = act({N, m.projection_pitch()});  // rows padded (model.h)
+      if (projection_in_place()) a.proj = p;  // the core reads its columns
+      wqkv = projection_weight(W("attn/wqkv"));
+    }
+    Tensor pr = r.of(p);
+    projection_forward(xn, wqkv, pr);
+    if (r.index + 1 == r.count) wqkv = Tensor();
+    if (r.index == 0 && !projection_in_place()) {
+      const std::vector<std::int64_t> widths = part_widths(m);
+      const std::vector<Tensor LayerActivations::*> members = part_members(m.attention);
+      for (std::size_t k = 0; k < widths.size(); ++k) {
+        a.*members[k] = act({N, m.G * widths[k]});
+        split.push_back(&(a.*members[k]));
       }
     }
-    if (r.index == 0) a.o = act({N, m.H * m.D});
-    if (r.index + 1 == r.count) p = Tensor();
-    core_forward(l, a, a.o, keep == Keep::All, r);
-    if (r.index == 0) attn_out = act({N, m.C});
+    if (!split.empty()) {
+      TIMED("split/gather projection");
+      split_or_gather(m, p, split, r.r0(), r.r1(), true);
+    }
+  }
+  a.o = act({N, m.H * m.D});
+  p = Tensor();
+  core_forward(l, a, a.o, keep == Keep::All, B, T);
+  attn_out = act({N, m.C});
+  for (const RowPart& r : parts) {
     Tensor out_rows = r.of(attn_out);
     { TIMED("matmul"); linear_forward(r.of(a.o), W("attn/wo"), nullptr, out_rows); }
     sum_part(out_rows);  // row-parallel wo: the heads' contributions from every rank
@@ -688,7 +669,7 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
   }
   if (!a.core_saved()) {
     Tensor o = act({N, m.H * m.D});  // equals a.o bit for bit
-    for (const RowPart& r : parts_of(B, T)) core_forward(l, a, o, true, r);
+    core_forward(l, a, o, true, B, T);
   }
 }
 
@@ -738,44 +719,35 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   // Attention: h = x + wo(nsa(split(wqkv(rmsnorm(x)))))
   // dp's rows padded as p's; the pad columns zero (the join or zero_columns writes them:
   // projection_backward_dx reads them on CUDA).
-  Tensor d_o, dp, dxn;
-  Tensor wqkv;                        // projection_weight: made for the first part's dX, dropped after dW
-  std::vector<Tensor> dpart_tensors;  // the core's input gradients as tensors of their own (not in place)
+  Tensor dxn;
+  Tensor wqkv;  // projection_weight: made for the first part's dX, dropped after dW
+  Tensor d_o = act({N, m.H * m.D});
   for (const RowPart& r : parts) {
-    if (r.index == 0) d_o = act({N, m.H * m.D});
-    {
-      Tensor d_o_rows = r.of(d_o);
-      TIMED("matmul");
-      linear_backward(r.of(dh), r.of(a.o), W("attn/wo"), {.dx = &d_o_rows});
-    }
-    if (r.index == 0) {
-      dp = act({N, m.projection_pitch()});
-      if (!a.proj.defined())
-        for (std::int64_t width : part_widths(m)) dpart_tensors.push_back(act({N, m.G * width}));
-    }
-    Tensor dp_rows = r.of(dp);
-    if (a.proj.defined()) {  // the core writes its gradients into dp's columns
-      core_backward(l, a, d_o, nullptr, &dp, r);
-      TIMED("split/gather projection");
-      zero_columns(dp_rows, m.G * m.group_width(), m.projection_pitch());
-    } else {
-      std::vector<Tensor*> dparts;
-      for (Tensor& t : dpart_tensors) dparts.push_back(&t);
-      core_backward(l, a, d_o, dparts.data(), nullptr, r);
-      TIMED("split/gather projection");
-      split_or_gather(m, dp, dparts, r.r0(), r.r1(), false);
-    }
-    if (r.index + 1 == r.count) {
-      d_o = Tensor();
-      dpart_tensors.clear();
-      a.drop_core_saved();
-    }
-    if (r.index == 0) {
-      dxn = act({N, m.C});
-      wqkv = projection_weight(W("attn/wqkv"));
-    }
+    Tensor d_o_rows = r.of(d_o);
+    TIMED("matmul");
+    linear_backward(r.of(dh), r.of(a.o), W("attn/wo"), {.dx = &d_o_rows});
+  }
+  Tensor dp = act({N, m.projection_pitch()});
+  if (a.proj.defined()) {  // the core writes its gradients into dp's columns
+    core_backward(l, a, d_o, nullptr, &dp, B, T);
+    TIMED("split/gather projection");
+    zero_columns(dp, m.G * m.group_width(), m.projection_pitch());
+  } else {
+    std::vector<Tensor> dpart_tensors;  // the core's input gradients as tensors of their own
+    for (std::int64_t width : part_widths(m)) dpart_tensors.push_back(act({N, m.G * width}));
+    std::vector<Tensor*> dparts;
+    for (Tensor& t : dpart_tensors) dparts.push_back(&t);
+    core_backward(l, a, d_o, dparts.data(), nullptr, B, T);
+    TIMED("split/gather projection");
+    split_or_gather(m, dp, dparts, 0, N, false);
+  }
+  d_o = Tensor();
+  a.drop_core_saved();
+  dxn = act({N, m.C});
+  wqkv = projection_weight(W("attn/wqkv"));
+  for (const RowPart& r : parts) {
     Tensor dxn_rows = r.of(dxn);
-    projection_backward_dx(dp_rows, r.of(a.xn), wqkv, dxn_rows);
+    projection_backward_dx(r.of(dp), r.of(a.xn), wqkv, dxn_rows);
     tp_pass_on(dxn_rows);
   }
   {

@@ -41,16 +41,20 @@
 // weight gradients are computed: tp_pass_on); the
 // embedding's output and the gradient of the final norm's output are all-reduced too, and
 // the loss is the vocab-parallel cross entropy (core/ops/vocab_parallel_cross_entropy.h).
-// The NSA core itself needs no communication. With parallel.tp_overlap (set_tp_overlap) a
-// layer runs in two row parts, the micro-batch's first B/2 sequences and the rest (RowPart):
-//   forward   attention(part 0) | attention(part 1) | mlp(part 0) | mlp(part 1) | next layer...
-//   backward  mlp dX(0) | mlp dX(1) | mlp dW | norm | attention dX(0) | attention dX(1) | attention dW | norm
-// and each part's all-reduce, started where the part ends (on GPUs on the communicator's
-// stream), is waited for where the next part ends: it runs beside the other part's work (the
-// forward's wo and w_out sums beside the other part's attention or MLP, the backward's beside
-// the other part's or the weight gradients). The weight gradients of the products and norms
-// are computed over the whole micro-batch as without parts; the NSA core's compression maps
-// accumulate theirs per part, and products over half the rows may take other kernels, so the
+// The NSA core itself needs no communication. With parallel.tp_overlap (set_tp_overlap) the
+// ops around the core run in two row parts, the micro-batch's first B/2 sequences and the rest
+// (RowPart), the core over the whole micro-batch (its kernels lose efficiency on fewer
+// sequences: docs/performance.md, fourteenth session):
+//   forward   norm+wqkv(0) | norm+wqkv(1) | core | wo(0) | wo(1) | mlp(0) | mlp(1) | next layer...
+//   backward  mlp dX(0) | mlp dX(1) | mlp dW | norm | wo dX(0) | wo dX(1) | core | wqkv dX(0) |
+//             wqkv dX(1) | attention dW | norm
+// and each part's all-reduce, started where the part's product ends (on GPUs on the
+// communicator's stream), is waited for where the next part's product ends, or where its rows
+// are next read: it runs beside the other part's work (the forward's wo sums beside the other
+// part's wo product and the first part's MLP, the w_out sums beside the other part's MLP and the
+// next layer's first norm and projection, the backward's beside the other part's products or
+// the weight gradients). The weight gradients of the products and norms are computed over the
+// whole micro-batch as without parts; products over half the rows may take other kernels, so the
 // bits differ from the run without parts (to rounding: the tensor-parallel tests). Pipeline parallelism: the model holds the layers
 // [layer_begin, layer_end) only, the embedding on the first stage, the final norm and head on
 // the last (with tied embeddings, the last stage holds a replica of the embedding; the
@@ -182,10 +186,10 @@ class NsaTransformer {
   // (412 MB in bf16 at V = 50304; the 125M step's peak grew 13.33 -> 13.43 GiB).
   static constexpr std::int64_t kDefaultHeadChunk = 4096;
   void set_head_chunk(std::int64_t rows) { head_chunk_ = rows; }
-  // Tensor parallelism (parallel.tp_overlap): each layer runs a micro-batch of B >= 2 sequences
-  // in two row parts (the first B/2 sequences, then the rest), so that one part's TP all-reduce
-  // runs while the other part computes (above, "Tensor parallelism"). No effect with tp = 1 or
-  // B = 1.
+  // Tensor parallelism (parallel.tp_overlap): each layer runs the ops around the NSA core on a
+  // micro-batch of B >= 2 sequences in two row parts (the first B/2 sequences, then the rest),
+  // so that one part's TP all-reduce runs while the other part computes (above, "Tensor
+  // parallelism"). No effect with tp = 1 or B = 1.
   void set_tp_overlap(bool on) { tp_overlap_ = on; }
   // The row parts a micro-batch of B sequences runs in: 2 with the overlap (above), else 1.
   int row_parts(std::int64_t B) const { return tp_overlap_ && tp_ > 1 && B >= 2 ? 2 : 1; }
@@ -323,14 +327,13 @@ class NsaTransformer {
   bool projection_regrouped() const { return projection_in_place() && local_.G > 1; }
   Tensor act(const Shape& shape) const;
   Tensor stat(const Shape& shape) const;
-  // The core on the rows of one part (a's tensors and o whole; the saved state into
-  // a.nsa_saved[part.index]).
-  void core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, const RowPart& part) const;
+  // The core over the micro-batch's B sequences (the saved state into a.nsa_saved or, dense,
+  // a.attn_lse).
+  void core_forward(std::int64_t l, LayerActivations& a, Tensor& o, bool save, std::int64_t B, std::int64_t T) const;
   // dparts: the gradients of the core's inputs, in the order of the projection's parts; where
-  // the core read a.proj in place, dproj instead (its columns, as a.proj's). Whole tensors; the
-  // part's rows are written.
+  // the core read a.proj in place, dproj instead (its columns, as a.proj's).
   void core_backward(std::int64_t l, const LayerActivations& a, const Tensor& d_o, Tensor* const dparts[],
-                     Tensor* dproj, const RowPart& part);
+                     Tensor* dproj, std::int64_t B, std::int64_t T);
   Keep keep_mode(std::int64_t l) const;
   // The residual stream between layers as a layer leaves it: its MLP output x and, not yet
   // added to it, its attention residual h (undefined: x is the whole stream, e.g. the

@@ -59,9 +59,7 @@ struct Sizes {
   std::int64_t saved = 0;    // the core's saved state: NSA's NsaSaved (CPU) / NsaSavedCuda, noted by
                              //   hold_saved / nsa_core_forward_cuda; dense: attn_lse [N, H] (fp32 on CUDA)
   bool dense = false;        // dense attention allocates its lse even when it keeps none
-  int parts = 1;             // the layer's row parts (NsaTransformer::row_parts)
-  std::int64_t saved_part[2] = {0, 0};  // two parts: each part's saved state (NSA; dense: its lse scratch),
-                             //   z.saved their sum (dense: one [N, H] lse either way)
+  int parts = 1;             // the layer's row parts around the core (NsaTransformer::row_parts)
   std::int64_t ids = 0;      // CUDA: st.ids, the device copy of the tokens (tp > 1: also the rebased ids
                              //   and the ownership mask); the CPU reads the host vectors (not counted)
   std::int64_t targets = 0;  // CUDA: tgt, the device copy of the targets
@@ -113,11 +111,6 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
   };
   z.saved = saved_for(p.micro_batch);
   z.parts = p.tp_overlap && p.tp > 1 && p.micro_batch >= 2 ? 2 : 1;
-  if (z.parts == 2) {  // sequences [0, B/2) and [B/2, B)
-    z.saved_part[0] = saved_for(p.micro_batch / 2);
-    z.saved_part[1] = saved_for(p.micro_batch - p.micro_batch / 2);
-    if (!z.dense) z.saved = z.saved_part[0] + z.saved_part[1];
-  }
   if (cuda) {
     z.ids = N * 4 + (p.tp > 1 ? N * 4 + N : 0);  // device_ids(tokens, vocab_local = true): span, local, owned
     z.targets = N * 4;                            // device_ids(targets, vocab_local = false): span
@@ -232,60 +225,22 @@ class StageReplay {
     h_held_ = false;
   }
 
-  // core_forward of row part r of z_.parts: NSA notes the part's saved state when it keeps it;
-  // dense attention in two parts writes the rows of one lse (allocated by the first) when
-  // saving, else allocates and drops each part's own.
-  void core_forward_part(bool save, int r) {
-    if (z_.parts == 1) return core_forward(save);
-    if (z_.dense && save) {
-      if (r == 0) led_.alloc(z_.saved);
-    } else if (z_.dense) {
-      led_.alloc(z_.saved_part[r]);
-      led_.free(z_.saved_part[r]);
-    } else if (save) {
-      led_.alloc(z_.saved_part[r]);
-    }
-  }
-
-  // layer_forward in two row parts (model.cpp: attention(0), attention(1), MLP(0), MLP(1);
-  // a tensor is allocated by the first part that writes it, freed after the last that reads it).
-  void layer_forward_parts(Keep k, bool x_out) {
-    const bool save = k == Keep::All;
-    led_.alloc(z_.row);  // a.rstd1
-    led_.alloc(z_.x);    // a.xn
-    for (int r = 0; r < 2; ++r) {
-      if (r == 1) release_h();  // the last part's norm: the previous layer's residual added
-      if (r == 0) led_.alloc(z_.in_place ? z_.proj : z_.packed);  // p (in place: a.proj)
-      if (r == 0) led_.alloc(z_.wpad);  // projection_weight: the padded weight, for both parts
-      if (r == 1) led_.free(z_.wpad);   //   (dropped after the last part's product)
-      if (r == 0 && !z_.in_place) led_.alloc(z_.proj);  // the parts a.q ...
-      if (r == 0) led_.alloc(z_.o);                     // a.o
-      if (r == 1 && !z_.in_place) led_.free(z_.packed);  // p = Tensor()
-      core_forward_part(save, r);
-      if (r == 0) led_.alloc(z_.x);  // attn_out
-    }
-    led_.alloc(z_.x);    // a.h
-    led_.alloc(z_.x);    // a.hn
-    led_.alloc(z_.row);  // a.rstd2
-    led_.alloc(z_.u);    // a.u (part 0)
-    led_.alloc(z_.f);    // a.act
-    if (x_out) led_.alloc(z_.x);  // out->x
-    led_.free(z_.x);     // attn_out = Tensor() (part 1)
-    const std::int64_t made = 2 * z_.row + 3 * z_.x + z_.proj + z_.o + (save ? z_.saved : 0) + z_.u + z_.f;
-    h_held_ = x_out && k == Keep::Input;
-    led_.free(made - kept(k) - (h_held_ ? z_.x : 0));
-  }
-
-  // layer_forward(l, in, out, acts, keep): the layer's input is live already.
+  // layer_forward(l, in, out, acts, keep): the layer's input is live already. With two row
+  // parts (model.cpp) a tensor is allocated by the first part that writes it and freed after
+  // the last that reads it; the core runs once, over both.
   void layer_forward(Keep k, bool x_out) {
-    if (z_.parts == 2) return layer_forward_parts(k, x_out);
+    const bool two = z_.parts == 2;
     led_.alloc(z_.row);   // a.rstd1
     led_.alloc(z_.x);     // a.xn
-    release_h();          // norm_stream(in): the previous layer's residual added
+    if (!two) release_h();  // the (last) part's norm: the previous layer's residual added
     led_.alloc(z_.in_place ? z_.proj : z_.packed);  // p (in place: kept as a.proj)
-    led_.alloc(z_.wpad);    // projection_weight: the padded weight,
-    led_.free(z_.wpad);     //   dropped after the product
+    led_.alloc(z_.wpad);  // projection_weight: the padded weight,
+    if (!two) led_.free(z_.wpad);  //   dropped after the (last part's) product
     if (!z_.in_place) led_.alloc(z_.proj);  // the parts a.q ... (split_or_gather's targets)
+    if (two) {  // part 1's norm and product
+      release_h();
+      led_.free(z_.wpad);
+    }
     led_.alloc(z_.o);     // a.o
     if (!z_.in_place) led_.free(z_.packed);  // p = Tensor()
     const bool save = k == Keep::All;
@@ -294,10 +249,11 @@ class StageReplay {
     led_.alloc(z_.x);     // a.h
     led_.alloc(z_.x);     // a.hn
     led_.alloc(z_.row);   // a.rstd2
-    led_.free(z_.x);      // attn_out = Tensor()
+    if (!two) led_.free(z_.x);  // attn_out = Tensor() (after the last part's norm)
     led_.alloc(z_.u);     // a.u
     led_.alloc(z_.f);     // a.act
     if (x_out) led_.alloc(z_.x);  // out->x: the next layer's a.x (once its norm has added out->h)
+    if (two) led_.free(z_.x);     // attn_out = Tensor() (part 1's norm)
     // What is not kept goes with the local LayerActivations; a.h stays while out->h holds it.
     const std::int64_t made = 2 * z_.row + 3 * z_.x + z_.proj + z_.o + (save ? z_.saved : 0) + z_.u + z_.f;
     h_held_ = x_out && k == Keep::Input;  // Selective and All keep a.h anyway
@@ -314,43 +270,21 @@ class StageReplay {
         led_.alloc(z_.x);  // a.hn
         led_.alloc(z_.f);  // a.act
         led_.alloc(z_.o);  // o (equals a.o)
-        for (int r = 0; r < z_.parts; ++r) core_forward_part(true, r);
+        core_forward(true);
         led_.free(z_.o);   // o, at the return
         return;
     }
   }
 
-  // layer_backward in two row parts (model.cpp): as below, but dhn and dxn are allocated by the
-  // first part while dact, or d_o, the gradient parts and the saved state, wait for the second.
-  void layer_backward_parts() {
-    led_.alloc(z_.f);  // dact
-    led_.alloc(z_.u);  // du
-    led_.alloc(z_.x);  // dhn (part 0)
-    led_.free(z_.f);   // dact = Tensor() (part 1)
-    led_.free(z_.u);   // du = Tensor()
-    led_.alloc(z_.x);  // dh
-    led_.free(z_.x);   // dhn = Tensor()
-    led_.alloc(z_.o);       // d_o
-    led_.alloc(z_.packed);  // dp
-    if (!z_.in_place) led_.alloc(z_.proj);  // dpart_tensors
-    led_.alloc(z_.x);                       // dxn (part 0)
-    led_.alloc(z_.wpad);                    //   and the padded weight, to dW
-    led_.free(z_.o + (z_.in_place ? 0 : z_.proj) + z_.saved);  // part 1: d_o, dpart_tensors, the saved states
-    led_.alloc(z_.dwpad);  // dW's scratch,
-    led_.free(z_.wpad + z_.dwpad);
-    led_.free(z_.packed);  // dp = Tensor()
-    led_.alloc(z_.x);      // dx_in (returned)
-    led_.free(z_.x);       // return: dh,
-    led_.free(z_.x);       //   dxn
-  }
-
-  // layer_backward after complete_for_backward; dx_out is live.
+  // layer_backward after complete_for_backward; dx_out is live. With two row parts (model.cpp)
+  // the first part allocates dhn before the second drops dact.
   void layer_backward() {
-    if (z_.parts == 2) return layer_backward_parts();
+    const bool two = z_.parts == 2;
     led_.alloc(z_.f);      // dact
     led_.alloc(z_.u);      // du
-    led_.free(z_.f);       // dact = Tensor()
+    if (!two) led_.free(z_.f);  // dact = Tensor() (the last part's)
     led_.alloc(z_.x);      // dhn
+    if (two) led_.free(z_.f);   // dact = Tensor() (part 1's)
     led_.free(z_.u);       // du = Tensor()
     led_.alloc(z_.x);      // dh
     led_.free(z_.x);       // dhn = Tensor()

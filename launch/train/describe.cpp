@@ -117,8 +117,8 @@ void describe_parallelism(Run& run) {
     out << "; TP: per rank " << dims.G / tp << " KV group(s) with " << dims.H / tp << " query heads, "
         << dims.F / tp << " MLP units, about " << dims.V / tp << " vocabulary rows; vocab-parallel cross entropy"
         << (run.cfg.parallel.tp_overlap
-                ? std::string("; each layer in two halves of the micro-batch, one half's all-reduces beside the "
-                              "other's compute (tp_overlap)") +
+                ? std::string("; each layer's ops around the core in two halves of the micro-batch, one half's "
+                              "all-reduces beside the other's compute (tp_overlap)") +
                       (run.multi_gpu ? " on a communication stream" : "")
                 : std::string("; the forward's all-reduces in line, the backward's beside the weight gradients"));
   if (pp > 1) describe_pipeline(run);

@@ -199,8 +199,8 @@ TEST(MemoryPlan, ActivationsMatchATensorParallelRank) {
     for (int r = 0; r < 2; ++r) expect_model_peak(c, 2, r);
 }
 
-// The same with parallel.tp_overlap: each layer in two row parts (B = 2: one sequence each;
-// B = 3: one and two), whose tensors live longer than one part's would.
+// The same with parallel.tp_overlap: each layer's ops around the core in two row parts (B = 2:
+// one sequence each; B = 3: one and two), whose tensors live longer than one part's would.
 TEST(MemoryPlan, ActivationsMatchATensorParallelRankInRowParts) {
   ModelDims d = mid_dims();
   d.V = 255;

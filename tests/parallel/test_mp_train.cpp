@@ -207,8 +207,8 @@ TEST_F(MpTrain, DenseAttentionUnderTensorAndPipelineParallelism) {
   stop_and_resume("ref", "tp2pp2_to_1", ten, 4, " --set parallel.tp=2 --set parallel.pp=2", 0, "", 1e-5, kDenseTensors);
 }
 
-// parallel.tp_overlap: each layer in two halves of the micro-batch (micro_batch 2: one sequence
-// each), each half's TP sums waited for only where the next half ends (MPI_Iallreduce here:
+// parallel.tp_overlap: each layer's ops around the core in two halves of the micro-batch (the
+// core over both), each half's TP sums waited for only where the next half ends (MPI_Iallreduce here:
 // a sum read before its wait would be one rank's share). NSA and dense attention, with
 // pipeline stages, data parallelism and the three recompute policies, against one rank; and a
 // checkpoint written with it resumed without it.
@@ -232,7 +232,9 @@ TEST_F(MpTrain, TensorParallelOverlapMatchesOneRank) {
       CommandResult r = train(l.np, name, model + l.settings);
       ASSERT_EQ(r.code, 0) << r.out << r.err;
       EXPECT_NE(r.out.find(l.log_says), std::string::npos) << r.out;
-      EXPECT_NE(r.out.find("one half's all-reduces beside the other's compute (tp_overlap)"), std::string::npos)
+      EXPECT_NE(r.out.find("two halves of the micro-batch, one half's all-reduces beside the other's compute "
+                           "(tp_overlap)"),
+                std::string::npos)
           << r.out;
       EXPECT_EQ(r.err, "");
       expect_same_curve("one_" + attention, name, 1e-5, 5);
