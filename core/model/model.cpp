@@ -745,17 +745,20 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   a.drop_core_saved();
   dxn = act({N, m.C});
   wqkv = projection_weight(W("attn/wqkv"));
+  // wo's weight gradient runs beside the first part's sum (with parts: only the small dX
+  // product of the second part would be there), wqkv's beside the last.
+  Tensor g_wo = G("attn/wo"), g_wqkv = G("attn/wqkv");
   for (const RowPart& r : parts) {
     Tensor dxn_rows = r.of(dxn);
     projection_backward_dx(r.of(dp), r.of(a.xn), wqkv, dxn_rows);
     tp_pass_on(dxn_rows);
+    if (r.index == 0) {
+      TIMED("matmul");
+      linear_backward(dh, a.o, W("attn/wo"), {.dw = &g_wo});
+    }
   }
-  {
-    Tensor g_wo = G("attn/wo"), g_wqkv = G("attn/wqkv");
-    { TIMED("matmul"); linear_backward(dh, a.o, W("attn/wo"), {.dw = &g_wo}); }
-    projection_backward_dw(dp, a.xn, wqkv, g_wqkv);
-    wqkv = Tensor();
-  }
+  projection_backward_dw(dp, a.xn, wqkv, g_wqkv);
+  wqkv = Tensor();
   tp_finish_sums();
   dp = Tensor();
   dx_in = act({N, m.C});

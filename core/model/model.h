@@ -47,7 +47,7 @@
 // sequences: docs/performance.md, fourteenth session):
 //   forward   norm+wqkv(0) | norm+wqkv(1) | core | wo(0) | wo(1) | mlp(0) | mlp(1) | next layer...
 //   backward  mlp dX(0) | mlp dX(1) | mlp dW | norm | wo dX(0) | wo dX(1) | core | wqkv dX(0) |
-//             wqkv dX(1) | attention dW | norm
+//             wo dW | wqkv dX(1) | wqkv dW | norm
 // and each part's all-reduce, started where the part's product ends (on GPUs on the
 // communicator's stream), is waited for where the next part's product ends, or where its rows
 // are next read: it runs beside the other part's work (the forward's wo sums beside the other
