@@ -719,8 +719,6 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   // Attention: h = x + wo(nsa(split(wqkv(rmsnorm(x)))))
   // dp's rows padded as p's; the pad columns zero (the join or zero_columns writes them:
   // projection_backward_dx reads them on CUDA).
-  Tensor dxn;
-  Tensor wqkv;  // projection_weight: made for the first part's dX, dropped after dW
   Tensor d_o = act({N, m.H * m.D});
   for (const RowPart& r : parts) {
     Tensor d_o_rows = r.of(d_o);
@@ -743,8 +741,8 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   }
   d_o = Tensor();
   a.drop_core_saved();
-  dxn = act({N, m.C});
-  wqkv = projection_weight(W("attn/wqkv"));
+  Tensor dxn = act({N, m.C});
+  Tensor wqkv = projection_weight(W("attn/wqkv"));  // for every part's dX and dW
   // wo's weight gradient runs beside the first part's sum (with parts: only the small dX
   // product of the second part would be there), wqkv's beside the last.
   Tensor g_wo = G("attn/wo"), g_wqkv = G("attn/wqkv");

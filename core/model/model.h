@@ -295,7 +295,6 @@ class NsaTransformer {
     std::int64_t b0 = 0, b1 = 0, T = 0;
     std::int64_t r0() const { return b0 * T; }
     std::int64_t r1() const { return b1 * T; }
-    std::int64_t B() const { return b1 - b0; }
     Tensor of(const Tensor& t) const { return t.defined() ? t.slice0(r0(), r1()) : Tensor(); }
   };
   std::vector<RowPart> parts_of(std::int64_t B, std::int64_t T) const;
