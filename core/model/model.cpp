@@ -571,7 +571,7 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
   Tensor wqkv;                 // projection_weight: made by the first part, dropped after the last's product
   std::vector<Tensor*> split;  // the core's inputs as tensors of their own (not in place)
   // Attention: the norm and projection per row part, the NSA core over the whole micro-batch
-  // (its kernels lose efficiency on fewer sequences), the output product and its sum per part.
+  // (its kernels lose efficiency on fewer sequences), the output product, its sum per part.
   for (const RowPart& r : parts) {
     if (r.index > 0) tp_finish_sums();  // the previous layer's last part's output, read here
     Stream s{r.of(in.x), r.of(in.h)};
@@ -603,11 +603,9 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
   p = Tensor();
   core_forward(l, a, a.o, keep == Keep::All, B, T);
   attn_out = act({N, m.C});
-  for (const RowPart& r : parts) {
-    Tensor out_rows = r.of(attn_out);
-    { TIMED("matmul"); linear_forward(r.of(a.o), W("attn/wo"), nullptr, out_rows); }
-    sum_part(out_rows);  // row-parallel wo: the heads' contributions from every rank
-  }
+  // (One product: with parts, only the second part's product would run beside the first's sum.)
+  { TIMED("matmul"); linear_forward(a.o, W("attn/wo"), nullptr, attn_out); }
+  for (const RowPart& r : parts) sum_part(r.of(attn_out));  // row-parallel wo: every rank's heads
   a.x = in.x;
   a.h = act({N, m.C});
   a.hn = act({N, m.C});
@@ -720,11 +718,7 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   // dp's rows padded as p's; the pad columns zero (the join or zero_columns writes them:
   // projection_backward_dx reads them on CUDA).
   Tensor d_o = act({N, m.H * m.D});
-  for (const RowPart& r : parts) {
-    Tensor d_o_rows = r.of(d_o);
-    TIMED("matmul");
-    linear_backward(r.of(dh), r.of(a.o), W("attn/wo"), {.dx = &d_o_rows});
-  }
+  { TIMED("matmul"); linear_backward(dh, a.o, W("attn/wo"), {.dx = &d_o}); }
   Tensor dp = act({N, m.projection_pitch()});
   if (a.proj.defined()) {  // the core writes its gradients into dp's columns
     core_backward(l, a, d_o, nullptr, &dp, B, T);

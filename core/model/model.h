@@ -45,15 +45,15 @@
 // ops around the core run in two row parts, the micro-batch's first B/2 sequences and the rest
 // (RowPart), the core over the whole micro-batch (its kernels lose efficiency on fewer
 // sequences: docs/performance.md, fourteenth session):
-//   forward   norm+wqkv(0) | norm+wqkv(1) | core | wo(0) | wo(1) | mlp(0) | mlp(1) | next layer...
-//   backward  mlp dX(0) | mlp dX(1) | mlp dW | norm | wo dX(0) | wo dX(1) | core | wqkv dX(0) |
-//             wo dW | wqkv dX(1) | wqkv dW | norm
+//   forward   norm+wqkv(0) | norm+wqkv(1) | core | wo | mlp(0) | mlp(1) | next layer...
+//   backward  mlp dX(0) | mlp dX(1) | mlp dW | norm | wo dX | core | wqkv dX(0) | wo dW |
+//             wqkv dX(1) | wqkv dW | norm
 // and each part's all-reduce, started where the part's product ends (on GPUs on the
 // communicator's stream), is waited for where the next part's product ends, or where its rows
-// are next read: it runs beside the other part's work (the forward's wo sums beside the other
-// part's wo product and the first part's MLP, the w_out sums beside the other part's MLP and the
-// next layer's first norm and projection, the backward's beside the other part's products or
-// the weight gradients). The weight gradients of the products and norms are computed over the
+// are next read: it runs beside the other part's work (the forward's second wo sum beside the
+// first part's MLP, the w_out sums beside the other part's MLP and the next layer's first norm
+// and projection, the backward's beside the other part's products or the weight gradients; the
+// first wo sum has nothing beside it: wo is one product, as its input gradient). The weight gradients of the products and norms are computed over the
 // whole micro-batch as without parts; products over half the rows may take other kernels, so the
 // bits differ from the run without parts (to rounding: the tensor-parallel tests). Pipeline parallelism: the model holds the layers
 // [layer_begin, layer_end) only, the embedding on the first stage, the final norm and head on
