@@ -57,7 +57,8 @@ struct ActivationPlan {
   // false: the split of before, which the GPU peaks recorded earlier measured.
   bool projection_in_place = true;
   // Tensor parallelism's row parts (parallel.tp_overlap, NsaTransformer::set_tp_overlap): with
-  // tp > 1 and micro_batch >= 2 each layer runs in two parts (NsaTransformer::row_parts).
+  // tp > 1 and micro_batch >= 2 the ops around each layer's core run in two parts
+  // (NsaTransformer::row_parts).
   bool tp_overlap = false;
   // pp > 1: whether the PP communicator posts receives ahead and completes sends late
   // (parallel::pipeline_events; the MPI backend, CPU ranks) or runs each transfer blocking at
