@@ -4,7 +4,8 @@
 # machine with data parallelism (gradient buckets reduced after the backward, then overlapped with
 # it: parallel.overlap_grad_reduce), with two pipeline stages (1F1B, then the interleaved
 # schedule with 2 or 3 virtual stages; their messages on the copy engines, the default, then
-# the balanced layouts again over NCCL), and with tp = 2 (dp over the rest), without and with parallel.tp_overlap.
+# the balanced layouts again over NCCL), and with tp = 2 (dp over the rest), without and with
+# parallel.tp_overlap, at micro-batch 16 (the config's) and 32.
 # Prints the mean tokens/s,
 # ms/step and MFU of steps 3..N of each run (the first steps warm up).
 #
@@ -68,5 +69,12 @@ run pp2_7_5_nccl_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set "parallel.pp_
 run pp2_v2_4332_nccl_dp$((GPUS / 2)) "$GPUS" --set parallel.pp=2 --set parallel.virtual_stages=2 \
   --set "parallel.pp_layers=[4, 3, 3, 2]" --set parallel.pp_transport=nccl
 run tp2_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2
-# Each layer in two halves of the micro-batch, one half's TP all-reduces beside the other's compute.
+# The ops around the NSA core in two halves of the micro-batch, one half's TP all-reduces beside
+# the other's compute.
 run tp2_overlap_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_overlap=true
+# A rank's kernels see half the heads: a micro-batch of 32 fills them better (against one GPU at
+# 32: one_m32).
+run one_m32 1 --set train.micro_batch=32
+run tp2_m32_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set train.micro_batch=32
+run tp2_overlap_m32_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_overlap=true \
+  --set train.micro_batch=32
