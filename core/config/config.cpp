@@ -221,9 +221,10 @@ const std::vector<Key>& keys() {
       key("parallel", "tp_overlap", &R::parallel, &ParallelConfig::tp_overlap,
           "Tensor parallelism (tp > 1): run each layer's norms, products and SwiGLU on the "
           "micro-batch in two halves of its sequences (its first micro_batch / 2, then the rest), "
-          "the attention core over the whole micro-batch, so that each half's TP all-reduces (the "
-          "outputs of wo and w_out, the gradients of the norm outputs) run while the other half, or "
-          "the weight gradients, compute (on GPUs on the communicator's stream). Needs "
+          "the attention core over the whole micro-batch, so that the halves' TP all-reduces (the "
+          "outputs of wo and w_out, the gradients of the norm outputs; all but the first half's wo "
+          "sum) run while the other half, or the weight gradients, compute (on GPUs on the "
+          "communicator's stream). Needs "
           "train.micro_batch >= 2; no effect with tp = 1. The same losses as without, to rounding "
           "(products over half the rows may take other kernels). At the 125M model on 2 H200s: "
           "even at micro_batch 16, 2% faster at 32 (docs/parallel.md)."),

@@ -21,7 +21,7 @@ std::shared_ptr<void> nsa_core_forward_cuda(const nsa::NsaDims& dims, const Laye
 // Assigns the gradients of the eight inputs (dparts, in the order q, k_cmp, v_cmp, k_slc, v_slc,
 // k_win, v_win, gate; with a.proj, into the same columns of dproj's rows, nothing else in them
 // written) and accumulates the compression parameters' gradients (G: fp32 gradient views).
-// saved: what nsa_core_forward_cuda returned for these rows.
+// saved: what nsa_core_forward_cuda returned for this micro-batch.
 void nsa_core_backward_cuda(const nsa::NsaDims& dims, const LayerActivations& a, const void* saved,
                             const TensorByPart& W, const TensorByPart& G, const Tensor& d_o, Tensor* const dparts[8],
                             Tensor* dproj);
