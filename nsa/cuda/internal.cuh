@@ -418,15 +418,19 @@ struct KeyArgs {  // key-side backward kernels
 // [kKeyRowSplitMin, kKeyRowSplitMax]: large shapes keep 8192 (the paper's 8192 and 64k, the
 // whole 125M layer), small ones split finer.
 constexpr int kKeyRowSplitMin = 1024, kKeyRowSplitMax = 8192, kKeySplitShare = 512;
+// Every (position, head) row of every selection list: B T G n h.
+__host__ __device__ inline std::int64_t key_total_rows(const Geo& g) {
+  return std::int64_t(g.B) * g.T * g.G * g.n * g.h;
+}
 __host__ __device__ inline int key_rows_per_split(const Geo& g) {
-  const std::int64_t rows = std::int64_t(g.B) * g.T * g.G * g.n * g.h;
-  std::int64_t per = (rows / kKeySplitShare + 63) / 64 * 64;
+  std::int64_t per = (key_total_rows(g) / kKeySplitShare + 63) / 64 * 64;
   if (per < kKeyRowSplitMin) per = kKeyRowSplitMin;  // (constexprs: usable in device code)
   if (per > kKeyRowSplitMax) per = kKeyRowSplitMax;
   return int(per);
 }
 inline int key_max_splits(const Geo& g) {
-  return int((std::int64_t(g.T) * g.h + key_rows_per_split(g) - 1) / key_rows_per_split(g));
+  const int per = key_rows_per_split(g);
+  return int((std::int64_t(g.T) * g.h + per - 1) / per);
 }
 inline int key_subtiles(const Geo& g) { return (g.ls + 63) / 64; }
 inline std::int64_t key_tickets(const Geo& g) {
@@ -434,8 +438,7 @@ inline std::int64_t key_tickets(const Geo& g) {
 }
 inline std::int64_t key_split_floats(const Geo& g, int DP) {
   // slots: total rows / key_rows_per_split + units + 1, each [subtiles][2][64][DP]
-  const std::int64_t rows = std::int64_t(g.B) * g.T * g.G * g.n * g.h;
-  const std::int64_t slots = rows / key_rows_per_split(g) + std::int64_t(g.B) * g.G * g.NB + 1;
+  const std::int64_t slots = key_total_rows(g) / key_rows_per_split(g) + std::int64_t(g.B) * g.G * g.NB + 1;
   return slots * key_subtiles(g) * 2 * 64 * DP;
 }
 // Inverse selection index: for each unit (b, g, j) of B*G*NB, the positions t >= j*l' whose
