@@ -81,8 +81,9 @@ struct ParallelConfig {
   // Start each DP gradient bucket's all-reduce during the step's last backward, as soon as its
   // gradients are final (without zero1; on GPUs on a communication stream).
   bool overlap_grad_reduce = false;
-  // Tensor parallelism: each layer runs the micro-batch in two halves of its sequences, one
-  // half's TP all-reduces beside the other half's compute (NsaTransformer::set_tp_overlap).
+  // Tensor parallelism: the ops around each layer's attention core run the micro-batch in two
+  // halves of its sequences, one half's TP all-reduces beside the other half's compute
+  // (NsaTransformer::set_tp_overlap).
   bool tp_overlap = false;
   // Data-parallel gradient bucket (one all-reduce call) in KiB: 25 MiB, as
   // parallel::kDefaultBucketBytes.

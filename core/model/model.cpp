@@ -115,19 +115,13 @@ std::vector<Tensor LayerActivations::*> part_members(Attention attention) {
 // [N, projection_pitch()] holds per token row the G groups' columns, group g's part k at
 // g * group width + o_k, then the pad; part k is [N, G * w_k], group g at g * w_k. A grouped,
 // padded column split (core/ops/elementwise.h), one pass over the bytes on either device.
-// Rows [r0, r1) of each tensor (views).
-std::vector<Tensor> row_views(std::span<Tensor* const> tensors, std::int64_t r0, std::int64_t r1) {
-  std::vector<Tensor> views;
-  for (Tensor* t : tensors) views.push_back(t->slice0(r0, r1));
-  return views;
-}
-
 // On rows [r0, r1) of p and of the parts (a layer's row part, model.h).
 void split_or_gather(const ModelDims& m, Tensor& p, std::span<Tensor* const> parts, std::int64_t r0, std::int64_t r1,
                      bool to_parts) {
   const PackedColumns layout{.groups = m.G, .pitch = m.projection_pitch(), .zero_pad = !to_parts};
   Tensor p_rows = p.slice0(r0, r1);
-  std::vector<Tensor> views = row_views(parts, r0, r1);
+  std::vector<Tensor> views;  // the parts' rows
+  for (Tensor* t : parts) views.push_back(t->slice0(r0, r1));
   std::vector<Tensor*> ptrs;
   for (Tensor& t : views) ptrs.push_back(&t);
   if (to_parts)
@@ -521,7 +515,7 @@ void NsaTransformer::core_backward(std::int64_t l, const LayerActivations& a, co
   if (!a.nsa_saved) throw std::logic_error("core_backward: the forward saved no state for the backward");
   const nsa::NsaDims dims = local_.core_dims(B, T);
   if (device_ == Device::CUDA) {
-    nsa_core_backward_cuda(dims, a, a.nsa_saved.get(), W, G, d_o, dparts, dproj);
+    nsa_core_backward_cuda(dims, a, W, G, d_o, dparts, dproj);
     return;
   }
   dispatch_real(dtype_, [&](auto tag) {
@@ -567,7 +561,7 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
   LayerActivations a;
   a.rstd1 = stat({N});
   a.xn = act({N, m.C});
-  Tensor p, attn_out;
+  Tensor p;
   Tensor wqkv;                 // projection_weight: made by the first part, dropped after the last's product
   std::vector<Tensor*> split;  // the core's inputs as tensors of their own (not in place)
   // Attention: the norm and projection per row part, the NSA core over the whole micro-batch
@@ -602,7 +596,7 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
   a.o = act({N, m.H * m.D});
   p = Tensor();
   core_forward(l, a, a.o, keep == Keep::All, B, T);
-  attn_out = act({N, m.C});
+  Tensor attn_out = act({N, m.C});
   // (One product: with parts, only the second part's product would run beside the first's sum.)
   { TIMED("matmul"); linear_forward(a.o, W("attn/wo"), nullptr, attn_out); }
   for (const RowPart& r : parts) sum_part(r.of(attn_out));  // row-parallel wo: every rank's heads
@@ -686,8 +680,10 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   // MLP: x' = h + w_out(swiglu(w_in(rmsnorm(h))))
   Tensor dact, du, dhn;
   for (const RowPart& r : parts) {
-    if (r.index == 0) dact = act({N, m.F});
-    if (r.index == 0) du = act({N, 2 * m.F});
+    if (r.index == 0) {
+      dact = act({N, m.F});
+      du = act({N, 2 * m.F});
+    }
     Tensor du_rows = r.of(du);
     {
       Tensor dact_rows = r.of(dact);

@@ -53,12 +53,13 @@
 // are next read: it runs beside the other part's work (the forward's second wo sum beside the
 // first part's MLP, the w_out sums beside the other part's MLP and the next layer's first norm
 // and projection, the backward's beside the other part's products or the weight gradients; the
-// first wo sum has nothing beside it: wo is one product, as its input gradient). The weight gradients of the products and norms are computed over the
-// whole micro-batch as without parts; products over half the rows may take other kernels, so the
-// bits differ from the run without parts (to rounding: the tensor-parallel tests). Pipeline parallelism: the model holds the layers
-// [layer_begin, layer_end) only, the embedding on the first stage, the final norm and head on
-// the last (with tied embeddings, the last stage holds a replica of the embedding; the
-// trainer adds the two stages' gradients). With an interleaved pipeline (virtual stages) a
+// first wo sum has nothing beside it: wo is one product, as its input gradient). The weight
+// gradients of the products and norms are computed over the whole micro-batch as without
+// parts; products over half the rows may take other kernels, so the bits differ from the run
+// without parts (to rounding: the tensor-parallel tests).
+// Pipeline parallelism: the model holds the layers [layer_begin, layer_end) only, the
+// embedding on the first stage, the final norm and head on the last (with tied embeddings,
+// the last stage holds a replica of the embedding; the trainer adds the two stages' gradients). With an interleaved pipeline (virtual stages) a
 // rank holds several model chunks, each a contiguous range of layers (ModelShard::chunks, in
 // increasing order, not necessarily adjacent): the embedding comes with a chunk that starts at
 // layer 0, the final norm and head with one that ends at the last layer; stage_forward and
@@ -191,8 +192,10 @@ class NsaTransformer {
   // so that one part's TP all-reduce runs while the other part computes (above, "Tensor
   // parallelism"). No effect with tp = 1 or B = 1.
   void set_tp_overlap(bool on) { tp_overlap_ = on; }
-  // The row parts a micro-batch of B sequences runs in: 2 with the overlap (above), else 1.
-  int row_parts(std::int64_t B) const { return tp_overlap_ && tp_ > 1 && B >= 2 ? 2 : 1; }
+  // The row parts a micro-batch of B sequences runs in: 2 with the overlap (above), else 1
+  // (the memory plan asks the same with the run's settings).
+  static int row_parts(bool tp_overlap, int tp, std::int64_t B) { return tp_overlap && tp > 1 && B >= 2 ? 2 : 1; }
+  int row_parts(std::int64_t B) const { return row_parts(tp_overlap_, tp_, B); }
 
   // Forward and backward of one micro-batch of B sequences of T tokens (row-major [B, T]).
   // Gradients ACCUMULATE into params().flat_grads(), scaled by `grad_scale` (1 / number of

@@ -112,9 +112,8 @@ std::shared_ptr<void> nsa_core_forward_cuda(const nsa::NsaDims& dims, const Laye
   return kept;
 }
 
-void nsa_core_backward_cuda(const nsa::NsaDims& dims, const LayerActivations& a, const void* saved_state,
-                            const TensorByPart& W, const TensorByPart& G, const Tensor& d_o, Tensor* const dparts[8],
-                            Tensor* dproj) {
+void nsa_core_backward_cuda(const nsa::NsaDims& dims, const LayerActivations& a, const TensorByPart& W,
+                            const TensorByPart& G, const Tensor& d_o, Tensor* const dparts[8], Tensor* dproj) {
   if (a.proj.defined() != (dproj != nullptr))
     throw std::invalid_argument("nsa_core_backward_cuda: the gradients go where the inputs were (split or in place)");
   dispatch_cuda(d_o.dtype(), [&](auto tag) {
@@ -141,7 +140,7 @@ void nsa_core_backward_cuda(const nsa::NsaDims& dims, const LayerActivations& a,
     g.cmp_wv = G("attn/cmp_wv").data<float>();
     g.cmp_pk = G("attn/cmp_pk").data<float>();
     g.cmp_pv = G("attn/cmp_pv").data<float>();
-    const auto& saved = *static_cast<const nsa::cuda::NsaSavedCuda*>(saved_state);
+    const auto& saved = *static_cast<const nsa::cuda::NsaSavedCuda*>(a.nsa_saved.get());
     nsa::cuda::nsa_backward<T>(dims, in, saved, ptr<T>(d_o), g, nullptr, pitches);
   });
 }
@@ -153,8 +152,8 @@ std::shared_ptr<void> nsa_core_forward_cuda(const nsa::NsaDims&, const LayerActi
   throw std::runtime_error("this build of nsatron has no CUDA");
 }
 
-void nsa_core_backward_cuda(const nsa::NsaDims&, const LayerActivations&, const void*, const TensorByPart&,
-                            const TensorByPart&, const Tensor&, Tensor* const[8], Tensor*) {
+void nsa_core_backward_cuda(const nsa::NsaDims&, const LayerActivations&, const TensorByPart&, const TensorByPart&,
+                            const Tensor&, Tensor* const[8], Tensor*) {
   throw std::runtime_error("this build of nsatron has no CUDA");
 }
 

@@ -93,24 +93,25 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
   z.u = N * 2 * m.F * e;
   z.f = N * m.F * e;
   z.dense = m.attention == Attention::Dense;
-  // The core's saved state for B sequences.
-  auto saved_for = [&](std::int64_t B) -> std::int64_t {
-    if (z.dense) return B * p.seq_len * m.H * s;  // dense_core_forward's lse: fp32 on CUDA, the compute dtype on the CPU
-    const nsa::NsaDims c = m.core_dims(B, p.seq_len);
+  if (z.dense) {
+    z.saved = N * m.H * s;  // dense_core_forward's lse: fp32 on CUDA, the compute dtype on the CPU
+  } else {
+    const nsa::NsaDims c = m.core_dims(p.micro_batch, p.seq_len);
     if (cuda) {
       // NsaSavedCuda (nsa/cuda/nsa_cuda.cu, saved_layout): fp32 compressed K and V [B, Nc, G, D],
       // int32 selected blocks [B, T, G, n], fp32 lse [3, B, T, H], and for bf16 the selection and
       // window branches' fp32 outputs [2, B, T, H, D] (the backward's do . o_c), each 256-byte
       // aligned.
       const std::int64_t kv = align256(c.B * c.num_cmp_blocks() * c.G * c.D * 4);
-      return 2 * kv + align256(c.B * c.T * c.G * c.sel_count * 4) + align256(3 * c.B * c.T * c.H * 4) +
-             (p.dtype == DType::BF16 && p.nsa_saved_outputs ? align256(2 * c.B * c.T * c.H * c.D * 4) : 0);
+      z.saved = 2 * kv + align256(c.B * c.T * c.G * c.sel_count * 4) + align256(3 * c.B * c.T * c.H * 4) +
+                (p.dtype == DType::BF16 && p.nsa_saved_outputs ? align256(2 * c.B * c.T * c.H * c.D * 4) : 0);
+    } else if (p.dtype == DType::F64) {
+      z.saved = std::int64_t(nsa::NsaSaved<double>::bytes_for(c));
+    } else {
+      z.saved = std::int64_t(nsa::NsaSaved<float>::bytes_for(c));
     }
-    if (p.dtype == DType::F64) return std::int64_t(nsa::NsaSaved<double>::bytes_for(c));
-    return std::int64_t(nsa::NsaSaved<float>::bytes_for(c));
-  };
-  z.saved = saved_for(p.micro_batch);
-  z.parts = p.tp_overlap && p.tp > 1 && p.micro_batch >= 2 ? 2 : 1;
+  }
+  z.parts = NsaTransformer::row_parts(p.tp_overlap, p.tp, p.micro_batch);
   if (cuda) {
     z.ids = N * 4 + (p.tp > 1 ? N * 4 + N : 0);  // device_ids(tokens, vocab_local = true): span, local, owned
     z.targets = N * 4;                            // device_ids(targets, vocab_local = false): span
