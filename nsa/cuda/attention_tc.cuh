@@ -76,6 +76,26 @@ __device__ __forceinline__ void cp16(void* smem, const void* gmem, bool valid) {
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
+// cp16 and cp4 where a < b, zeros elsewhere (cp.async's ignore-src predicate: no source bytes
+// are read). cp16's src-size register cost the key side's copy issue three instructions from
+// the row's sign bit and a compare per chunk; this is one compare with an immediate.
+__device__ __forceinline__ void cp16_lt(void* smem, const void* gmem, int a, int b) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("{\n .reg .pred ig;\n setp.ge.s32 ig, %2, %3;\n cp.async.cg.shared.global [%0], [%1], 16, ig;\n}\n" ::"r"(s),
+               "l"(gmem), "r"(a), "r"(b));
+}
+__device__ __forceinline__ void cp4_lt(void* smem, const void* gmem, int a, int b) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("{\n .reg .pred ig;\n setp.ge.s32 ig, %2, %3;\n cp.async.ca.shared.global [%0], [%1], 4, ig;\n}\n" ::"r"(s),
+               "l"(gmem), "r"(a), "r"(b));
+}
+// p, as a value the compiler cannot take apart: an address computed as p + i * stride stays one
+// wide multiply-add, not the parts of p re-added to every i * stride.
+template <class T>
+__device__ __forceinline__ const T* opaque(const T* p) {
+  asm("" : "+l"(p));
+  return p;
+}
 // 4-byte form (zeros where !valid), for per-row statistics.
 __device__ __forceinline__ void cp4(void* smem, const void* gmem, bool valid) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -1688,64 +1708,78 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
     }
   }
   int next_t = 0;  // selection: see issue
+  // The copy issue's per-thread constants. Every 16-byte chunk of a batch's rows: thread tid
+  // takes chunk cch = lane % CH of row r0 + it * kRowStep in pass it (r0 = warp * kRpw + sub,
+  // sub = lane / CH): its tile offset is r0's plus whole 8-row groups (kRowStep is a multiple
+  // of 8), and its global row is one of this (batch, group)'s, (b T + t) H + gi h + hd: the
+  // block's first, blk_row, plus the local row t H + hd (below 2^31: key_launch checks T H).
+  constexpr int kIt = kRB * CH / (kKeyWarps * 32), kRpw = 32 / CH, kRowStep = kKeyWarps * kRpw;
+  static_assert(kRB * CH % (kKeyWarps * 32) == 0 && 32 % CH == 0 && kIt <= CH && kRowStep % 8 == 0,
+                "whole passes over the chunks, rows owned by lanes of their chunks, 8-row groups per pass");
+  const int cch = lane % CH, sub = lane / CH;
+  const int to0 = wg::tile_offset<DP, kRB>(warp * kRpw + sub, cch);
+  const std::int64_t blk_row = (std::int64_t(b) * g.T) * g.H + gi * g.h;
+  const bf16* qrow = opaque(qp + blk_row * DP + cch * 8);  // chunk cch of local row 0
+  const bf16* orow = opaque(op + blk_row * DP + cch * 8);
+  const bf16* lrow = kQP == 2 ? opaque(lp + blk_row * DP + cch * 8) : nullptr;
+  // The rows' statistics: at DP = 128 from bases at local row 0 (one wide multiply-add per row
+  // each); at DP <= 64 from the arrays' starts (three more bases made the sm_90 build's mma.sync
+  // kernels spill).
+  constexpr bool kStatBases = DP > 64;
+  const float* lse_b = kStatBases ? opaque(a.lse + blk_row) : a.lse;
+  const float* gs_b = kStatBases ? opaque(a.gsig + blk_row) : a.gsig;
+  const float* dl_b = kStatBases ? opaque(a.delta + blk_row) : a.delta;
   auto issue = [&](int i) {
     if (i < nbatch) {
       const int st = i % S;
-      char* qd = reinterpret_cast<char*>(Qb + st * kRB * DP);
-      char* od = reinterpret_cast<char*>(Ob + st * kRB * DP);
-      char* ld = reinterpret_cast<char*>(Lb + st * kRB * DP);
+      char* qd = reinterpret_cast<char*>(Qb + st * kRB * DP) + to0;
+      char* od = reinterpret_cast<char*>(Ob + st * kRB * DP) + to0;
+      char* ld = reinterpret_cast<char*>(Lb + st * kRB * DP) + to0;
       float* rd = rs + st * 3 * kRB;
       int* td = rtp + st * kRB;
-      // Every 16-byte chunk of the batch's rows: thread tid takes chunk tid % CH of rows
-      // warp * kRpw + lane / CH + it * kRowStep. Each of the warp's rows is resolved once, by
-      // its owner lane (it * kRpw + sub: position from the selection's list, row index) and
-      // passed to the lanes of its chunks by shuffles (every lane computing every row's
-      // address cost ~20% of the selection's key side). The owner lane also stages, after the
-      // chunks, the row's position and, asynchronously, its lse, sigmoid(gate) and delta.
-      constexpr int kIt = kRB * CH / (kKeyWarps * 32), kRpw = 32 / CH, kRowStep = kKeyWarps * kRpw;
-      static_assert(kRB * CH % (kKeyWarps * 32) == 0 && 32 % CH == 0 && kIt * kRpw <= 32,
-                    "whole passes over the chunks, rows owned by one lane each");
+      // Each of the warp's rows is resolved once, by its owner lane, lane it of the CH lanes of
+      // its chunks (position from the selection's list, local row), and passed to them by one
+      // 32-bit shuffle within those CH lanes (every lane computing every row's address cost
+      // ~20% of the selection's key side; the position and a 64-bit row, three shuffles a pass,
+      // the lane numbers and the 64-bit address arithmetic, were ~2/3 of the issue's
+      // instructions). Pass it's row is a row of the block where it * kRowStep < lim; the
+      // others (the last batch's end) are zero-filled, from local row 0's address. The owner
+      // lane also stages, after the chunks, the row's position (-1: none) and, asynchronously,
+      // its lse, sigmoid(gate) and delta.
       // (Selection: the list entry of the lane's row in batch i + 1 is loaded here, a batch
       // ahead of its use; loaded at its use, its wait was ~4% of the key side's stall samples.)
-      // The row of the batch this lane owns (lanes from kIt * kRpw on own none).
-      const bool owner = lane < kIt * kRpw;
-      const int own_r = warp * kRpw + lane % kRpw + (lane / kRpw) * kRowStep;
-      int own_t = -1;
-      std::int64_t own_row = 0;
+      const int lim = nrows - (rbeg + i * kRB + warp * kRpw + sub);
+      const bool owner = cch < kIt;  // (lanes with cch >= kIt own none)
+      const int own_r = warp * kRpw + sub + cch * kRowStep;
+      int own_t = -1, own_v = 0;
       if (owner) {  // the row this lane resolves
         const int rho = rbeg + i * kRB + own_r;
         if (rho < nrows) {
           int pi, hd;
           g.hdiv.divmod(rho, pi, hd);
           own_t = BR == kSlc ? (i == 0 ? list[pi] : next_t) : p0 + pi;
-          own_row = (std::int64_t(b) * g.T + own_t) * g.H + gi * g.h + hd;
+          own_v = own_t * g.H + hd;
         }
         if constexpr (BR == kSlc)
           if (rho + kRB < nrows) next_t = list[g.hdiv.div(rho + kRB)];
       }
-      const int ch = lane % CH;
 #pragma unroll
       for (int it = 0; it < kIt; ++it) {
-        const int src = it * kRpw + lane / CH;
-        const int t = __shfl_sync(0xffffffffu, own_t, src);
-        const std::int64_t row = __shfl_sync(0xffffffffu, own_row, src);
-        const bool ok = t >= 0;
-        const int r = warp * kRpw + lane / CH + it * kRowStep;
-        const std::int64_t go = row * DP + ch * 8;
-        const int to = wg::tile_offset<DP, kRB>(r, ch);
-        cp16(qd + to, qp + go, ok);
-        cp16(od + to, op + go, ok);
-        if constexpr (kQP == 2) cp16(ld + to, lp + go, ok);
+        const std::int64_t go = std::int64_t(__shfl_sync(0xffffffffu, own_v, it, CH)) * DP;
+        const int to = wg::row_group_offset<DP>(it * kRowStep);
+        cp16_lt(qd + to, qrow + go, it * kRowStep, lim);
+        cp16_lt(od + to, orow + go, it * kRowStep, lim);
+        if constexpr (kQP == 2) cp16_lt(ld + to, lrow + go, it * kRowStep, lim);
       }
       // The row's position and statistics, by its owner lane after the chunks (inside the
       // chunk loop, by the lane of the row's first chunk, each pass had a divergent branch
       // between the shuffles).
       if (owner) {
-        const bool ok = own_t >= 0;
         td[own_r] = own_t;
-        cp4(rd + own_r, a.lse + own_row, ok);  // lse (natural log; times log2 e where it is read)
-        cp4(rd + kRB + own_r, a.gsig + own_row, ok);
-        cp4(rd + 2 * kRB + own_r, a.delta + own_row, ok);
+        const std::int64_t ro = kStatBases ? own_v : blk_row + own_v;
+        cp4_lt(rd + own_r, lse_b + ro, cch * kRowStep, lim);  // lse (natural log; times log2 e where it is read)
+        cp4_lt(rd + kRB + own_r, gs_b + ro, cch * kRowStep, lim);
+        cp4_lt(rd + 2 * kRB + own_r, dl_b + ro, cch * kRowStep, lim);
       }
     }
     cp_commit();
@@ -2095,6 +2129,9 @@ void key_launch(const Geo& g, const KeyArgs& a, cudaStream_t s) {
     tiles = g.NB * nsub;
   }
   if (tiles == 0) return;
+  if (std::int64_t(g.T) * g.H >= (std::int64_t(1) << 31))  // the copy issue's local rows t H + hd
+    throw std::runtime_error("tc::key_kernel: T * heads = " + std::to_string(std::int64_t(g.T) * g.H) +
+                             " rows of one sequence; at most 2^31 - 1 are supported");
   constexpr std::size_t smem = key_smem_bytes<DP, BR>();
   static_assert(smem >= std::size_t(2 * kKB * (DP + 4)) * 4, "epilogue fits");
   CUDA_CHECK(cudaFuncSetAttribute(key_kernel<DP, BR>,
