@@ -151,6 +151,13 @@ struct NsaSaved {
 // Branch indices in o_branch, lse and the last axis of gate.
 enum NsaBranch : int { kBranchCmp = 0, kBranchSlc = 1, kBranchWin = 2 };
 
+// CUDA, bf16 (nsa/cuda/nsa_cuda.h, NsaSavedCuda): how many fp32 branch outputs [B, T, H, D]
+// the saved state keeps for the backward's do . o_c: the selection's and the window's, and
+// where the head dimension pads to 128 (64 < D <= 128) the compression branch's too, whose
+// row backward then runs one pass over its keys with the forward's lse (here for the memory
+// plan, core/model/plan.cpp, as well).
+inline int cuda_saved_branch_outputs(std::int64_t head_dim) { return head_dim > 64 ? 3 : 2; }
+
 // Forward: writes out [B,T,H,D]. With `saved` non-null it is filled for nsa_backward;
 // with null the forward keeps only what it needs while it runs (inference).
 // Validates dims (UserError on bad hyper-parameters).

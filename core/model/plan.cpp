@@ -99,12 +99,13 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
     const nsa::NsaDims c = m.core_dims(p.micro_batch, p.seq_len);
     if (cuda) {
       // NsaSavedCuda (nsa/cuda/nsa_cuda.cu, saved_layout): fp32 compressed K and V [B, Nc, G, D],
-      // int32 selected blocks [B, T, G, n], fp32 lse [3, B, T, H], and for bf16 the selection and
-      // window branches' fp32 outputs [2, B, T, H, D] (the backward's do . o_c), each 256-byte
-      // aligned.
+      // int32 selected blocks [B, T, G, n], fp32 lse [3, B, T, H], and for bf16 the fp32 branch
+      // outputs the backward's do . o_c reads ([nsa::cuda_saved_branch_outputs(D), B, T, H, D]),
+      // each 256-byte aligned.
       const std::int64_t kv = align256(c.B * c.num_cmp_blocks() * c.G * c.D * 4);
+      const std::int64_t outputs = nsa::cuda_saved_branch_outputs(c.D);
       z.saved = 2 * kv + align256(c.B * c.T * c.G * c.sel_count * 4) + align256(3 * c.B * c.T * c.H * 4) +
-                (p.dtype == DType::BF16 && p.nsa_saved_outputs ? align256(2 * c.B * c.T * c.H * c.D * 4) : 0);
+                (p.dtype == DType::BF16 && p.nsa_saved_outputs ? align256(outputs * c.B * c.T * c.H * c.D * 4) : 0);
     } else if (p.dtype == DType::F64) {
       z.saved = std::int64_t(nsa::NsaSaved<double>::bytes_for(c));
     } else {

@@ -1030,9 +1030,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     ntiles = (key_end - beg + KT - 1) / KT;
   }
   // Passes over the tiles: forward 1; backward: dq, after an lsum pass (do . o_c) unless the
-  // caller gives do . o_c (a.dot_in, from the saved branch output). The compression branch's
-  // first pass computes its own tensor-core lse (see the launcher) and, online, lsum with it.
-  const int passes = BWD ? (BR == kCmp ? 2 : (a.dot_in ? 1 : 2)) : 1;
+  // caller gives do . o_c (a.dot_in, from the saved branch output, with the forward's lse).
+  // Without it the compression branch's first pass computes its own tensor-core lse (see the
+  // launcher) and, online, lsum with it.
+  const int passes = BWD ? (a.dot_in ? 1 : 2) : 1;
   const int nsteps = passes * ntiles;
   constexpr int kKeyStep = kRowWarps * 32 / CH, kKeyIt = KT / kKeyStep;
   static_assert((kRowWarps * 32) % CH == 0 && KT % kKeyStep == 0 && kKeyStep % 8 == 0, "whole passes over the chunks");
@@ -1149,7 +1150,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   if constexpr (BWD) {
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
-      lrow2[h2] = rv[h2] ? a.lse_in[rowg[h2]] * kLog2e : 0.f;
+      // (the compression branch's rows before its first block have lse -inf: 0 here, so that
+      // their masked scores give p = 2^-inf = 0, as the statistics pass's l = 0 does)
+      const float lse = rv[h2] ? a.lse_in[rowg[h2]] : 0.f;
+      lrow2[h2] = lse > -INFINITY ? lse * kLog2e : 0.f;
       if (a.dot_in) dot[h2] = rv[h2] ? a.dot_in[rowg[h2]] : 0.f;
     }
   }
@@ -1426,6 +1430,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
             for (int e = 0; e < 4; ++e) {
               const int h2 = e >> 1;
               if (pass2) {
+                if constexpr (BR == kCmp && DP == 128) {  // the one-pass correction's row sums (below)
+                  ls[h2] += s[n][e];
+                  us[h2] += s[n][e] * dp[n][e];
+                }
                 dp[n][e] = s[n][e] * (dp[n][e] - dot[h2]);  // dS / scale
               } else {
                 ls[h2] += s[n][e] * dp[n][e];
@@ -1465,6 +1473,33 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   cp_wait0();
 
   if constexpr (!BWD) quad_row_sums(ls);
+  // The compression backward in one pass (dot_in: do . o_c of the forward's output, and its lse).
+  // Its probabilities p~ come from bf16 scores, so they need not sum to one (S0 = sum p~) and
+  // S1 = sum p~ dP need not be S0 do . o_c: the pass accumulated A = sum_j p~_j (dP_j - dot) k_j,
+  // while the two-pass result (p = p~ / S0, lsum = S1 / S0) is sum_j p_j (dP_j - lsum) k_j
+  // = A / S0 - (lsum - dot) kbar, kbar = sum_j p_j k_j. Without the second term the residue
+  // (lsum - dot) kbar carried the keys' common mean into dq (bf16 grad_q past the 1e-2 bound:
+  // docs/performance.md, sixteenth session); kbar needs a D-wide accumulator, so c, the mean of
+  // the row's visible compressed keys (a.cmp_ref), stands in for it: what is left is
+  // (lsum - dot)(kbar - c), the keys' spread about their mean instead of the mean. The key side
+  // gets the two-pass row terms: lse + ln S0 (a.lse_tc) and lsum.
+  [[maybe_unused]] float inv_s0[2] = {0.f, 0.f}, lsum_shift[2] = {0.f, 0.f};
+  // (padded D = 128 only: the launcher's cmp_backward_one_pass, nsa_cuda.cu)
+  const bool cmp_one_pass = BWD && BR == kCmp && DP == 128 && passes == 1;
+  if (cmp_one_pass) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      float s0 = ls[h2] + __shfl_xor_sync(0xffffffffu, ls[h2], 1);
+      s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+      float s1 = us[h2] + __shfl_xor_sync(0xffffffffu, us[h2], 1);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+      inv_s0[h2] = s0 > 0.f ? 1.f / s0 : 0.f;
+      const float lsum = s1 * inv_s0[h2];
+      lsum_shift[h2] = lsum - dot[h2];
+      dot[h2] = lsum;  // the two-pass's lsum: delta and the gate gradient below
+      if (rv[h2] && gc == 0 && a.lse_tc) a.lse_tc[rowg[h2]] = s0 > 0.f ? a.lse_in[rowg[h2]] + logf(s0) : -INFINITY;
+    }
+  }
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     if (!rv[h2]) continue;
@@ -1474,7 +1509,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     } else {
       const float gs = a.gate ? sigmoidf(ldf(static_cast<const bf16*>(a.gate)[gate_offset(g, row) + BR])) : 1.f;
       const float dt = dot[h2];
-      if (gc == 0 && !a.dot_in) {
+      if (gc == 0 && (!a.dot_in || cmp_one_pass)) {
         a.gsig[row] = gs;
         a.delta[row] = gs * dt;
         if (a.dgate) static_cast<bf16*>(a.dgate)[gate_offset(g, row) + BR] = __float2bfloat16_rn(dt * gs * (1.f - gs));
@@ -1482,14 +1517,26 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       if (a.dq) {
         float* dq = a.dq + row * g.D;
         const float f = g.scale * gs;
+        // the one-pass correction's reference: the mean of the row's visible compressed keys
+        // (none visible: A = 0 and no shift)
+        [[maybe_unused]] const float* cref = nullptr;
+        if constexpr (BR == kCmp)
+          if (cmp_one_pass && rvis[h2] > 0)
+            cref = a.cmp_ref + ((std::int64_t(b) * g.N + (rvis[h2] - 1)) * g.G + gi) * g.D;
         float2 y[DT];  // the earlier branches' sum (every load before the first store) + this one
 #pragma unroll
         for (int j = 0; j < DT; ++j) {
           const int dd = j * 8 + gc * 2;
           y[j] = a.accumulate && dd < g.D ? *reinterpret_cast<const float2*>(dq + dd)
                                           : make_float2(0.f, 0.f);
-          y[j].x += f * acc[j][2 * h2];
-          y[j].y += f * acc[j][2 * h2 + 1];
+          if (BR == kCmp && cmp_one_pass) {
+            const float2 c = cref && dd < g.D ? *reinterpret_cast<const float2*>(cref + dd) : make_float2(0.f, 0.f);
+            y[j].x += f * (acc[j][2 * h2] * inv_s0[h2] - lsum_shift[h2] * c.x);
+            y[j].y += f * (acc[j][2 * h2 + 1] * inv_s0[h2] - lsum_shift[h2] * c.y);
+          } else {
+            y[j].x += f * acc[j][2 * h2];
+            y[j].y += f * acc[j][2 * h2 + 1];
+          }
         }
         if (a.dq_final) {  // the last branch: rotate back (rope_back_elem) and store as bf16;
           // column dd's partner dd +- D/2 is this thread's column j +- DT/2 (D = DP:

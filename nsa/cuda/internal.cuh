@@ -343,6 +343,10 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   void* dq_final;
   float* lse_tc;       // bf16 compression backward: the lse of the tensor-core scores, [B,T,H]
                        // (the key side's probabilities must match the row side's)
+  // bf16 compression backward in one pass (with dot_in): the mean of the first j + 1
+  // compressed keys, fp32 [B,N,G,D] (cmp_prefix_mean_kernel), the reference c of the pass's
+  // correction (row_kernel: dq = A / S0 - (S1 / S0 - do . o_c) c), or null.
+  const float* cmp_ref;
   // bf16 only, optional: padded bf16 copies [B, NK, G, padded_dim(D)] of the branch keys
   // (RoPE applied) and values (launch_tc_pad); when set, the tensor-core kernel runs. The
   // compression branch's backward takes its fp32 keys and values as cmp_kv_parts(DP) parts each,

@@ -20,6 +20,19 @@
 
 namespace nsatron::nsa::cuda {
 
+namespace {
+// bf16: whether the compression branch's row backward makes one pass over its keys or two.
+// Two: its own tensor-core lse and lsum = do . o_c in a first pass, so that its probabilities
+// sum to one over its bf16 scores, then dq. One (where the head dimension pads to 128: the
+// paper's shapes, where the second walk over every visible compressed key was half of row cmp
+// bwd's 21 ms at 64k): the forward's lse and do . o_c from the saved fp32 output, as the
+// selection and window do, with the correction of row_kernel (the row sums S0 = sum p~ and
+// S1 = sum p~ dP, and the prefix means of the compressed keys, cmp_prefix_mean_kernel) that
+// takes dq back to the two-pass value up to (S1/S0 - do . o_c)(kbar - c); without it the bf16
+// parity failed (grad_q 1.15e-2, docs/performance.md, 2026-11-28 sixteenth session).
+bool cmp_backward_one_pass(std::int64_t head_dim) { return cuda_saved_branch_outputs(head_dim) == 3; }
+}  // namespace
+
 namespace detail {
 
 int padded_dim(int D) {
@@ -82,29 +95,31 @@ __device__ __forceinline__ void for_each_warp_row(std::int64_t rows, F&& fn) {
     fn(row);
 }
 
-// The backward's per-row gate terms of the selection and window branches from their saved
-// outputs o [2][B,T,H,D] (fp32: slc, win), one warp per row (b, t, head), each sum in a fixed
-// order: for c = slc, win,
+// The backward's per-row gate terms of the branches whose outputs the forward saved, o [NO][B,T,H,D]
+// (fp32: slc, win and, with NO = 3, cmp; see o_slc_win), one warp per row (b, t, head), each
+// sum in a fixed order: for each such branch c,
 //   dot_c = d_out . o_c,  gsig_c = sigmoid(gate_c),  delta_c = gsig_c dot_c (the key side's
 //   row term: dO_c = gsig_c d_out),  d gate_c = dot_c gsig_c (1 - gsig_c).
-// dot, gsig and delta are [3][B,T,H] (the compression branch's third is left to its row side).
-// Their row side then needs one pass over the keys (RowArgs::dot_in). VEC = 4: lane i reads
-// elements 4i..4i+3 with 16-byte loads of o (D % 4 == 0); VEC = 1: lane i reads i, i+32, ...
-template <class T, int VEC>
+// dot, gsig and delta are [3][B,T,H] (with NO = 2 the compression branch's third is left to
+// its row side). Their row side then needs one pass over the keys (RowArgs::dot_in). VEC = 4:
+// lane i reads elements 4i..4i+3 with 16-byte loads of o (D % 4 == 0); VEC = 1: lane i reads
+// i, i+32, ...
+template <class T, int VEC, int NO>
 __global__ void branch_dot_kernel(Geo g, const T* __restrict__ d_out, const float* __restrict__ o,
                                   const T* __restrict__ gate, float* __restrict__ dot,
                                   float* __restrict__ gsig, float* __restrict__ delta,
                                   T* __restrict__ dgate, std::int64_t BTH, int D) {
+  constexpr int kBranch[3] = {kSlc, kWin, kCmp};  // o's order
   const int lane = threadIdx.x & 31;
   for_each_warp_row(BTH, [&](std::int64_t row) {
     const T* dr = d_out + row * D;
-    float acc[2] = {0.f, 0.f};
+    float acc[NO] = {};
     for (int dd = lane * VEC; dd < D; dd += 32 * VEC) {
       float x[VEC];
 #pragma unroll
       for (int e = 0; e < VEC; ++e) x[e] = ldf(dr[dd + e]);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
+      for (int i = 0; i < NO; ++i) {
         const float* orow = o + (std::int64_t(i) * BTH + row) * D + dd;
         if constexpr (VEC == 4) {
           const float4 v = *reinterpret_cast<const float4*>(orow);
@@ -115,19 +130,44 @@ __global__ void branch_dot_kernel(Geo g, const T* __restrict__ d_out, const floa
       }
     }
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < NO; ++i) {
       const float dt = warp_sum(acc[i]);
       if (lane == 0) {
-        const int c = kSlc + i;
+        const int c = kBranch[i];
         const std::int64_t go = gate_offset(g, row) + c;
-        const float gs = sigmoidf(ldf(gate[go]));
         dot[c * BTH + row] = dt;
-        gsig[c * BTH + row] = gs;
-        delta[c * BTH + row] = gs * dt;
-        if (dgate) dgate[go] = stf<T>(dt * gs * (1.f - gs));
+        if (c != kCmp) {  // (the compression's: its one-pass row side, from its own lsum)
+          const float gs = sigmoidf(ldf(gate[go]));
+          gsig[c * BTH + row] = gs;
+          delta[c * BTH + row] = gs * dt;
+          if (dgate) dgate[go] = stf<T>(dt * gs * (1.f - gs));
+        }
       }
     }
   });
+}
+
+// The compression backward's one-pass reference (row_kernel, RowArgs::cmp_ref): for every
+// (b, j, g), the mean of the compressed keys 0..j, kc [B,N,G,D] fp32 -> ref, the same layout.
+// Block (b g, 32 columns): thread (x, y) sums column x over the y-th of 32 runs of blocks, then
+// walks it again from the runs before it (fixed order: deterministic).
+__global__ void cmp_prefix_mean_kernel(const float* __restrict__ kc, float* __restrict__ ref, int N, int G, int D) {
+  __shared__ float run_sum[32][33];
+  const int b = blockIdx.x / G, gi = blockIdx.x % G, d = blockIdx.y * 32 + threadIdx.x, y = threadIdx.y;
+  const int per = (N + 31) / 32, j0 = min(N, y * per), j1 = min(N, j0 + per);
+  const std::int64_t stride = std::int64_t(G) * D, base = (std::int64_t(b) * N * G + gi) * D + d;
+  float s = 0.f;
+  if (d < D)
+    for (int j = j0; j < j1; ++j) s += kc[base + j * stride];
+  run_sum[y][threadIdx.x] = s;
+  __syncthreads();
+  if (d >= D) return;
+  float before = 0.f;
+  for (int r = 0; r < y; ++r) before += run_sum[r][threadIdx.x];
+  for (int j = j0; j < j1; ++j) {
+    before += kc[base + j * stride];
+    ref[base + j * stride] = before / float(j + 1);
+  }
 }
 
 // Dense attention's bf16 backward: dot = delta = do . out per row (out: the forward's output),
@@ -170,7 +210,8 @@ class Workspace {
   enum Slot : int {
     kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDot, kDq, kDkc, kDvc, kTokK, kTokV, kCmpScratch,
     kTcK, kTcV, kSplit, kTcQ, kTcO, kInvMask, kInvCnt, kInvOff, kInvPos, kSlcPart, kTicket,
-    kTcKc, kTcVc, kLseTc, kCmpPart, kCmpTicket, kTcKinv, kInvBlk, kInvPart, kInvPartLse, kTcKs, kTcVs, kNumSlots
+    kTcKc, kTcVc, kLseTc, kCmpPart, kCmpTicket, kTcKinv, kInvBlk, kInvPart, kInvPartLse, kTcKs, kTcVs, kCmpRef,
+    kNumSlots
   };
   ~Workspace() {
     for (auto& b : bufs_)
@@ -383,8 +424,8 @@ namespace {
 struct SavedLayout {
   std::size_t kc, vc, sel, lse, o, total;
 };
-// bf16 keeps the selection and window branches' fp32 outputs (the tensor-core backward's
-// do . o_c, see o_slc_win); fp32 does not.
+// bf16 keeps the selection and window branches' fp32 outputs, and at padded D = 128 the
+// compression branch's (the tensor-core backward's do . o_c, see o_slc_win); fp32 does not.
 bool keeps_branch_outputs(int elem_bytes) { return elem_bytes == 2; }
 SavedLayout saved_layout(const NsaDims& dm, int elem_bytes) {
   const std::size_t kv = std::size_t(dm.B * dm.num_cmp_blocks() * dm.G * dm.D) * 4;
@@ -394,7 +435,7 @@ SavedLayout saved_layout(const NsaDims& dm, int elem_bytes) {
   L.sel = L.vc + align_up(kv);
   L.lse = L.sel + align_up(std::size_t(dm.B * dm.T * dm.G * dm.sel_count) * 4);
   L.o = L.lse + align_up(std::size_t(3 * dm.B * dm.T * dm.H) * 4);
-  const std::size_t o_bytes = std::size_t(2 * dm.B * dm.T * dm.H * dm.D) * 4;
+  const std::size_t o_bytes = std::size_t(cuda_saved_branch_outputs(dm.D) * dm.B * dm.T * dm.H * dm.D) * 4;
   L.total = L.o + (keeps_branch_outputs(elem_bytes) ? align_up(o_bytes) : 0);
   return L;
 }
@@ -469,11 +510,17 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
         ws.get(Workspace::kSel, std::size_t(dims.B * dims.T * dims.G * dims.sel_count) * 4, stream));
     lse = static_cast<float*>(ws.get(Workspace::kLse, std::size_t(3 * BTH) * 4, stream));
   }
-  // The branch outputs (fp32): the compression branch's in the workspace until the gated sum,
-  // the others in the saved state (bf16 training) or there too.
+  // The branch outputs (fp32): in the saved state (bf16 training; the compression branch's
+  // there too where cmp_backward_one_pass, else in the workspace until the gated sum) or all
+  // in the workspace.
   const std::size_t on = std::size_t(BTH * dims.D);
-  float* o_cmp = static_cast<float*>(ws.get(Workspace::kO, (o_sw ? 1 : 3) * on * 4, stream));
-  if (!o_sw) o_sw = o_cmp + on;
+  float* o_cmp;
+  if (o_sw && cmp_backward_one_pass(dims.D)) {
+    o_cmp = o_sw + 2 * on;
+  } else {
+    o_cmp = static_cast<float*>(ws.get(Workspace::kO, (o_sw ? 1 : 3) * on * 4, stream));
+    if (!o_sw) o_sw = o_cmp + on;
+  }
   void* cmp_scratch = ws.get(Workspace::kCmpScratch, compress_scratch_bytes(g, sizeof(T)), stream);
   launch_compress_forward<T>(g, in.k_cmp, in.cmp_wk, in.cmp_pk, rope, kc, cmp_scratch, stream);
   launch_compress_forward<T>(g, in.v_cmp, in.cmp_wv, in.cmp_pv, nullptr, vc, cmp_scratch, stream);
@@ -571,28 +618,42 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   const void* cmp_tck = nullptr;  // bf16: padded compressed keys/values (their own slots)
   const void* cmp_tcv = nullptr;
   // bf16: the compression branch's row side runs on the tensor cores with its own lse (the
-  // forward's fp32 lse feeds the selection; the backward's probabilities must match the
-  // tensor-core scores, see attention_tc.cuh), which the key side then reads.
+  // forward's fp32 lse feeds the selection; the backward's probabilities sum to one over the
+  // tensor-core scores, see attention_tc.cuh), which the key side then reads: from a first
+  // pass at padded D <= 64, from the one pass's row sums at 128 (cmp_backward_one_pass), whose
+  // correction takes the prefix means of the compressed keys (cmp_ref).
+  const bool cmp_one_pass = std::is_same_v<T, bf16> && cmp_backward_one_pass(D);
   float* lse_tc = std::is_same_v<T, bf16>
                       ? static_cast<float*>(ws.get(Workspace::kLseTc, std::size_t(BTH) * 4, stream))
                       : nullptr;
+  float* cmp_ref = nullptr;
+  if (cmp_one_pass && grads.q) {
+    cmp_ref = static_cast<float*>(ws.get(Workspace::kCmpRef, kvn * 4 + 4, stream));
+    const dim3 grid(unsigned(dims.B * dims.G), unsigned((D + 31) / 32)), block(32, 32);
+    cmp_prefix_mean_kernel<<<grid, block, 0, stream>>>(saved.k_cmp_blocks, cmp_ref, int(dims.num_cmp_blocks()),
+                                                       int(dims.G), int(D));
+    check_launch("cmp_prefix_mean_kernel");
+  }
   // bf16: do . o_c, the gate terms and the gate gradient of the selection and window branches
-  // from the saved branch outputs, so that their tensor-core row side makes one pass over the
-  // keys for dq (the fp32 row kernel gets do . o_c in its own single pass). The compression
-  // branch's row side keeps its lsum pass: its backward probabilities come from bf16 scores
-  // and their own lse, not the forward's fp32-accurate ones; do . o_c from the forward's output
-  // raised the worst bf16 grad_q error of the parity tests from 6.3e-3 to 7.8e-3 on one seed
-  // (docs/performance.md, change 9). Its first pass gets lsum online with the lse instead.
+  // (and at padded D = 128 the compression branch's) from the saved branch outputs, so that
+  // their tensor-core row side makes one pass over the keys for dq (the fp32 row kernel gets
+  // do . o_c in its own single pass). At padded D <= 64 the compression branch's row side keeps
+  // its lsum pass: its backward probabilities come from bf16 scores and their own lse, not the
+  // forward's fp32-accurate ones; do . o_c from the forward's output raised the worst bf16
+  // grad_q error of the parity tests from 6.3e-3 to 7.8e-3 on one seed (docs/performance.md,
+  // change 9). Its first pass gets lsum online with the lse instead.
   float* dot = nullptr;
   if constexpr (std::is_same_v<T, bf16>) {
     NSA_CHECK(saved.o_slc_win, "nsa cuda backward: the saved state has no branch outputs");
     dot = static_cast<float*>(ws.get(Workspace::kDot, std::size_t(3 * BTH) * 4, stream));
-    if (D % 4 == 0)
-      branch_dot_kernel<T, 4><<<grid1(BTH * 32, 256), 256, 0, stream>>>(
-          g, d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
+    const dim3 grid(grid1(BTH * 32, 256));
+    auto launch_dot = [&](auto kernel) {
+      kernel<<<grid, 256, 0, stream>>>(g, d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
+    };
+    if (cmp_one_pass)
+      D % 4 == 0 ? launch_dot(branch_dot_kernel<T, 4, 3>) : launch_dot(branch_dot_kernel<T, 1, 3>);
     else
-      branch_dot_kernel<T, 1><<<grid1(BTH * 32, 256), 256, 0, stream>>>(
-          g, d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
+      D % 4 == 0 ? launch_dot(branch_dot_kernel<T, 4, 2>) : launch_dot(branch_dot_kernel<T, 1, 2>);
     check_launch("branch_dot_kernel");
   }
   // bf16, D/2 a multiple of 8: the window branch's row kernel (the last) finishes dq.
@@ -629,9 +690,10 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       a.lse_in = saved.lse + br * BTH;
       a.gsig = gsig + br * BTH;
       a.delta = delta + br * BTH;
-      a.dot_in = dot && br != kCmp ? dot + br * BTH : nullptr;
+      a.dot_in = dot && (br != kCmp || cmp_one_pass) ? dot + br * BTH : nullptr;
       a.accumulate = br != kCmp;
       a.lse_tc = br == kCmp ? lse_tc : nullptr;
+      a.cmp_ref = br == kCmp ? cmp_ref : nullptr;
       if (br == kCmp) {
         tc_prepare<T>(g, ws, a, saved.k_cmp_blocks, saved.v_cmp_blocks, nullptr, g.N, stream,
                       Workspace::kTcKc, Workspace::kTcVc, cmp_kv_parts(padded_dim(g.D)));

@@ -73,14 +73,17 @@ struct NsaGradsCuda {
 //   k_cmp_blocks, v_cmp_blocks  fp32 [B,N,G,D]  compressed keys (RoPE applied) / values
 //   sel_blocks                  int32 [B,T,G,n]  ascending, -1 padded (as on the CPU)
 //   lse                         fp32 [3,B,T,H]   per-branch log-sum-exp (-inf: no keys)
-//   o_slc_win                   fp32 [2,B,T,H,D] the selection and window branch outputs,
-//                               bf16 only (null for fp32)
+//   o_slc_win                   fp32 [k,B,T,H,D] the selection and window branch outputs
+//                               and, at padded D = 128, the compression branch's (k =
+//                               nsa::cuda_saved_branch_outputs(D): 2 or 3), bf16 only (null
+//                               for fp32)
 // bf16: the backward's do . o_c of the selection and window branches comes from o_slc_win,
 // kept in fp32 (a bf16-rounded o_c would move dq by the rounding of o_c times
 // sum_j p_j k_j), so their tensor-core row side needs one pass over the keys for dq instead
-// of two. The compression branch's row side recomputes do . o_c = sum_j p_j (do . v_j) in a
-// pass of its own (its backward probabilities are not the forward's: see nsa_backward), and
-// so does the fp32 row kernel, in its single pass.
+// of two. So does the compression branch's at padded D = 128, with the forward's lse and a
+// correction for its bf16 scores' probabilities (row_kernel, cmp_backward_one_pass); at
+// padded D <= 64 its row side recomputes its own lse and do . o_c = sum_j p_j (do . v_j) in a
+// pass of its own (see nsa_backward), and so does the fp32 row kernel, in its single pass.
 class NsaSavedCuda {
  public:
   NsaSavedCuda() = default;
