@@ -50,7 +50,9 @@ struct ActivationPlan {
   std::int64_t head_chunk = NsaTransformer::kDefaultHeadChunk;
   // CUDA, bf16: NsaSavedCuda keeps the selection and window branch outputs (fp32) for the
   // one-pass row backward, as the kernels do since 2026-11-25 (docs/performance.md, change
-  // 9). false: the saved state before that, which the GPU peaks recorded earlier measured.
+  // 9), and where D > 64 the compression branch's (nsa::cuda_saved_branch_outputs, since
+  // 2026-11-28). false: the saved state before that, which the GPU peaks recorded earlier
+  // measured.
   bool nsa_saved_outputs = true;
   // CUDA, NSA: the core reads the projection p in place (NsaTransformer::projection_in_place:
   // a layer keeps p, no split parts, and its backward no gradient parts), as since 2026-11-28.

@@ -18,11 +18,13 @@
 //   backward  one pass over the keys for dq: S = Q K^T, dP = dO V^T, p = exp(scale s - lse),
 //             dS = p (dP - lsum) in fp32, rounded to bf16 (hi + lo at padded D = 32,
 //             row_ds_parts), A += dS K; dq (+)= scale g A, with
-//             lsum = do . o_c per row from the saved fp32 branch output (RowArgs::dot_in).
-//             Without dot_in (dense attention, whose output is bf16) a first pass computes
+//             lsum = do . o_c per row from the saved fp32 branch output (RowArgs::dot_in;
+//             dense attention's from its bf16 output). Without dot_in a first pass computes
 //             lsum += p dP (fp32) over the same tiles and writes delta = g lsum and dgate;
-//             the compression branch's first pass computes its own lse (see the launcher)
-//             and lsum with it online (sum p~ dP rescaled as the row sum l is, over l).
+//             the compression branch's first pass (padded D <= 64) computes its own lse (see
+//             the launcher) and lsum with it online (sum p~ dP rescaled as the row sum l is,
+//             over l); at padded D = 128 it makes one pass with dot_in and corrects it at the
+//             end (the row sums S0 = sum p~, S1 = sum p~ dP and RowArgs::cmp_ref: see there).
 //             (One pass with A = sum p dP k and B = sum p k, dq ~ A - lsum B as the fp32
 //             kernel does, cancels badly once P and dP are rounded to bf16: with one key,
 //             dq = 0 exactly but A - lsum B keeps the rounding error of dP.)

@@ -321,7 +321,8 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   // set). With dot_in (do . o_c per row, [B,T,H]: branch_dot_kernel from the saved branch
   // output) the row side makes one pass over the keys for dq; without it, it first recomputes
   // do . o_c = sum_j p_j (do . v_j) in fp32 in a pass of its own and writes sigmoid(gate_c),
-  // delta_c = g_c (do . o_c) and the gate gradient (when dgate is set).
+  // delta_c = g_c (do . o_c) and the gate gradient (when dgate is set). The compression
+  // branch's one pass (padded D = 128, dot_in set) writes them too, from its own lsum.
   const float* dot_in;
   const void* dout;    // T [B,T,H,D]
   const void* gate;    // T [B,T,H,3]; null: the gate is 1 (dense attention, nsa/cuda/dense.h)

@@ -99,9 +99,10 @@ __device__ __forceinline__ void for_each_warp_row(std::int64_t rows, F&& fn) {
 // (fp32: slc, win and, with NO = 3, cmp; see o_slc_win), one warp per row (b, t, head), each
 // sum in a fixed order: for each such branch c,
 //   dot_c = d_out . o_c,  gsig_c = sigmoid(gate_c),  delta_c = gsig_c dot_c (the key side's
-//   row term: dO_c = gsig_c d_out),  d gate_c = dot_c gsig_c (1 - gsig_c).
-// dot, gsig and delta are [3][B,T,H] (with NO = 2 the compression branch's third is left to
-// its row side). Their row side then needs one pass over the keys (RowArgs::dot_in). VEC = 4:
+//   row term: dO_c = gsig_c d_out),  d gate_c = dot_c gsig_c (1 - gsig_c),
+// but for the compression branch only dot_c (its one-pass row side writes the others from its
+// own lsum). dot, gsig and delta are [3][B,T,H] (with NO = 2 the compression branch's third is
+// left to its row side). Their row side then needs one pass over the keys (RowArgs::dot_in). VEC = 4:
 // lane i reads elements 4i..4i+3 with 16-byte loads of o (D % 4 == 0); VEC = 1: lane i reads
 // i, i+32, ...
 template <class T, int VEC, int NO>
