@@ -1036,6 +1036,9 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // Without it the compression branch's first pass computes its own tensor-core lse (see the
   // launcher) and, online, lsum with it.
   const int passes = BWD ? (a.dot_in ? 1 : 2) : 1;
+  // The compression backward's one pass (with dot_in) exists at padded D = 128 only: the
+  // launcher's cmp_backward_one_pass (nsa_cuda.cu, D > 64); elsewhere its row sums cost nothing.
+  constexpr bool kCmpOnePass = BWD && BR == kCmp && DP > 64;
   const int nsteps = passes * ntiles;
   constexpr int kKeyStep = kRowWarps * 32 / CH, kKeyIt = KT / kKeyStep;
   static_assert((kRowWarps * 32) % CH == 0 && KT % kKeyStep == 0 && kKeyStep % 8 == 0, "whole passes over the chunks");
@@ -1198,24 +1201,21 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     const int phase = !BWD ? 0 : (pass == passes - 1 ? 2 : (BR == kCmp ? 0 : 1));
     const bool pass2 = BWD && phase == 2;
     if (BWD && BR == kCmp && k == ntiles) {  // end of the statistics pass: lse per row
+      quad_row_sums(ls);
+      quad_row_sums(us);
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) {
-        float l = ls[h2] + __shfl_xor_sync(0xffffffffu, ls[h2], 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float l = ls[h2];
         lrow2[h2] = l > 0.f ? m2[h2] + log2f(l) : 0.f;
         if (rv[h2] && gc == 0 && a.lse_tc) a.lse_tc[rowg[h2]] = l > 0.f ? lrow2[h2] / kLog2e : -INFINITY;
-        float u = us[h2] + __shfl_xor_sync(0xffffffffu, us[h2], 1);
-        u += __shfl_xor_sync(0xffffffffu, u, 2);
-        dot[h2] = l > 0.f ? u / l : 0.f;  // lsum = sum_j p_j dP_j
+        dot[h2] = l > 0.f ? us[h2] / l : 0.f;  // lsum = sum_j p_j dP_j
         ls[h2] = 0.f;
       }
     }
     if (BWD && BR != kCmp && !a.dot_in && k == ntiles) {  // end of the lsum pass: row sums
-#pragma unroll
-      for (int h2 = 0; h2 < 2; ++h2) {
-        dot[h2] = ls[h2] + __shfl_xor_sync(0xffffffffu, ls[h2], 1);
-        dot[h2] += __shfl_xor_sync(0xffffffffu, dot[h2], 2);
-      }
+      quad_row_sums(ls);
+      dot[0] = ls[0];
+      dot[1] = ls[1];
     }
     const int s0 = s0_cur;
     if constexpr (!kOneBarrier) {  // into the stage step k - 1 read (its closing barrier passed)
@@ -1432,7 +1432,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
             for (int e = 0; e < 4; ++e) {
               const int h2 = e >> 1;
               if (pass2) {
-                if constexpr (BR == kCmp && DP == 128) {  // the one-pass correction's row sums (below)
+                if constexpr (kCmpOnePass) {  // the one-pass correction's row sums (below)
                   ls[h2] += s[n][e];
                   us[h2] += s[n][e] * dp[n][e];
                 }
@@ -1486,17 +1486,15 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // (lsum - dot)(kbar - c), the keys' spread about their mean instead of the mean. The key side
   // gets the two-pass row terms: lse + ln S0 (a.lse_tc) and lsum.
   [[maybe_unused]] float inv_s0[2] = {0.f, 0.f}, lsum_shift[2] = {0.f, 0.f};
-  // (padded D = 128 only: the launcher's cmp_backward_one_pass, nsa_cuda.cu)
-  const bool cmp_one_pass = BWD && BR == kCmp && DP == 128 && passes == 1;
+  const bool cmp_one_pass = kCmpOnePass && passes == 1;
   if (cmp_one_pass) {
+    quad_row_sums(ls);  // S0
+    quad_row_sums(us);  // S1
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
-      float s0 = ls[h2] + __shfl_xor_sync(0xffffffffu, ls[h2], 1);
-      s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-      float s1 = us[h2] + __shfl_xor_sync(0xffffffffu, us[h2], 1);
-      s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+      const float s0 = ls[h2];
       inv_s0[h2] = s0 > 0.f ? 1.f / s0 : 0.f;
-      const float lsum = s1 * inv_s0[h2];
+      const float lsum = us[h2] * inv_s0[h2];
       lsum_shift[h2] = lsum - dot[h2];
       dot[h2] = lsum;  // the two-pass's lsum: delta and the gate gradient below
       if (rv[h2] && gc == 0 && a.lse_tc) a.lse_tc[rowg[h2]] = s0 > 0.f ? a.lse_in[rowg[h2]] + logf(s0) : -INFINITY;
@@ -1531,7 +1529,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           const int dd = j * 8 + gc * 2;
           y[j] = a.accumulate && dd < g.D ? *reinterpret_cast<const float2*>(dq + dd)
                                           : make_float2(0.f, 0.f);
-          if (BR == kCmp && cmp_one_pass) {
+          if (cmp_one_pass) {
             const float2 c = cref && dd < g.D ? *reinterpret_cast<const float2*>(cref + dd) : make_float2(0.f, 0.f);
             y[j].x += f * (acc[j][2 * h2] * inv_s0[h2] - lsum_shift[h2] * c.x);
             y[j].y += f * (acc[j][2 * h2 + 1] * inv_s0[h2] - lsum_shift[h2] * c.y);
