@@ -563,6 +563,22 @@ __device__ __forceinline__ void quad_row_sums(float (&x)[2]) {
   }
 }
 
+// The largest of a quad's values per row and its index (the smallest index among equals):
+// each of a thread's two rows' (p, j) across the four threads that hold the row.
+__device__ __forceinline__ void quad_row_argmax(float (&p)[2], int (&j)[2]) {
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2)
+#pragma unroll
+    for (int m = 1; m <= 2; m <<= 1) {
+      const float op = __shfl_xor_sync(0xffffffffu, p[h2], m);
+      const int oj = __shfl_xor_sync(0xffffffffu, j[h2], m);
+      if (op > p[h2] || (op == p[h2] && oj < j[h2])) {
+        p[h2] = op;
+        j[h2] = oj;
+      }
+    }
+}
+
 // S += Q K^T for a warp's 16 rows over a tile of KT keys and, with BWD, dP += dO V^T: A
 // fragments qa (and oa) of the rows, DP / 16 of 16 dims each in mma.sync's layout, or on
 // sm_90a the warpgroup's 64 rows in shared memory (wg::SharedRowsA); K and V as KPARTS parts
@@ -1141,6 +1157,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   float acc[DT][4];
   float dot[2] = {0.f, 0.f};  // backward: do . o_c per row, after pass 1
   float us[2] = {0.f, 0.f};   // compression backward: the online sum of p dP (pass 0)
+  // The compression backward's one pass: each row's most probable key (its p~ and index; the
+  // first of equals) for the correction's reference (below)
+  [[maybe_unused]] float ptop[2] = {0.f, 0.f};
+  [[maybe_unused]] int jtop[2] = {0, 0};
 #pragma unroll
   for (int j = 0; j < DT; ++j)
 #pragma unroll
@@ -1435,6 +1455,10 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
                 if constexpr (kCmpOnePass) {  // the one-pass correction's row sums (below)
                   ls[h2] += s[n][e];
                   us[h2] += s[n][e] * dp[n][e];
+                  if (s[n][e] > ptop[h2]) {  // (keys ascend along n, e: the first of equals kept)
+                    ptop[h2] = s[n][e];
+                    jtop[h2] = s0 + n * 8 + 2 * gc + (e & 1);
+                  }
                 }
                 dp[n][e] = s[n][e] * (dp[n][e] - dot[h2]);  // dS / scale
               } else {
@@ -1481,19 +1505,24 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // while the two-pass result (p = p~ / S0, lsum = S1 / S0) is sum_j p_j (dP_j - lsum) k_j
   // = A / S0 - (lsum - dot) kbar, kbar = sum_j p_j k_j. Without the second term the residue
   // (lsum - dot) kbar carried the keys' common mean into dq (bf16 grad_q past the 1e-2 bound:
-  // docs/performance.md, sixteenth session); kbar needs a D-wide accumulator, so c, the mean of
-  // the row's visible compressed keys (a.cmp_ref), stands in for it: what is left is
-  // (lsum - dot)(kbar - c), the keys' spread about their mean instead of the mean. The key side
-  // gets the two-pass row terms: lse + ln S0 (a.lse_tc) and lsum.
+  // docs/performance.md, sixteenth session); kbar needs a D-wide accumulator, so c stands in for
+  // it: the row's most probable key k_top with its probability w = p~_top / S0, and the mean of
+  // the row's visible compressed keys (a.cmp_ref) for the rest, c = w k_top + (1 - w) mean.
+  // What is left is (lsum - dot)(kbar - c), the keys' spread about that instead of their mean
+  // (with the mean alone, c = mean, peaked attention's grad_q errors were ~1.3x the two passes':
+  // docs/performance.md, seventeenth session). The key side gets the two-pass row terms: lse +
+  // ln S0 (a.lse_tc) and lsum.
   [[maybe_unused]] float inv_s0[2] = {0.f, 0.f}, lsum_shift[2] = {0.f, 0.f};
   const bool cmp_one_pass = kCmpOnePass && passes == 1;
   if (cmp_one_pass) {
     quad_row_sums(ls);  // S0
     quad_row_sums(us);  // S1
+    quad_row_argmax(ptop, jtop);
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
       const float s0 = ls[h2];
       inv_s0[h2] = s0 > 0.f ? 1.f / s0 : 0.f;
+      ptop[h2] *= inv_s0[h2];  // w
       const float lsum = us[h2] * inv_s0[h2];
       lsum_shift[h2] = lsum - dot[h2];
       dot[h2] = lsum;  // the two-pass's lsum: delta and the gate gradient below
@@ -1518,11 +1547,14 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         float* dq = a.dq + row * g.D;
         const float f = g.scale * gs;
         // the one-pass correction's reference: the mean of the row's visible compressed keys
-        // (none visible: A = 0 and no shift)
+        // and its most probable one (none visible: A = 0 and no shift)
         [[maybe_unused]] const float* cref = nullptr;
+        [[maybe_unused]] const float* ctop = nullptr;
         if constexpr (BR == kCmp)
-          if (cmp_one_pass && rvis[h2] > 0)
+          if (cmp_one_pass && rvis[h2] > 0) {
             cref = a.cmp_ref + ((std::int64_t(b) * g.N + (rvis[h2] - 1)) * g.G + gi) * g.D;
+            ctop = static_cast<const float*>(a.k) + ((std::int64_t(b) * g.N + jtop[h2]) * g.G + gi) * g.D;
+          }
         float2 y[DT];  // the earlier branches' sum (every load before the first store) + this one
 #pragma unroll
         for (int j = 0; j < DT; ++j) {
@@ -1530,7 +1562,13 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
           y[j] = a.accumulate && dd < g.D ? *reinterpret_cast<const float2*>(dq + dd)
                                           : make_float2(0.f, 0.f);
           if (cmp_one_pass) {
-            const float2 c = cref && dd < g.D ? *reinterpret_cast<const float2*>(cref + dd) : make_float2(0.f, 0.f);
+            float2 c = make_float2(0.f, 0.f);
+            if (cref && dd < g.D) {
+              const float2 mean = *reinterpret_cast<const float2*>(cref + dd);
+              const float2 top = *reinterpret_cast<const float2*>(ctop + dd);
+              const float w = ptop[h2];
+              c = make_float2(fmaf(w, top.x - mean.x, mean.x), fmaf(w, top.y - mean.y, mean.y));
+            }
             y[j].x += f * (acc[j][2 * h2] * inv_s0[h2] - lsum_shift[h2] * c.x);
             y[j].y += f * (acc[j][2 * h2 + 1] * inv_s0[h2] - lsum_shift[h2] * c.y);
           } else {
