@@ -18,12 +18,13 @@
 //   backward  one pass over the keys for dq: S = Q K^T, dP = dO V^T, p = exp(scale s - lse),
 //             dS = p (dP - lsum) in fp32, rounded to bf16 (hi + lo at padded D = 32,
 //             row_ds_parts), A += dS K; dq (+)= scale g A, with
-//             lsum = do . o_c per row from the saved fp32 branch output (RowArgs::dot_in;
-//             dense attention's from its bf16 output). Without dot_in a first pass computes
+//             lsum = do . o_c per row from the saved fp32 branch output, summed in the
+//             prologue (RowArgs::o_dot) or given (RowArgs::dot_in: the selection's inverted
+//             loop, odd D; dense attention's from its bf16 output). Without either a first pass computes
 //             lsum += p dP (fp32) over the same tiles and writes delta = g lsum and dgate;
 //             the compression branch's first pass (padded D <= 64) computes its own lse (see
 //             the launcher) and lsum with it online (sum p~ dP rescaled as the row sum l is,
-//             over l); at padded D = 128 it makes one pass with dot_in and corrects it at the
+//             over l); at padded D = 128 it makes one pass with do . o_c and corrects it at the
 //             end (the row sums S0 = sum p~, S1 = sum p~ dP and RowArgs::cmp_ref: see there).
 //             (One pass with A = sum p dP k and B = sum p k, dq ~ A - lsum B as the fp32
 //             kernel does, cancels badly once P and dP are rounded to bf16: with one key,
@@ -1051,7 +1052,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // caller gives do . o_c (a.dot_in, from the saved branch output, with the forward's lse).
   // Without it the compression branch's first pass computes its own tensor-core lse (see the
   // launcher) and, online, lsum with it.
-  const int passes = BWD ? (a.dot_in ? 1 : 2) : 1;
+  const int passes = BWD ? (a.dot_in || a.o_dot ? 1 : 2) : 1;
   // The compression backward's one pass (with dot_in) exists at padded D = 128 only: the
   // launcher's cmp_backward_one_pass (nsa_cuda.cu, D > 64); elsewhere its row sums cost nothing.
   constexpr bool kCmpOnePass = BWD && BR == kCmp && DP > 64;
@@ -1192,6 +1193,31 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   std::uint32_t of[kDeferDq ? DP / 16 : 1][4], dsa[kDeferDq ? NT / 2 : 1][4];
   issue(0);
   const int s0_first = s0_next;
+  if constexpr (BWD) {
+    if (a.o_dot) {  // do . o_c from the saved branch output, under the first tile's copies: the
+      // quad's four threads take the row's columns as its accumulators do (pairs 8 apart), then
+      // sum them in a fixed order (quad_row_sums)
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2) {
+        float sum = 0.f;
+        if (rv[h2]) {
+          const float* orow = a.o_dot + rowg[h2] * g.D;
+          const bf16* drow = static_cast<const bf16*>(a.dout) + rowg[h2] * g.D;
+#pragma unroll 4
+          for (int j = 0; j < DT; ++j) {
+            const int dd = j * 8 + gc * 2;
+            if (dd < g.D) {
+              const float2 o = *reinterpret_cast<const float2*>(orow + dd);
+              const float2 d = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(drow + dd));
+              sum = fmaf(d.x, o.x, fmaf(d.y, o.y, sum));
+            }
+          }
+        }
+        dot[h2] = sum;
+      }
+      quad_row_sums(dot);
+    }
+  }
   if constexpr (!BWD || kDeferDq) {  // fragments kept in registers: the forward's queries,
     cp_wait1();  // the deferred-dq backward's d_out rows (their group: the rows are in the
     __syncwarp();  // third stage's place, first overwritten by step 2's copies, after a barrier)
@@ -1232,7 +1258,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
         ls[h2] = 0.f;
       }
     }
-    if (BWD && BR != kCmp && !a.dot_in && k == ntiles) {  // end of the lsum pass: row sums
+    if (BWD && BR != kCmp && passes == 2 && k == ntiles) {  // end of the lsum pass: row sums
       quad_row_sums(ls);
       dot[0] = ls[0];
       dot[1] = ls[1];

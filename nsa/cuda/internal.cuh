@@ -324,6 +324,11 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   // delta_c = g_c (do . o_c) and the gate gradient (when dgate is set). The compression
   // branch's one pass (padded D = 128, dot_in set) writes them too, from its own lsum.
   const float* dot_in;
+  // bf16 tensor-core backward at padded D <= 64, instead of dot_in: the branch's saved fp32
+  // output [B,T,H,D] (D even), from which the row kernel sums do . o_c itself (branch_dot_kernel's sum, in its
+  // prologue under the first tile's copies) and writes sigmoid(gate_c), delta_c and the gate
+  // gradient as without dot_in.
+  const float* o_dot;
   const void* dout;    // T [B,T,H,D]
   const void* gate;    // T [B,T,H,3]; null: the gate is 1 (dense attention, nsa/cuda/dense.h)
   // bf16 tensor-core forward of the window branch (the last): also the gated sum

@@ -643,19 +643,34 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   // forward's fp32-accurate ones; do . o_c from the forward's output raised the worst bf16
   // grad_q error of the parity tests from 6.3e-3 to 7.8e-3 on one seed (docs/performance.md,
   // change 9). Its first pass gets lsum online with the lse instead.
+  // At padded D <= 64 (D even) the row kernels sum do . o_c themselves (RowArgs::o_dot, in their
+  // prologues, where the loads run under the other resident blocks' products: 125M -1.5%);
+  // branch_dot_kernel remains for padded D = 128, where the prologue's loads were exposed (one
+  // block per SM at ~238 registers: the 64k backward +3.6 ms against branch_dot's 1.8 ms,
+  // docs/performance.md, seventeenth session), for odd D, and for the selection's inverted
+  // loop (whose per-block partials need do . o_slc first, select_inv.cuh).
   float* dot = nullptr;
+  const bool dot_in_rows = std::is_same_v<T, bf16> && D % 2 == 0 && padded_dim(int(D)) <= 64;
+  // (the setting is read once: the selection's row side below runs one loop or the other)
+  const bool inverted = inverted_loop<T>(dims, g);
+  const bool slc_inverted = inverted && grads.q;
   if constexpr (std::is_same_v<T, bf16>) {
     NSA_CHECK(saved.o_slc_win, "nsa cuda backward: the saved state has no branch outputs");
-    dot = static_cast<float*>(ws.get(Workspace::kDot, std::size_t(3 * BTH) * 4, stream));
-    const dim3 grid(grid1(BTH * 32, 256));
-    auto launch_dot = [&](auto kernel) {
-      kernel<<<grid, 256, 0, stream>>>(g, d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
-    };
-    if (cmp_one_pass)
-      D % 4 == 0 ? launch_dot(branch_dot_kernel<T, 4, 3>) : launch_dot(branch_dot_kernel<T, 1, 3>);
-    else
-      D % 4 == 0 ? launch_dot(branch_dot_kernel<T, 4, 2>) : launch_dot(branch_dot_kernel<T, 1, 2>);
-    check_launch("branch_dot_kernel");
+    const int branches = !dot_in_rows ? (cmp_one_pass ? 3 : 2) : (inverted ? 1 : 0);  // o's order: slc, win, cmp
+    if (branches > 0) {
+      dot = static_cast<float*>(ws.get(Workspace::kDot, std::size_t(3 * BTH) * 4, stream));
+      const dim3 grid(grid1(BTH * 32, 256));
+      auto launch_dot = [&](auto kernel) {
+        kernel<<<grid, 256, 0, stream>>>(g, d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
+      };
+      if (branches == 3)
+        D % 4 == 0 ? launch_dot(branch_dot_kernel<T, 4, 3>) : launch_dot(branch_dot_kernel<T, 1, 3>);
+      else if (branches == 2)
+        D % 4 == 0 ? launch_dot(branch_dot_kernel<T, 4, 2>) : launch_dot(branch_dot_kernel<T, 1, 2>);
+      else
+        D % 4 == 0 ? launch_dot(branch_dot_kernel<T, 4, 1>) : launch_dot(branch_dot_kernel<T, 1, 1>);
+      check_launch("branch_dot_kernel");
+    }
   }
   // bf16, D/2 a multiple of 8: the window branch's row kernel (the last) finishes dq.
   // (It stores element pairs: q's rows must start at even elements.)
@@ -668,9 +683,6 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   // bf16: the inverse selection index, for the selection key side and (where the selection
   // row side runs the inverted loop) its dq.
   const bool need_slc = grads.k_slc || grads.v_slc;
-  // (the setting is read once: the selection's row side below runs one loop or the other)
-  const bool inverted = inverted_loop<T>(dims, g);
-  const bool slc_inverted = inverted && grads.q;
   InverseIndex inv{};
   if (std::is_same_v<T, bf16> && (need_slc || slc_inverted)) inv = inverse_index(g, ws, saved.sel_blocks, stream);
   {
@@ -691,7 +703,13 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       a.lse_in = saved.lse + br * BTH;
       a.gsig = gsig + br * BTH;
       a.delta = delta + br * BTH;
-      a.dot_in = dot && (br != kCmp || cmp_one_pass) ? dot + br * BTH : nullptr;
+      // do . o_c: from branch_dot_kernel, or summed by the row kernel from the saved output
+      // (o_slc_win's order: slc, win, cmp)
+      const bool from_dot_kernel = dot && (dot_in_rows ? br == kSlc && inverted : br != kCmp || cmp_one_pass);
+      a.dot_in = from_dot_kernel ? dot + br * BTH : nullptr;
+      a.o_dot = dot_in_rows && !from_dot_kernel && (br != kCmp || cmp_one_pass)
+                    ? saved.o_slc_win + std::size_t(br == kSlc ? 0 : (br == kWin ? 1 : 2)) * std::size_t(BTH * D)
+                    : nullptr;
       a.accumulate = br != kCmp;
       a.lse_tc = br == kCmp ? lse_tc : nullptr;
       a.cmp_ref = br == kCmp ? cmp_ref : nullptr;
