@@ -1,6 +1,9 @@
 # shellcheck shell=bash
 # Sourced by scripts/gpu_compare.sh and scripts/gpu_parallel_compare.sh (from the repository's
 # root, with OUT set): a reference tree beside the working tree, and the builds of both.
+# Building two trees at once: `gpu_build_tree A a ... & p=$!; ...; wait $p`, never a bare `wait`
+# in a script that logs through `exec > >(tee FILE)`: bash (>= 5.1) then waits for the tee too,
+# which ends only with the script, and the call hangs until the device's time limit.
 
 # gpu_ref_tree REF DIR: DIR holds REF, a commit or a tar of one (git archive COMMIT -o FILE,
 # carried: the device's copy of the repository may lack this session's commits), with the
