@@ -158,6 +158,27 @@ enum NsaBranch : int { kBranchCmp = 0, kBranchSlc = 1, kBranchWin = 2 };
 // plan, core/model/plan.cpp, as well).
 inline int cuda_saved_branch_outputs(std::int64_t head_dim) { return head_dim > 64 ? 3 : 2; }
 
+// CUDA (NsaSavedCuda): the saved state as one block, its parts' byte offsets, each 256-byte
+// aligned: fp32 compressed K and V [B, Nc, G, D], int32 selected blocks [B, T, G, n], fp32 lse
+// [3, B, T, H] and, with keeps_outputs (bf16), the fp32 branch outputs
+// [cuda_saved_branch_outputs(D), B, T, H, D]. Here, not in nsa/cuda, so that the memory plan
+// (core/model/plan.cpp) counts the bytes the CUDA code allocates from the same formula.
+struct CudaSavedLayout {
+  std::size_t kc, vc, sel, lse, o, total;
+};
+inline CudaSavedLayout cuda_saved_layout(const NsaDims& dm, bool keeps_outputs) {
+  const auto align = [](std::int64_t bytes) { return std::size_t((bytes + 255) / 256 * 256); };
+  const std::int64_t kv = dm.B * dm.num_cmp_blocks() * dm.G * dm.D * 4;
+  CudaSavedLayout L{};
+  L.kc = 0;
+  L.vc = L.kc + align(kv);
+  L.sel = L.vc + align(kv);
+  L.lse = L.sel + align(dm.B * dm.T * dm.G * dm.sel_count * 4);
+  L.o = L.lse + align(3 * dm.B * dm.T * dm.H * 4);
+  L.total = L.o + (keeps_outputs ? align(cuda_saved_branch_outputs(dm.D) * dm.B * dm.T * dm.H * dm.D * 4) : 0);
+  return L;
+}
+
 // Forward: writes out [B,T,H,D]. With `saved` non-null it is filled for nsa_backward;
 // with null the forward keeps only what it needs while it runs (inference).
 // Validates dims (UserError on bad hyper-parameters).

@@ -38,8 +38,6 @@ class Ledger {
   std::int64_t live_ = 0, peak_ = 0;
 };
 
-std::int64_t align256(std::int64_t bytes) { return (bytes + 255) / 256 * 256; }
-
 // The bytes of one micro-batch's tensors on this rank (N = B*T rows; local dims: H, G, F
 // divided by tp, the vocabulary rows of this tp rank). The names are model.cpp's.
 struct Sizes {
@@ -98,14 +96,9 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
   } else {
     const nsa::NsaDims c = m.core_dims(p.micro_batch, p.seq_len);
     if (cuda) {
-      // NsaSavedCuda (nsa/cuda/nsa_cuda.cu, saved_layout): fp32 compressed K and V [B, Nc, G, D],
-      // int32 selected blocks [B, T, G, n], fp32 lse [3, B, T, H], and for bf16 the fp32 branch
-      // outputs the backward's do . o_c reads ([nsa::cuda_saved_branch_outputs(D), B, T, H, D]),
-      // each 256-byte aligned.
-      const std::int64_t kv = align256(c.B * c.num_cmp_blocks() * c.G * c.D * 4);
-      const std::int64_t outputs = nsa::cuda_saved_branch_outputs(c.D);
-      z.saved = 2 * kv + align256(c.B * c.T * c.G * c.sel_count * 4) + align256(3 * c.B * c.T * c.H * 4) +
-                (p.dtype == DType::BF16 && p.nsa_saved_outputs ? align256(outputs * c.B * c.T * c.H * c.D * 4) : 0);
+      // NsaSavedCuda's block (nsa::cuda_saved_layout, which the CUDA code allocates by): for bf16
+      // with the fp32 branch outputs the backward's do . o_c reads.
+      z.saved = std::int64_t(nsa::cuda_saved_layout(c, p.dtype == DType::BF16 && p.nsa_saved_outputs).total);
     } else if (p.dtype == DType::F64) {
       z.saved = std::int64_t(nsa::NsaSaved<double>::bytes_for(c));
     } else {

@@ -422,23 +422,11 @@ using namespace detail;
 
 // ---- saved state ----------------------------------------------------------------------------
 namespace {
-struct SavedLayout {
-  std::size_t kc, vc, sel, lse, o, total;
-};
 // bf16 keeps the selection and window branches' fp32 outputs, and at padded D = 128 the
 // compression branch's (the tensor-core backward's do . o_c, see o_slc_win); fp32 does not.
 bool keeps_branch_outputs(int elem_bytes) { return elem_bytes == 2; }
-SavedLayout saved_layout(const NsaDims& dm, int elem_bytes) {
-  const std::size_t kv = std::size_t(dm.B * dm.num_cmp_blocks() * dm.G * dm.D) * 4;
-  SavedLayout L;
-  L.kc = 0;
-  L.vc = L.kc + align_up(kv);
-  L.sel = L.vc + align_up(kv);
-  L.lse = L.sel + align_up(std::size_t(dm.B * dm.T * dm.G * dm.sel_count) * 4);
-  L.o = L.lse + align_up(std::size_t(3 * dm.B * dm.T * dm.H) * 4);
-  const std::size_t o_bytes = std::size_t(cuda_saved_branch_outputs(dm.D) * dm.B * dm.T * dm.H * dm.D) * 4;
-  L.total = L.o + (keeps_branch_outputs(elem_bytes) ? align_up(o_bytes) : 0);
-  return L;
+CudaSavedLayout saved_layout(const NsaDims& dm, int elem_bytes) {
+  return cuda_saved_layout(dm, keeps_branch_outputs(elem_bytes));
 }
 }  // namespace
 
@@ -455,7 +443,7 @@ std::size_t NsaSavedCuda::bytes() const {
 }
 
 void NsaSavedCuda::reserve(const NsaDims& dm, int eb) {
-  const SavedLayout L = saved_layout(dm, eb);
+  const CudaSavedLayout L = saved_layout(dm, eb);
   if (L.total > capacity_) {
     if (block_) {
       CUDA_CHECK(cudaDeviceSynchronize());
