@@ -19,13 +19,15 @@
 //             dS = p (dP - lsum) in fp32, rounded to bf16 (hi + lo at padded D = 32,
 //             row_ds_parts), A += dS K; dq (+)= scale g A, with
 //             lsum = do . o_c per row from the saved fp32 branch output, summed in the
-//             prologue (RowArgs::o_dot) or given (RowArgs::dot_in: the selection's inverted
-//             loop, odd D; dense attention's from its bf16 output). Without either a first pass computes
+//             prologue (RowArgs::o_dot, padded D <= 64) or given (RowArgs::dot_in: from
+//             branch_dot_kernel at padded D = 128; dense attention's from its bf16 output).
+//             Without either a first pass computes
 //             lsum += p dP (fp32) over the same tiles and writes delta = g lsum and dgate;
 //             the compression branch's first pass (padded D <= 64) computes its own lse (see
 //             the launcher) and lsum with it online (sum p~ dP rescaled as the row sum l is,
 //             over l); at padded D = 128 it makes one pass with do . o_c and corrects it at the
-//             end (the row sums S0 = sum p~, S1 = sum p~ dP and RowArgs::cmp_ref: see there).
+//             end (the row sums S0 = sum p~, S1 = sum p~ dP, the row's most probable key and
+//             RowArgs::cmp_ref's mean of the visible keys: see there).
 //             (One pass with A = sum p dP k and B = sum p k, dq ~ A - lsum B as the fp32
 //             kernel does, cancels badly once P and dP are rounded to bf16: with one key,
 //             dq = 0 exactly but A - lsum B keeps the rounding error of dP.)
@@ -1049,7 +1051,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     ntiles = (key_end - beg + KT - 1) / KT;
   }
   // Passes over the tiles: forward 1; backward: dq, after an lsum pass (do . o_c) unless the
-  // caller gives do . o_c (a.dot_in, from the saved branch output, with the forward's lse).
+  // caller gives do . o_c (a.dot_in, from the saved branch output, with the forward's lse) or
+  // the saved output itself (a.o_dot: the prologue sums it).
   // Without it the compression branch's first pass computes its own tensor-core lse (see the
   // launcher) and, online, lsum with it.
   const int passes = BWD ? (a.dot_in || a.o_dot ? 1 : 2) : 1;

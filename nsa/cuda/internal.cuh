@@ -319,15 +319,16 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   float* lse;          // [B,T,H]
   // backward (one branch): reads d_out, the gate logits and lse, and writes dq (when dq is
   // set). With dot_in (do . o_c per row, [B,T,H]: branch_dot_kernel from the saved branch
-  // output) the row side makes one pass over the keys for dq; without it, it first recomputes
+  // output) or o_dot the row side makes one pass over the keys for dq; without either, it first recomputes
   // do . o_c = sum_j p_j (do . v_j) in fp32 in a pass of its own and writes sigmoid(gate_c),
   // delta_c = g_c (do . o_c) and the gate gradient (when dgate is set). The compression
   // branch's one pass (padded D = 128, dot_in set) writes them too, from its own lsum.
   const float* dot_in;
   // bf16 tensor-core backward at padded D <= 64, instead of dot_in: the branch's saved fp32
-  // output [B,T,H,D] (D even), from which the row kernel sums do . o_c itself (branch_dot_kernel's sum, in its
-  // prologue under the first tile's copies) and writes sigmoid(gate_c), delta_c and the gate
-  // gradient as without dot_in.
+  // output [B,T,H,D], from which the row kernel sums do . o_c itself (the quantity
+  // branch_dot_kernel gives, summed in another order; in its prologue under the first tile's
+  // copies; d_out's rows read as bf16 pairs: D is even, d_out 4-byte aligned) and writes
+  // sigmoid(gate_c), delta_c and the gate gradient as without dot_in.
   const float* o_dot;
   const void* dout;    // T [B,T,H,D]
   const void* gate;    // T [B,T,H,3]; null: the gate is 1 (dense attention, nsa/cuda/dense.h)
@@ -350,8 +351,9 @@ struct RowArgs {  // row-side kernels (forward, and dq in the backward)
   float* lse_tc;       // bf16 compression backward: the lse of the tensor-core scores, [B,T,H]
                        // (the key side's probabilities must match the row side's)
   // bf16 compression backward in one pass (with dot_in): the mean of the first j + 1
-  // compressed keys, fp32 [B,N,G,D] (cmp_prefix_mean_kernel), the reference c of the pass's
-  // correction (row_kernel: dq = A / S0 - (S1 / S0 - do . o_c) c), or null.
+  // compressed keys, fp32 [B,N,G,D] (cmp_prefix_mean_kernel), the mean part of the reference c
+  // of the pass's correction (row_kernel: dq = A / S0 - (S1 / S0 - do . o_c) c, c = w k_top +
+  // (1 - w) mean with the row's most probable key k_top from k), or null.
   const float* cmp_ref;
   // bf16 only, optional: padded bf16 copies [B, NK, G, padded_dim(D)] of the branch keys
   // (RoPE applied) and values (launch_tc_pad); when set, the tensor-core kernel runs. The

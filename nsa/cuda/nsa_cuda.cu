@@ -102,7 +102,9 @@ __device__ __forceinline__ void for_each_warp_row(std::int64_t rows, F&& fn) {
 //   row term: dO_c = gsig_c d_out),  d gate_c = dot_c gsig_c (1 - gsig_c),
 // but for the compression branch only dot_c (its one-pass row side writes the others from its
 // own lsum). dot, gsig and delta are [3][B,T,H] (with NO = 2 the compression branch's third is
-// left to its row side). Their row side then needs one pass over the keys (RowArgs::dot_in). VEC = 4:
+// left to its row side; with NO = 1, at padded D <= 64 where the row kernels sum do . o_c
+// themselves (RowArgs::o_dot), only the selection's, for its inverted loop). Their row side
+// then needs one pass over the keys (RowArgs::dot_in). VEC = 4:
 // lane i reads elements 4i..4i+3 with 16-byte loads of o (D % 4 == 0); VEC = 1: lane i reads
 // i, i+32, ...
 template <class T, int VEC, int NO>
@@ -148,7 +150,8 @@ __global__ void branch_dot_kernel(Geo g, const T* __restrict__ d_out, const floa
   });
 }
 
-// The compression backward's one-pass reference (row_kernel, RowArgs::cmp_ref): for every
+// The mean part of the compression backward's one-pass reference (row_kernel, RowArgs::cmp_ref;
+// the row's most probable key is the other part): for every
 // (b, j, g), the mean of the compressed keys 0..j, kc [B,N,G,D] fp32 -> ref, the same layout.
 // Block (b g, 32 columns): thread (x, y) sums column x over the y-th of 32 runs of blocks, then
 // walks it again from the runs before it (fixed order: deterministic).
@@ -631,14 +634,14 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   // forward's fp32-accurate ones; do . o_c from the forward's output raised the worst bf16
   // grad_q error of the parity tests from 6.3e-3 to 7.8e-3 on one seed (docs/performance.md,
   // change 9). Its first pass gets lsum online with the lse instead.
-  // At padded D <= 64 (D even) the row kernels sum do . o_c themselves (RowArgs::o_dot, in their
-  // prologues, where the loads run under the other resident blocks' products: 125M -1.5%);
-  // branch_dot_kernel remains for padded D = 128, where the prologue's loads were exposed (one
-  // block per SM at ~238 registers: the 64k backward +3.6 ms against branch_dot's 1.8 ms,
-  // docs/performance.md, seventeenth session), for odd D, and for the selection's inverted
-  // loop (whose per-block partials need do . o_slc first, select_inv.cuh).
+  // At padded D <= 64 the row kernels sum do . o_c themselves (RowArgs::o_dot, in their
+  // prologues, where the loads run under the other resident blocks' products: the 125M backward
+  // -0.9%); branch_dot_kernel remains for padded D = 128, where the prologue's loads were exposed
+  // (one block per SM at ~238 registers: the 64k backward +3.6 ms against branch_dot's 1.8 ms,
+  // docs/performance.md, seventeenth session), and for the selection's inverted loop (whose
+  // per-block partials need do . o_slc first, select_inv.cuh).
   float* dot = nullptr;
-  const bool dot_in_rows = std::is_same_v<T, bf16> && D % 2 == 0 && padded_dim(int(D)) <= 64;
+  const bool dot_in_rows = std::is_same_v<T, bf16> && padded_dim(int(D)) <= 64;
   // (the setting is read once: the selection's row side below runs one loop or the other)
   const bool inverted = inverted_loop<T>(dims, g);
   const bool slc_inverted = inverted && grads.q;
