@@ -95,16 +95,21 @@ __device__ __forceinline__ void for_each_warp_row(std::int64_t rows, F&& fn) {
     fn(row);
 }
 
+// The saved fp32 branch outputs' order (NsaSavedCuda::o_slc_win): the selection's, the window's,
+// then (cmp_backward_one_pass) the compression's: the branch of a slot, and the slot of a branch.
+constexpr int saved_output_branch(int slot) { return slot == 0 ? kSlc : (slot == 1 ? kWin : kCmp); }
+constexpr int saved_output_slot(int br) { return br == kSlc ? 0 : (br == kWin ? 1 : 2); }
+
 // The backward's per-row gate terms of the branches whose outputs the forward saved, o [NO][B,T,H,D]
 // (fp32: slc, win and, with NO = 3, cmp; see o_slc_win), one warp per row (b, t, head), each
 // sum in a fixed order: for each such branch c,
 //   dot_c = d_out . o_c,  gsig_c = sigmoid(gate_c),  delta_c = gsig_c dot_c (the key side's
 //   row term: dO_c = gsig_c d_out),  d gate_c = dot_c gsig_c (1 - gsig_c),
 // but for the compression branch only dot_c (its one-pass row side writes the others from its
-// own lsum). dot, gsig and delta are [3][B,T,H] (with NO = 2 the compression branch's third is
-// left to its row side; with NO = 1, at padded D <= 64 where the row kernels sum do . o_c
-// themselves (RowArgs::o_dot), only the selection's, for its inverted loop). Their row side
-// then needs one pass over the keys (RowArgs::dot_in). VEC = 4:
+// own lsum). dot, gsig and delta are [3][B,T,H]. NO = 3 at padded D = 128; NO = 1 (the
+// selection's alone, for its inverted loop) at padded D <= 64, where the row kernels sum the
+// others' do . o_c themselves (RowArgs::o_dot). Their row side then needs one pass over the
+// keys (RowArgs::dot_in). VEC = 4:
 // lane i reads elements 4i..4i+3 with 16-byte loads of o (D % 4 == 0); VEC = 1: lane i reads
 // i, i+32, ...
 template <class T, int VEC, int NO>
@@ -112,7 +117,6 @@ __global__ void branch_dot_kernel(Geo g, const T* __restrict__ d_out, const floa
                                   const T* __restrict__ gate, float* __restrict__ dot,
                                   float* __restrict__ gsig, float* __restrict__ delta,
                                   T* __restrict__ dgate, std::int64_t BTH, int D) {
-  constexpr int kBranch[3] = {kSlc, kWin, kCmp};  // o's order
   const int lane = threadIdx.x & 31;
   for_each_warp_row(BTH, [&](std::int64_t row) {
     const T* dr = d_out + row * D;
@@ -136,7 +140,7 @@ __global__ void branch_dot_kernel(Geo g, const T* __restrict__ d_out, const floa
     for (int i = 0; i < NO; ++i) {
       const float dt = warp_sum(acc[i]);
       if (lane == 0) {
-        const int c = kBranch[i];
+        const int c = saved_output_branch(i);
         const std::int64_t go = gate_offset(g, row) + c;
         dot[c * BTH + row] = dt;
         if (c != kCmp) {  // (the compression's: its one-pass row side, from its own lsum)
@@ -508,7 +512,7 @@ void nsa_forward(const NsaDims& dims, const NsaInputs<T>& in, T* out, NsaSavedCu
   const std::size_t on = std::size_t(BTH * dims.D);
   float* o_cmp;
   if (o_sw && cmp_backward_one_pass(dims.D)) {
-    o_cmp = o_sw + 2 * on;
+    o_cmp = o_sw + saved_output_slot(kCmp) * on;
   } else {
     o_cmp = static_cast<float*>(ws.get(Workspace::kO, (o_sw ? 1 : 3) * on * 4, stream));
     if (!o_sw) o_sw = o_cmp + on;
@@ -634,32 +638,30 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   // forward's fp32-accurate ones; do . o_c from the forward's output raised the worst bf16
   // grad_q error of the parity tests from 6.3e-3 to 7.8e-3 on one seed (docs/performance.md,
   // change 9). Its first pass gets lsum online with the lse instead.
-  // At padded D <= 64 the row kernels sum do . o_c themselves (RowArgs::o_dot, in their
-  // prologues, where the loads run under the other resident blocks' products: the 125M backward
-  // -0.9%); branch_dot_kernel remains for padded D = 128, where the prologue's loads were exposed
+  // At padded D <= 64 (bf16 without cmp_one_pass) the row kernels sum do . o_c themselves
+  // (RowArgs::o_dot, in their prologues, where the loads run under the other resident blocks'
+  // products: the 125M backward -0.9%); branch_dot_kernel remains for padded D = 128, where the prologue's loads were exposed
   // (one block per SM at ~238 registers: the 64k backward +3.6 ms against branch_dot's 1.8 ms,
   // docs/performance.md, seventeenth session), and for the selection's inverted loop (whose
   // per-block partials need do . o_slc first, select_inv.cuh).
   float* dot = nullptr;
-  const bool dot_in_rows = std::is_same_v<T, bf16> && padded_dim(int(D)) <= 64;
   // (the setting is read once: the selection's row side below runs one loop or the other)
   const bool inverted = inverted_loop<T>(dims, g);
   const bool slc_inverted = inverted && grads.q;
   if constexpr (std::is_same_v<T, bf16>) {
     NSA_CHECK(saved.o_slc_win, "nsa cuda backward: the saved state has no branch outputs");
-    const int branches = !dot_in_rows ? (cmp_one_pass ? 3 : 2) : (inverted ? 1 : 0);  // o's order: slc, win, cmp
-    if (branches > 0) {
+    if (cmp_one_pass || inverted) {
       dot = static_cast<float*>(ws.get(Workspace::kDot, std::size_t(3 * BTH) * 4, stream));
-      const dim3 grid(grid1(BTH * 32, 256));
-      auto launch_dot = [&](auto kernel) {
-        kernel<<<grid, 256, 0, stream>>>(g, d_out, saved.o_slc_win, in.gate, dot, gsig, delta, grads.gate, BTH, int(D));
+      // over the first NO saved outputs: all three, or the selection's alone
+      auto launch_dot = [&](auto vec_kernel, auto scalar_kernel) {
+        const auto kernel = D % 4 == 0 ? vec_kernel : scalar_kernel;
+        kernel<<<grid1(BTH * 32, 256), 256, 0, stream>>>(g, d_out, saved.o_slc_win, in.gate, dot, gsig, delta,
+                                                         grads.gate, BTH, int(D));
       };
-      if (branches == 3)
-        D % 4 == 0 ? launch_dot(branch_dot_kernel<T, 4, 3>) : launch_dot(branch_dot_kernel<T, 1, 3>);
-      else if (branches == 2)
-        D % 4 == 0 ? launch_dot(branch_dot_kernel<T, 4, 2>) : launch_dot(branch_dot_kernel<T, 1, 2>);
+      if (cmp_one_pass)
+        launch_dot(branch_dot_kernel<T, 4, 3>, branch_dot_kernel<T, 1, 3>);
       else
-        D % 4 == 0 ? launch_dot(branch_dot_kernel<T, 4, 1>) : launch_dot(branch_dot_kernel<T, 1, 1>);
+        launch_dot(branch_dot_kernel<T, 4, 1>, branch_dot_kernel<T, 1, 1>);
       check_launch("branch_dot_kernel");
     }
   }
@@ -694,12 +696,13 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       a.lse_in = saved.lse + br * BTH;
       a.gsig = gsig + br * BTH;
       a.delta = delta + br * BTH;
-      // do . o_c: from branch_dot_kernel, or summed by the row kernel from the saved output
-      // (o_slc_win's order: slc, win, cmp)
-      const bool from_dot_kernel = dot && (dot_in_rows ? br == kSlc && inverted : br != kCmp || cmp_one_pass);
+      // do . o_c (bf16): from branch_dot_kernel (every branch at padded D = 128, the inverted
+      // selection's), or summed by the row kernel from the saved output (the others but the
+      // compression's two passes, which sum their own)
+      const bool from_dot_kernel = dot && (cmp_one_pass || br == kSlc);
       a.dot_in = from_dot_kernel ? dot + br * BTH : nullptr;
-      a.o_dot = dot_in_rows && !from_dot_kernel && (br != kCmp || cmp_one_pass)
-                    ? saved.o_slc_win + std::size_t(br == kSlc ? 0 : (br == kWin ? 1 : 2)) * std::size_t(BTH * D)
+      a.o_dot = std::is_same_v<T, bf16> && !from_dot_kernel && br != kCmp
+                    ? saved.o_slc_win + std::size_t(saved_output_slot(br)) * std::size_t(BTH * D)
                     : nullptr;
       a.accumulate = br != kCmp;
       a.lse_tc = br == kCmp ? lse_tc : nullptr;
