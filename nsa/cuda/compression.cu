@@ -11,25 +11,29 @@
 //   dW_m += shift_m(Z)^T dY + flatten(P)_m^T colsum(dY)   (colsum over every block of every
 //           sequence),
 //   dZ = sum_m shift_{-m}(dY) W_m^T  (a chunk gets the gradient of every block it belongs to:
-//           the overlap of blocks when d < l), scattered back to the tokens,
+//           the overlap of blocks when d < l), scattered back to the tokens: one product
+//           A Wt^T with K = (l/d) parts D, A's row c = [shift_{-m}(dY part k) row c] and Wt's
+//           row f = [W_m row f] side by side over (m, k) (four products accumulating into the
+//           fp32 dZ had read and written it three more times: ~1 ms per backward at 48 heads),
 //   dP += colsum(dY) W^T         (the bias row's gradient, reshaped to [l, D]).
 //
 // Layout of the scratch (per head g, rows of R = N + l/d - 1 chunks per sequence, sequences
 // one after another; leading dimensions rounded up so that every shifted operand stays
-// 256-byte aligned for cuBLASLt):
+// 256-byte aligned for cuBLASLt; parts: bf16 takes dY as two parts, the bf16 value and its
+// rounding residual, so the products see ~16 significant bits of the fp32 gradient; fp32 one):
 //   Z   [G][B*R + l/d - 1][ldz]  T     the chunks; the l/d - 1 rows after the last are zero
 //   Y   [G][B*R][ldy]            fp32  sum_m shift_m(Z) W_m (rows i >= N of a sequence unused)
-//   dY  [G][l/d - 1 + B*R][lddy] T     dY with zero rows for i >= N and l/d - 1 zero rows in
-//                                      front (bf16: two copies, the bf16 value and its rounding
-//                                      residual, so the products see ~16 significant bits of
-//                                      the fp32 gradient)
+//   A   [G][B*R][lda]            T     row b*R + c: (m, k) -> part k of dY[b, c - m] (0 where
+//                                      c - m is not a block of sequence b), m major, D each;
+//                                      its (0, k) columns are dY's parts for the dW products
+//   Wt  [G][d*D][lda]            T     row f: (m, k) -> W_m row f (each part's copy)
 //   dZ  [G][B*R][ldv]            fp32
-// The shifted products never cross into a neighbouring sequence's real rows: the last l/d - 1
-// rows of every sequence in dY are zero (i >= N), and so are the padding rows.
+//   zdY [G][l*D][parts*D]        fp32  shift_m(Z)^T dY, the parts side by side
 //
-// Determinism: cuBLASLt products with a fixed algorithm per shape; the sums over m and over
-// the hi/lo parts accumulate in a fixed order (beta = 1 in sequence); the small kernels have
-// one thread per output element.
+// Determinism: cuBLASLt products with a fixed algorithm per shape; the sums over m (forward)
+// accumulate in a fixed order (beta = 1 in sequence), the parts of zdY are added by
+// add_dw_kernel in order; the small kernels have one thread per output element (colsum: a
+// fixed split, summed in a fixed order).
 #include <cstdint>
 
 #include "core/ops/matmul.h"
@@ -47,10 +51,11 @@ struct CmpLayout {
   int M;               // l / d: chunks per block
   std::int64_t R;      // chunks per sequence that blocks touch (0 when N = 0)
   std::int64_t BR;     // B * R
-  std::int64_t ldz, ldy, lddy, ldv;
-  std::int64_t z_rows, dy_rows;
+  std::int64_t ldz, ldy, lda, ldv;
+  std::int64_t z_rows;
   int parts;           // 2 (hi, lo) for bf16, 1 for fp32
-  std::size_t z_bytes, y_bytes, dy_bytes, dz_bytes, bias_bytes, dw_bytes;
+  std::int64_t K;      // l/d * parts * D: the dZ product's inner dimension (A's and Wt's columns)
+  std::size_t z_bytes, y_bytes, a_bytes, wt_bytes, dz_bytes, bias_bytes, dw_bytes;
 
   CmpLayout(const Geo& g, int elem) {
     M = g.l / g.d;
@@ -58,18 +63,19 @@ struct CmpLayout {
     BR = std::int64_t(g.B) * R;
     const std::int64_t per256 = 256 / elem;  // elements of T in 256 bytes
     ldz = round_up(std::int64_t(g.d) * g.D, per256);
-    lddy = round_up(g.D, per256);
+    parts = elem == 2 ? 2 : 1;
+    K = std::int64_t(M) * parts * g.D;
+    lda = round_up(K, per256);
     ldy = round_up(g.D, 64);
     ldv = round_up(std::int64_t(g.d) * g.D, 64);
     z_rows = BR + M - 1;
-    dy_rows = M - 1 + BR;
-    parts = elem == 2 ? 2 : 1;
     z_bytes = align256(std::size_t(g.G * z_rows * ldz) * elem);
     y_bytes = align256(std::size_t(g.G * BR * ldy) * 4);
-    dy_bytes = align256(std::size_t(parts * g.G * dy_rows * lddy) * elem);
+    a_bytes = align256(std::size_t(g.G * BR * lda) * elem);
+    wt_bytes = align256(std::size_t(g.G * std::int64_t(g.d) * g.D * lda) * elem);
     dz_bytes = align256(std::size_t(g.G * BR * ldv) * 4);
     bias_bytes = align256(std::size_t(g.G * g.D) * 4);
-    dw_bytes = align256(std::size_t(g.G) * g.l * g.D * g.D * 4);
+    dw_bytes = align256(std::size_t(g.G) * g.l * g.D * parts * g.D * 4);
   }
 };
 
@@ -150,28 +156,42 @@ __global__ void finish_forward_kernel(Geo g, std::int64_t R, std::int64_t ldy,
   }
 }
 
-// dY parts: hi[g][M-1 + b*R + i][e] = dy[b, i, g, e] for i < N, else 0 (and the M-1 leading
-// rows); for bf16 the rounding residual goes to lo (same layout).
+// A[g][b*R + c][(m*parts + k)*D + e] = part k of dy[b, c - m, g, e] where 0 <= c - m < N, else
+// 0 (part 0 the value as T, part 1 for bf16 its rounding residual). One thread per (g, row, m,
+// e), writing both parts.
 template <class T>
-__global__ void pack_dy_kernel(Geo g, std::int64_t R, std::int64_t lddy, std::int64_t dy_rows,
-                               int lead, const float* __restrict__ dy, T* __restrict__ hi,
-                               T* __restrict__ lo) {
-  const std::int64_t total = std::int64_t(g.G) * dy_rows * g.D;
+__global__ void pack_dy_kernel(Geo g, int M, int parts, std::int64_t R, std::int64_t BR, std::int64_t lda,
+                               const float* __restrict__ dy, T* __restrict__ a) {
+  const std::int64_t total = std::int64_t(g.G) * BR * M * g.D;
   for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += std::int64_t(gridDim.x) * blockDim.x) {
-    const int e = int(idx % g.D);
-    const std::int64_t row = (idx / g.D) % dy_rows;
-    const int gi = int(idx / (std::int64_t(g.D) * dy_rows));
-    float v = 0.f;
-    const std::int64_t r = row - lead;
-    if (r >= 0) {
-      const std::int64_t b = r / R, i = r % R;
-      if (i < g.N) v = dy[((b * g.N + i) * g.G + gi) * g.D + e];
-    }
+    const int e = int(idx % g.D), m = int((idx / g.D) % M);
+    const std::int64_t gr = idx / (std::int64_t(g.D) * M);  // gi * BR + row
+    const std::int64_t row = gr % BR, b = row / R, i = row - b * R - m;
+    const int gi = int(gr / BR);
+    const float v = i >= 0 && i < g.N ? dy[((b * g.N + i) * g.G + gi) * g.D + e] : 0.f;
+    T* o = a + gr * lda + std::int64_t(m) * parts * g.D + e;
     const T h = stf<T>(v);
-    const std::int64_t o = (gi * dy_rows + row) * lddy + e;
-    hi[o] = h;
-    if (lo) lo[o] = stf<T>(v - ldf(h));
+    o[0] = h;
+    if (parts == 2) o[g.D] = stf<T>(v - ldf(h));
+  }
+}
+
+// Wt[g][f][(m*parts + k)*D + e] = W[g][m*d*D + f][e] for f < d*D: every W_m's row f, once per
+// part. One thread per (g, f, m, e).
+template <class T>
+__global__ void stack_w_kernel(Geo g, int M, int parts, std::int64_t lda, const T* __restrict__ w,
+                               T* __restrict__ wt) {
+  const std::int64_t dD = std::int64_t(g.d) * g.D, lD = std::int64_t(g.l) * g.D;
+  const std::int64_t total = std::int64_t(g.G) * dD * M * g.D;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const int e = int(idx % g.D), m = int((idx / g.D) % M);
+    const std::int64_t gf = idx / (std::int64_t(g.D) * M);  // gi * dD + f
+    const std::int64_t gi = gf / dD, f = gf - gi * dD;
+    const T v = w[(gi * lD + m * dD + f) * g.D + e];
+    T* o = wt + gf * lda + std::int64_t(m) * parts * g.D + e;
+    for (int k = 0; k < parts; ++k) o[k * g.D] = v;
   }
 }
 
@@ -235,18 +255,22 @@ __global__ void compress_dp_kernel(Geo g, const T* __restrict__ w, const float* 
   if (lane == 0) dp[row] += s;
 }
 
-// dw[g][f][e] += (zdy[g][f][e] + p[g][f] colsum[g][e]): the chunk products plus the bias
-// row's share flatten(P)^T colsum(dY), added to the accumulated gradient in one step (so
-// dw_in + dW is rounded once, whatever dw held before).
+// dw[g][f][e] += (sum_k zdy[g][f][k*D + e] + p[g][f] colsum[g][e]): the chunk products of the
+// parts plus the bias row's share flatten(P)^T colsum(dY), added to the accumulated gradient
+// in one step (so dw_in + dW is rounded once, whatever dw held before).
 template <class T>
-__global__ void add_dw_kernel(Geo g, const float* __restrict__ zdy, const T* __restrict__ p,
+__global__ void add_dw_kernel(Geo g, int parts, const float* __restrict__ zdy, const T* __restrict__ p,
                               const float* __restrict__ sum, float* __restrict__ dw) {
   const std::int64_t total = std::int64_t(g.G) * g.l * g.D * g.D;
   for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += std::int64_t(gridDim.x) * blockDim.x) {
     const std::int64_t gf = idx / g.D;  // g * l*D + f
     const int gi = int(gf / (std::int64_t(g.l) * g.D));
-    dw[idx] += zdy[idx] + ldf(p[gf]) * sum[gi * g.D + idx % g.D];
+    const int e = int(idx % g.D);
+    const float* z = zdy + gf * parts * g.D + e;
+    float c = z[0];
+    for (int k = 1; k < parts; ++k) c += z[k * g.D];
+    dw[idx] += c + ldf(p[gf]) * sum[gi * g.D + e];
   }
 }
 
@@ -276,7 +300,7 @@ std::size_t compress_scratch_bytes(const Geo& g, int elem_bytes) {
   const CmpLayout L(g, elem_bytes);
   const std::size_t fwd = L.z_bytes + L.y_bytes + L.bias_bytes;
   const std::size_t bwd =
-      L.z_bytes + L.dy_bytes + L.dz_bytes + L.bias_bytes + L.dw_bytes;
+      L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes + L.bias_bytes + L.dw_bytes;
   return fwd > bwd ? fwd : bwd;
 }
 
@@ -311,39 +335,32 @@ void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, 
                                    std::size_t(g.B) * g.T, s));
     return;
   }
-  const std::int64_t dD = std::int64_t(g.d) * g.D, lD = std::int64_t(g.l) * g.D;
-  const int lead = L.M - 1;
-  T* dyh = reinterpret_cast<T*>(base + L.z_bytes);
-  T* dyl = L.parts == 2 ? dyh + g.G * L.dy_rows * L.lddy : nullptr;
-  pack_dy_kernel<T><<<grid1(g.G * L.dy_rows * g.D, 256), 256, 0, s>>>(g, L.R, L.lddy, L.dy_rows,
-                                                                    lead, dy, dyh, dyl);
+  const std::int64_t dD = std::int64_t(g.d) * g.D, lD = std::int64_t(g.l) * g.D, PD = L.parts * g.D;
+  T* a = reinterpret_cast<T*>(base + L.z_bytes);
+  T* wt = reinterpret_cast<T*>(base + L.z_bytes + L.a_bytes);
+  auto* dz = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes);
+  auto* colsum = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes);
+  auto* zdy = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes + L.bias_bytes);
+  pack_dy_kernel<T><<<grid1(std::int64_t(g.G) * L.BR * L.M * g.D, 256), 256, 0, s>>>(g, L.M, L.parts, L.R, L.BR,
+                                                                                  L.lda, dy, a);
   check_launch("pack_dy_kernel");
-  const T* parts[2] = {dyh, dyl};
-  auto* colsum = reinterpret_cast<float*>(base + L.z_bytes + L.dy_bytes + L.dz_bytes);
   if (dw || dp) {  // colsum_g = 1^T dY_g, from the fp32 gradient
     colsum_kernel<<<dim3(unsigned(g.G), unsigned((g.D + 31) / 32)), kColsumWarps * 32, 0, s>>>(g, dy, colsum);
     check_launch("colsum_kernel");
   }
   if (dw) {
     const T* z = gather<T>(g, L, x, base, s);
-    auto* zdy = reinterpret_cast<float*>(base + L.z_bytes + L.dy_bytes + L.dz_bytes +
-                                         L.bias_bytes);
-    for (int m = 0; m < L.M; ++m)
-      for (int k = 0; k < L.parts; ++k)  // zdy_m = shift_m(Z)^T dY, every head at once
-        product_per_head<T>(g, true, false, dD, g.D, L.BR, z + m * L.ldz, L.ldz, L.z_rows * L.ldz,
-                            parts[k] + lead * L.lddy, L.lddy, L.dy_rows * L.lddy, k > 0, zdy + m * dD * g.D, g.D,
-                            lD * g.D, s);
-    add_dw_kernel<T><<<grid1(std::int64_t(g.G) * lD * g.D, 256), 256, 0, s>>>(g, zdy, p, colsum,
-                                                                             dw);
+    for (int m = 0; m < L.M; ++m)  // zdy_m = shift_m(Z)^T [dY parts], every head at once
+      product_per_head<T>(g, true, false, dD, PD, L.BR, z + m * L.ldz, L.ldz, L.z_rows * L.ldz, a, L.lda,
+                          L.BR * L.lda, false, zdy + m * dD * PD, PD, lD * PD, s);
+    add_dw_kernel<T><<<grid1(std::int64_t(g.G) * lD * g.D, 256), 256, 0, s>>>(g, L.parts, zdy, p, colsum, dw);
     check_launch("add_dw_kernel");
   }
-  if (dx) {
-    auto* dz = reinterpret_cast<float*>(base + L.z_bytes + L.dy_bytes);
-    for (int m = 0; m < L.M; ++m)
-      for (int k = 0; k < L.parts; ++k)  // dZ += shift_{-m}(dY) W_m^T, every head at once
-        product_per_head<T>(g, false, true, L.BR, dD, g.D, parts[k] + (lead - m) * L.lddy, L.lddy,
-                            L.dy_rows * L.lddy, w + m * dD * g.D, g.D, lD * g.D, m > 0 || k > 0, dz, L.ldv,
-                            L.BR * L.ldv, s);
+  if (dx) {  // dZ = A Wt^T, every head at once
+    stack_w_kernel<T><<<grid1(std::int64_t(g.G) * dD * L.M * g.D, 256), 256, 0, s>>>(g, L.M, L.parts, L.lda, w, wt);
+    check_launch("stack_w_kernel");
+    product_per_head<T>(g, false, true, L.BR, dD, L.K, a, L.lda, L.BR * L.lda, wt, L.lda, dD * L.lda, false, dz,
+                        L.ldv, L.BR * L.ldv, s);
     const std::int64_t tokens = std::int64_t(g.B) * g.T;
     if (tokens > 0) scatter_dx_kernel<T><<<unsigned(tokens), 128, 0, s>>>(g, L.R, L.ldv, dz, dx);
     check_launch("scatter_dx_kernel");
