@@ -21,19 +21,25 @@
 // one after another; leading dimensions rounded up so that every shifted operand stays
 // 256-byte aligned for cuBLASLt; parts: bf16 takes dY as two parts, the bf16 value and its
 // rounding residual, so the products see ~16 significant bits of the fp32 gradient; fp32 one):
+// forward, in this order:
 //   Z   [G][B*R + l/d - 1][ldz]  T     the chunks; the l/d - 1 rows after the last are zero
 //   Y   [G][B*R][ldy]            fp32  sum_m shift_m(Z) W_m (rows i >= N of a sequence unused)
+//   bias [G][D]                  fp32  flatten(P) W
+// backward, in this order:
+//   Z   as in the forward (gathered again)
 //   A   [G][B*R][lda]            T     row b*R + c: (m, k) -> part k of dY[b, c - m] (0 where
 //                                      c - m is not a block of sequence b), m major, D each;
 //                                      its (0, k) columns are dY's parts for the dW products
 //   Wt  [G][d*D][lda]            T     row f: (m, k) -> W_m row f (each part's copy)
 //   dZ  [G][B*R][ldv]            fp32
+//   colsum [G][D]                fp32  colsum(dY)
 //   zdY [G][l*D][parts*D]        fp32  shift_m(Z)^T dY, the parts side by side
 //
 // Determinism: cuBLASLt products with a fixed algorithm per shape; the sums over m (forward)
 // accumulate in a fixed order (beta = 1 in sequence), the parts of zdY are added by
-// add_dw_kernel in order; the small kernels have one thread per output element (colsum: a
-// fixed split, summed in a fixed order).
+// add_dw_kernel in order; every output element of the small kernels is computed by one
+// thread (pack_dy, add_dw: a few consecutive ones each), colsum's by a fixed split of the
+// rows summed in a fixed order.
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -334,8 +340,9 @@ __global__ void add_dw_kernel(Geo g, int parts, const float* __restrict__ zdy, c
   }
 }
 
-// Row-major C[M,N] (+)= op(A) op(B) on the NSA stream for every KV head at once: head g's operands at A + g stride_a, B + g stride_b,
-// C + g stride_c (one launch: a head's product alone fills a fraction of the GPU at T = 8192).
+// Row-major C[M,N] (+)= op(A) op(B) on the NSA stream for every KV head at once: head g's
+// operands at A + g stride_a, B + g stride_b, C + g stride_c (one launch: a head's product
+// alone fills a fraction of the GPU at T = 8192).
 template <class T>
 void product_per_head(const Geo& g, bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, const T* A,
                       std::int64_t lda, std::int64_t stride_a, const T* B, std::int64_t ldb, std::int64_t stride_b,
