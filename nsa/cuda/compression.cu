@@ -41,15 +41,17 @@
 // thread (pack_dy, add_dw: a few consecutive ones each), colsum's by a fixed split of the
 // rows summed in a fixed order.
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
+#include "core/ops/cuda/common.cuh"  // 16-byte loads and stores (load, store, Packed), aligned16
 #include "core/ops/matmul.h"
 #include "nsa/cuda/internal.cuh"
 
 namespace nsatron::nsa::cuda::detail {
 
 namespace {
+
+namespace vec = nsatron::cuda_detail;  // the op families' vector loads and stores
 
 std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 std::size_t align256(std::size_t x) { return (x + 255) & ~std::size_t(255); }
@@ -132,7 +134,7 @@ __global__ void gather_chunks_kernel(Geo g, std::int64_t R, std::int64_t ldz, st
   }
   const std::int64_t b = row / R, c = row - b * R;
   const T* src = x + (b * g.T + c * g.d) * g.kvp + std::int64_t(gi) * g.D;
-  constexpr int kPer16 = 16 / sizeof(T);
+  constexpr int kPer16 = vec::kVec<T>;
   if (g.D % kPer16 == 0 && g.kvp % kPer16 == 0 && (reinterpret_cast<std::uintptr_t>(x) & 15u) == 0)
     copy_strided_rows(reinterpret_cast<uint4*>(dst), reinterpret_cast<const uint4*>(src), dD / kPer16,
                       g.D / kPer16, g.kvp / kPer16);
@@ -164,33 +166,6 @@ __global__ void finish_forward_kernel(Geo g, std::int64_t R, std::int64_t ldy,
   }
 }
 
-// x = the U floats at p (one 16-byte load for U = 4).
-template <int U>
-__device__ __forceinline__ void load_floats(float (&x)[U], const float* p) {
-  if constexpr (U == 4) {
-    const float4 v = *reinterpret_cast<const float4*>(p);
-    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
-  } else {
-#pragma unroll
-    for (int u = 0; u < U; ++u) x[u] = p[u];
-  }
-}
-
-// The U values x of T at o, in one store of U * sizeof(T) bytes (o aligned to it).
-template <class T, int U>
-__device__ __forceinline__ void store_values(T* o, const T (&x)[U]) {
-  constexpr int kBytes = int(sizeof(T)) * U;
-  using V = std::conditional_t<kBytes == 16, uint4, std::conditional_t<kBytes == 8, uint2, T>>;
-  if constexpr (sizeof(V) == kBytes) {
-    V v;
-    memcpy(&v, x, kBytes);
-    *reinterpret_cast<V*>(o) = v;
-  } else {
-#pragma unroll
-    for (int u = 0; u < U; ++u) o[u] = x[u];
-  }
-}
-
 // A[g][b*R + c][(m*parts + k)*D + e] = part k of dy[b, c - m, g, e] where 0 <= c - m < N, else
 // 0 (part 0 the value as T, part 1 for bf16 its rounding residual). One thread per (g, row, m)
 // and U consecutive e (4 where D and dy allow 16-byte loads; one by one the copy ran at ~0.4
@@ -208,30 +183,29 @@ __global__ void pack_dy_kernel(Geo g, int M, int parts, std::int64_t R, std::int
     const int gi = int(gr / BR);
     float v[U];
     if (i >= 0 && i < g.N) {
-      load_floats<U>(v, dy + ((b * g.N + i) * g.G + gi) * g.D + e);
+      vec::load<float, U>(dy + ((b * g.N + i) * g.G + gi) * g.D + e, v);
     } else {
 #pragma unroll
       for (int u = 0; u < U; ++u) v[u] = 0.f;
     }
     T* o = a + gr * lda + std::int64_t(m) * parts * g.D + e;
-    T h[U], lo[U];
+    vec::Packed<T, U> h, lo;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      h[u] = stf<T>(v[u]);
-      lo[u] = stf<T>(v[u] - ldf(h[u]));
+      h.e[u] = stf<T>(v[u]);
+      lo.e[u] = stf<T>(v[u] - ldf(h.e[u]));
     }
-    store_values<T, U>(o, h);
-    if (parts == 2) store_values<T, U>(o + g.D, lo);
+    vec::store_packed<T, U>(o, h);
+    if (parts == 2) vec::store_packed<T, U>(o + g.D, lo);
   }
 }
 
 // Wt[g][f][(m*parts + k)*D + e] = W[g][m*d*D + f][e] for f < d*D: every W_m's row f, once per
-// part. One thread per (g, f, m) and V-sized piece of e (V = uint4 where D and w allow:
-// element by element it ran at ~0.7 TB/s, 0.21 ms a call at 48 heads).
-template <class T, class V>
+// part. One thread per (g, f, m) and U consecutive e (16 bytes where D and w allow: element by
+// element it ran at ~0.7 TB/s, 0.21 ms a call at 48 heads).
+template <class T, int U>
 __global__ void stack_w_kernel(Geo g, int M, int parts, std::int64_t lda, const T* __restrict__ w,
                                T* __restrict__ wt) {
-  constexpr int U = int(sizeof(V) / sizeof(T));
   const int DU = g.D / U;
   const std::int64_t dD = std::int64_t(g.d) * g.D, lD = std::int64_t(g.l) * g.D;
   const std::int64_t total = std::int64_t(g.G) * dD * M * DU;
@@ -240,9 +214,9 @@ __global__ void stack_w_kernel(Geo g, int M, int parts, std::int64_t lda, const 
     const int e = int(idx % DU) * U, m = int((idx / DU) % M);
     const std::int64_t gf = idx / (std::int64_t(DU) * M);  // gi * dD + f
     const std::int64_t gi = gf / dD, f = gf - gi * dD;
-    const V v = *reinterpret_cast<const V*>(w + (gi * lD + m * dD + f) * g.D + e);
+    const auto v = vec::load_packed<T, U>(w + (gi * lD + m * dD + f) * g.D + e);
     T* o = wt + gf * lda + std::int64_t(m) * parts * g.D + e;
-    for (int k = 0; k < parts; ++k) *reinterpret_cast<V*>(o + k * g.D) = v;
+    for (int k = 0; k < parts; ++k) vec::store_packed<T, U>(o + k * g.D, v);
   }
 }
 
@@ -321,22 +295,18 @@ __global__ void add_dw_kernel(Geo g, int parts, const float* __restrict__ zdy, c
     const int e = int(i0 % g.D);
     const float* z = zdy + gf * parts * g.D + e;
     float c[U], t[U], cs[U], d[U];
-    load_floats<U>(c, z);
+    vec::load<float, U>(z, c);
     for (int k = 1; k < parts; ++k) {
-      load_floats<U>(t, z + k * g.D);
+      vec::load<float, U>(z + k * g.D, t);
 #pragma unroll
       for (int u = 0; u < U; ++u) c[u] += t[u];
     }
-    load_floats<U>(cs, sum + gi * g.D + e);
-    load_floats<U>(d, dw + i0);
+    vec::load<float, U>(sum + gi * g.D + e, cs);
+    vec::load<float, U>(dw + i0, d);
     const float pf = ldf(p[gf]);
 #pragma unroll
     for (int u = 0; u < U; ++u) d[u] += c[u] + pf * cs[u];
-    if constexpr (U == 4)
-      *reinterpret_cast<float4*>(dw + i0) = make_float4(d[0], d[1], d[2], d[3]);
-    else
-#pragma unroll
-      for (int u = 0; u < U; ++u) dw[i0 + u] = d[u];
+    vec::store<float, U>(dw + i0, d);
   }
 }
 
@@ -409,7 +379,7 @@ void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, 
   auto* colsum = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes);
   auto* zdy = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes + L.bias_bytes);
   const std::int64_t npack = std::int64_t(g.G) * L.BR * L.M * g.D;
-  if (g.D % 4 == 0 && (reinterpret_cast<std::uintptr_t>(dy) & 15u) == 0)
+  if (g.D % 4 == 0 && vec::aligned16(dy))
     pack_dy_kernel<T, 4><<<grid1(npack / 4, 256), 256, 0, s>>>(g, L.M, L.parts, L.R, L.BR, L.lda, dy, a);
   else
     pack_dy_kernel<T, 1><<<grid1(npack, 256), 256, 0, s>>>(g, L.M, L.parts, L.R, L.BR, L.lda, dy, a);
@@ -424,19 +394,19 @@ void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, 
       product_per_head<T>(g, true, false, dD, PD, L.BR, z + m * L.ldz, L.ldz, L.z_rows * L.ldz, a, L.lda,
                           L.BR * L.lda, false, zdy + m * dD * PD, PD, lD * PD, s);
     const std::int64_t n = std::int64_t(g.G) * lD * g.D;
-    if (g.D % 4 == 0 && (reinterpret_cast<std::uintptr_t>(dw) & 15u) == 0)
+    if (g.D % 4 == 0 && vec::aligned16(dw))
       add_dw_kernel<T, 4><<<grid1(n / 4, 256), 256, 0, s>>>(g, L.parts, zdy, p, colsum, dw);
     else
       add_dw_kernel<T, 1><<<grid1(n, 256), 256, 0, s>>>(g, L.parts, zdy, p, colsum, dw);
     check_launch("add_dw_kernel");
   }
   if (dx) {  // dZ = A Wt^T, every head at once
-    constexpr int kPer16 = 16 / sizeof(T);
+    constexpr int kPer16 = vec::kVec<T>;
     const std::int64_t n = std::int64_t(g.G) * dD * L.M * g.D;
-    if (g.D % kPer16 == 0 && (reinterpret_cast<std::uintptr_t>(w) & 15u) == 0)
-      stack_w_kernel<T, uint4><<<grid1(n / kPer16, 256), 256, 0, s>>>(g, L.M, L.parts, L.lda, w, wt);
+    if (g.D % kPer16 == 0 && vec::aligned16(w))
+      stack_w_kernel<T, kPer16><<<grid1(n / kPer16, 256), 256, 0, s>>>(g, L.M, L.parts, L.lda, w, wt);
     else
-      stack_w_kernel<T, T><<<grid1(n, 256), 256, 0, s>>>(g, L.M, L.parts, L.lda, w, wt);
+      stack_w_kernel<T, 1><<<grid1(n, 256), 256, 0, s>>>(g, L.M, L.parts, L.lda, w, wt);
     check_launch("stack_w_kernel");
     product_per_head<T>(g, false, true, L.BR, dD, L.K, a, L.lda, L.BR * L.lda, wt, L.lda, dD * L.lda, false, dz,
                         L.ldv, L.BR * L.ldv, s);

@@ -1,4 +1,5 @@
-// Shared by the CUDA op families (core/ops/cuda/*.cu); not a public header.
+// Shared by the CUDA op families (core/ops/cuda/*.cu), and for its vector loads and stores by
+// nsa/cuda/compression.cu; not a public header.
 //   - element types: DType::F32 -> float, DType::BF16 -> __nv_bfloat16, arithmetic in fp32
 //   - vector loads/stores of 16 bytes (VEC elements) with a scalar fallback
 //   - deterministic block reductions (fixed tree, fixed order across warps)
