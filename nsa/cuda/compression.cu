@@ -378,12 +378,14 @@ void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, 
   auto* dz = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes);
   auto* colsum = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes);
   auto* zdy = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes + L.bias_bytes);
-  const std::int64_t npack = std::int64_t(g.G) * L.BR * L.M * g.D;
-  if (g.D % 4 == 0 && vec::aligned16(dy))
-    pack_dy_kernel<T, 4><<<grid1(npack / 4, 256), 256, 0, s>>>(g, L.M, L.parts, L.R, L.BR, L.lda, dy, a);
-  else
-    pack_dy_kernel<T, 1><<<grid1(npack, 256), 256, 0, s>>>(g, L.M, L.parts, L.R, L.BR, L.lda, dy, a);
-  check_launch("pack_dy_kernel");
+  if (dw || dx) {  // A: the operand of both products (dp needs only colsum)
+    const std::int64_t npack = std::int64_t(g.G) * L.BR * L.M * g.D;
+    if (g.D % 4 == 0 && vec::aligned16(dy))
+      pack_dy_kernel<T, 4><<<grid1(npack / 4, 256), 256, 0, s>>>(g, L.M, L.parts, L.R, L.BR, L.lda, dy, a);
+    else
+      pack_dy_kernel<T, 1><<<grid1(npack, 256), 256, 0, s>>>(g, L.M, L.parts, L.R, L.BR, L.lda, dy, a);
+    check_launch("pack_dy_kernel");
+  }
   if (dw || dp) {  // colsum_g = 1^T dY_g, from the fp32 gradient
     colsum_kernel<<<dim3(unsigned(g.G), unsigned((g.D + 31) / 32)), kColsumWarps * 32, 0, s>>>(g, dy, colsum);
     check_launch("colsum_kernel");
