@@ -34,6 +34,7 @@
 //   dZ  [G][B*R][ldv]            fp32
 //   colsum [G][D]                fp32  colsum(dY)
 //   zdY [G][l*D][parts*D]        fp32  shift_m(Z)^T dY, the parts side by side
+//   slices [S <= 64][G][D]       fp32  colsum's row slices' sums (colsum_slices_kernel)
 //
 // Determinism: cuBLASLt products with a fixed algorithm per shape; the sums over m (forward)
 // accumulate in a fixed order (beta = 1 in sequence), the parts of zdY are added by
@@ -56,6 +57,10 @@ namespace vec = nsatron::cuda_detail;  // the op families' vector loads and stor
 std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 std::size_t align256(std::size_t x) { return (x + 255) & ~std::size_t(255); }
 
+// colsum's warps per block and most row slices (colsum_slices_kernel below).
+constexpr int kColsumWarps = 8;
+constexpr int kColsumMaxSlices = 64;
+
 // Shapes of the scratch for one call.
 struct CmpLayout {
   int M;               // l / d: chunks per block
@@ -65,7 +70,7 @@ struct CmpLayout {
   std::int64_t z_rows;
   int parts;           // 2 (hi, lo) for bf16, 1 for fp32
   std::int64_t K;      // l/d * parts * D: the dZ product's inner dimension (A's and Wt's columns)
-  std::size_t z_bytes, y_bytes, a_bytes, wt_bytes, dz_bytes, bias_bytes, dw_bytes;
+  std::size_t z_bytes, y_bytes, a_bytes, wt_bytes, dz_bytes, bias_bytes, dw_bytes, slices_bytes;
 
   CmpLayout(const Geo& g, int elem) {
     M = g.l / g.d;
@@ -85,6 +90,7 @@ struct CmpLayout {
     wt_bytes = align256(std::size_t(g.G * std::int64_t(g.d) * g.D * lda) * elem);
     dz_bytes = align256(std::size_t(g.G * BR * ldv) * 4);
     bias_bytes = align256(std::size_t(g.G * g.D) * 4);
+    slices_bytes = align256(std::size_t(kColsumMaxSlices) * g.G * g.D * 4);  // colsum's partial sums
     dw_bytes = align256(std::size_t(g.G) * g.l * g.D * parts * g.D * 4);
   }
 };
@@ -240,29 +246,44 @@ __global__ void scatter_dx_kernel(Geo g, std::int64_t R, std::int64_t ldv,
 }
 
 // colsum[g][e] = sum over every block i < N of every sequence b of dy[b, i, g, e] (fp32), in a
-// fixed order: block (g, 32-column slice) with lane e - e0 over the slice's columns (one
-// 128-byte row segment per warp and row) and warp w over the rows w, w + 8, ..., then the 8
-// warps' partial sums added in warp order (deterministic). One launch for every head: a
-// product of ones per head and bf16 part was 2 G launches of ~4 us per call, ~0.8 ms per
-// backward (keys and values) at 48 heads.
-constexpr int kColsumWarps = 8;
-__global__ void colsum_kernel(Geo g, const float* __restrict__ dy, float* __restrict__ colsum) {
-  __shared__ float part[kColsumWarps][32];
+// fixed order, in two launches. colsum_slices_kernel: the B*N rows split into S consecutive
+// slices (colsum_slices: a function of the shape), block (g, 32-column piece, slice) with lane
+// e - e0 over the piece's columns (one 128-byte row segment per warp and row) and warp w over
+// the slice's rows w, w + 8, ..., the 8 warps' sums added in warp order into part[slice][g][e];
+// colsum_add_slices_kernel: the slices added in slice order. (One block per (g, piece) over
+// every row had 4 blocks at the 125M layer and 16 at 64k, each warp walking hundreds of rows
+// in turn; a product of ones per head and bf16 part before that was 2 G launches of ~4 us per
+// call, ~0.8 ms per backward at 48 heads.)
+inline int colsum_slices(const Geo& g) {
+  const std::int64_t rows = std::int64_t(g.B) * g.N;
+  return int(std::clamp<std::int64_t>((rows + 255) / 256, 1, kColsumMaxSlices));  // <= 32 rows a warp
+}
+__global__ void colsum_slices_kernel(Geo g, const float* __restrict__ dy, float* __restrict__ part) {
+  __shared__ float warp_sum[kColsumWarps][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int gi = blockIdx.x, e = blockIdx.y * 32 + lane;
+  const int gi = blockIdx.x, e = blockIdx.y * 32 + lane, slice = blockIdx.z, S = gridDim.z;
   const std::int64_t rows = std::int64_t(g.B) * g.N, stride = std::int64_t(g.G) * g.D;
+  const std::int64_t r0 = rows * slice / S, r1 = rows * (slice + 1) / S;
   float s = 0.f;
   if (e < g.D) {
     const float* col = dy + std::int64_t(gi) * g.D + e;
-    for (std::int64_t r = warp; r < rows; r += kColsumWarps) s += col[r * stride];
+    for (std::int64_t r = r0 + warp; r < r1; r += kColsumWarps) s += col[r * stride];
   }
-  part[warp][lane] = s;
+  warp_sum[warp][lane] = s;
   __syncthreads();
   if (warp == 0 && e < g.D) {
-    float t = part[0][lane];
+    float t = warp_sum[0][lane];
 #pragma unroll
-    for (int w = 1; w < kColsumWarps; ++w) t += part[w][lane];
-    colsum[std::int64_t(gi) * g.D + e] = t;
+    for (int w = 1; w < kColsumWarps; ++w) t += warp_sum[w][lane];
+    part[(std::int64_t(slice) * g.G + gi) * g.D + e] = t;
+  }
+}
+__global__ void colsum_add_slices_kernel(Geo g, int S, const float* __restrict__ part, float* __restrict__ colsum) {
+  const int GD = g.G * g.D;
+  for (int f = blockIdx.x * blockDim.x + threadIdx.x; f < GD; f += gridDim.x * blockDim.x) {
+    float t = part[f];
+    for (int k = 1; k < S; ++k) t += part[std::int64_t(k) * GD + f];
+    colsum[f] = t;
   }
 }
 
@@ -337,7 +358,7 @@ std::size_t compress_scratch_bytes(const Geo& g, int elem_bytes) {
   const CmpLayout L(g, elem_bytes);
   const std::size_t fwd = L.z_bytes + L.y_bytes + L.bias_bytes;
   const std::size_t bwd =
-      L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes + L.bias_bytes + L.dw_bytes;
+      L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes + L.bias_bytes + L.dw_bytes + L.slices_bytes;
   return fwd > bwd ? fwd : bwd;
 }
 
@@ -387,8 +408,14 @@ void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, 
     check_launch("pack_dy_kernel");
   }
   if (dw || dp) {  // colsum_g = 1^T dY_g, from the fp32 gradient
-    colsum_kernel<<<dim3(unsigned(g.G), unsigned((g.D + 31) / 32)), kColsumWarps * 32, 0, s>>>(g, dy, colsum);
-    check_launch("colsum_kernel");
+    auto* part = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes + L.bias_bytes +
+                                          L.dw_bytes);
+    const int S = colsum_slices(g);
+    colsum_slices_kernel<<<dim3(unsigned(g.G), unsigned((g.D + 31) / 32), unsigned(S)), kColsumWarps * 32, 0, s>>>(
+        g, dy, part);
+    check_launch("colsum_slices_kernel");
+    colsum_add_slices_kernel<<<grid1(std::int64_t(g.G) * g.D, 256), 256, 0, s>>>(g, S, part, colsum);
+    check_launch("colsum_add_slices_kernel");
   }
   if (dw) {
     const T* z = gather<T>(g, L, x, base, s);
