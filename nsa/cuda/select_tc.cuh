@@ -148,8 +148,9 @@ __host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n, int 
   L.v = up(L.kinv + 2 * KT * 4);                       // [2 stages][VP parts] tiles KT x DP bf16
   const std::size_t vbytes = std::size_t(2) * VP * KT * DP * 2;
   // pass 1 reuses the value tiles' space for p [ROWS][KT + 1] and the head sums [P][KT], fp32
-  // (none streamed at h = 1, where p is its position's sum: 32 KB that let the StreamPos in)
-  const bool head_sums = !(ring > 0 && h == 1);
+  // (none at h = 1, where p is its position's sum: 32 KB that let the StreamPos in, and the
+  // full [128][128] scores at T = 8192, D = 128)
+  const bool head_sums = h != 1;
   const std::size_t psbytes = (std::size_t(ROWS) * (KT + 1) + (head_sums ? std::size_t(P) * KT : 0)) * 4;
   L.ps = L.v;
   L.s = L.v + (vbytes > psbytes ? vbytes : psbytes);   // [P][NB] fp32 block scores, or
@@ -825,10 +826,10 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         // over the position's heads, then the block scores. At h = 16 (8) a warp's 16 rows are
         // the heads of one position (two: rows gr and gr + 8), so P_i are sums of the warp's
         // registers (warp_head_sums; padded D = 128); otherwise p goes through Ps and a thread per
-        // (position, key) sums its heads, ascending (streamed at h = 1: the row's p itself, read
-        // from Ps).
+        // (position, key) sums its heads, ascending (at h = 1: the row's p itself, read from
+        // Ps).
         const int cnt = min(KT, key_end - s0);
-        const bool p_is_row = STREAMED && g.h == 1;
+        const bool p_is_row = g.h == 1;
         if (DP > 64 && (g.h == 16 || g.h == 8)) {  // (at padded D <= 64 its registers spilled)
           float p[NT][4];
 #pragma unroll
@@ -871,17 +872,18 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
         // fit the lanes and overlap at most kMaxOverlap compressed blocks each, lane jj of every
         // warp takes block j_lo + jj (its range and weights computed once per tile, where each
         // thread recomputed them with four integer divisions) and the warps take the positions
-        // in turn. The same products summed in the same order either way. (By lane in the full
-        // instantiation too, the paper shapes' 8 positions per block ran 2-5% slower:
-        // docs/performance.md, change 26.) Streamed, the blocks no later tile touches are final:
+        // in turn. The same products summed in the same order either way. By lane in the full
+        // instantiation too where a block holds kByLaneMinP or more positions (h <= 4 at D =
+        // 128; 2-5% slower at the paper shapes' 8 positions per block: docs/performance.md,
+        // change 26). Streamed, the blocks no later tile touches are final:
         // [j_lo, the next tile's j_lo) (the last tile: through j_hi); their ring slots are cleared
         // and each position's candidates among them merged into its list (stream_topn) after
         // the sums (by lane: by the warp that summed the position, with no block barrier).
-        constexpr int kMaxOverlap = 8;
+        constexpr int kMaxOverlap = 8, kByLaneMinP = 32;
         const int jl = j_lo + lane;
         int i0 = 0, ic = 0;
         bool by_lane = false;
-        if constexpr (STREAMED) {
+        if (STREAMED || P >= kByLaneMinP) {
           if (lane < nj) {
             int a, b;
             overlapping_cmp_blocks_units(jl, l_units, ls_units, a, b);
@@ -891,13 +893,14 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
           by_lane = nj <= 32 && __all_sync(0xffffffffu, ic <= kMaxOverlap);
         }
         const int j_end = k == nsteps - 1 ? j_hi + 1 : min(g.NB, ((s0 + KT) * g.d) / g.ls);
-        if (by_lane) {  // streamed only
+        if (by_lane) {
           float w[kMaxOverlap];
 #pragma unroll
           for (int m = 0; m < kMaxOverlap; ++m) w[m] = m < ic ? overlap_weight_units(i0 + m, jl, l_units, ls_units) : 0.f;
           if (lane < nj)
             for (int pl = warp; pl < npos; pl += kCmpSelWarps) {
-              const int ie = min(ic, Lp[pl].vis - i0);
+              const int vis = STREAMED ? Lp[pl].vis : visible_blocks(g, t_first + pl);
+              const int ie = min(ic, vis - i0);
               const float* pr = Pr + pl * prs + (i0 - s0);
               float sum = 0.f;
 #pragma unroll
