@@ -347,6 +347,13 @@ __device__ __forceinline__ void warp_head_sums(const float (&p)[NT][4], float* o
 // were ~15% of the fused kernel's stall samples at the paper's T = 64k, docs/performance.md,
 // eighth session.)
 constexpr int kTopCache = 4;
+// A score's order key: a > b as floats (NaN excluded, -0 as +0) iff key(a) > key(b) as
+// unsigned, and every key is above 0 (so 0 can mark "no candidate"): the sign bit flipped for
+// non-negative floats, every bit for negative ones.
+__device__ __forceinline__ unsigned score_order_key(float v) {
+  const unsigned bits = __float_as_uint(v + 0.f);  // (-0 + 0 = +0)
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
 __device__ __forceinline__ void warp_take_best(const float* S, int last, int take, int* chosen, int lane) {
   float cv[kTopCache];
   int cj[kTopCache];
@@ -379,9 +386,20 @@ __device__ __forceinline__ void warp_take_best(const float* S, int last, int tak
   fill(0.f, -1);
   int mine = lane < last ? (last - lane - 1) / 32 + 1 : 0;  // the lane's candidates not yet taken
   for (int round = 0; round < take; ++round) {
-    float bv = cv[0];
+    const float bv = cv[0];  // (the winning lane's own head: the taken score, for its refill)
     int bj = cj[0];
-    warp_best_candidate(bv, bj);
+#if __CUDA_ARCH__ >= 800
+    // The best head in two warp reductions (redux.sync) instead of 5 levels of shuffles and
+    // compares (warp_best_candidate, ~35% of the fused kernel at h = 1, T = 8192: docs/
+    // performance.md, nineteenth session): the largest order key, then the smallest block
+    // among the heads that hold it; the same winner as ranks_before.
+    const unsigned key = cj[0] == INT_MAX ? 0u : score_order_key(cv[0]);
+    const unsigned top = __reduce_max_sync(0xffffffffu, key);
+    bj = int(__reduce_min_sync(0xffffffffu, key == top ? unsigned(cj[0]) : 0xffffffffu));
+#else
+    float wv = bv;
+    warp_best_candidate(wv, bj);
+#endif
     if (lane == 0) chosen[round] = bj;
     if (cj[0] == bj) {  // this lane's head was taken: pop it
       --mine;
