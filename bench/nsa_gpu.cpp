@@ -7,6 +7,7 @@
 //                 [--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
 //                 [--sel-loop auto|union|inverted|both] [--inputs random|local]
 //                 [--row-fwd auto|plain|ws|both] [--layout split|projection|both]
+//                 [--row-late auto|one|two|both]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
 // "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); "125m_tp2", a
@@ -28,6 +29,11 @@
 // --row-fwd: the row kernels' forward at padded D = 128 (nsa/cuda/selection_loop.h, RowForward):
 // auto (default) as the trainer runs it, the 64-row kernel (plain, suffix /p), the
 // warp-specialised one (ws, /w), or both.
+//
+// --row-late: the two-stage row kernels' schedule (nsa/cuda/attention_tc.cuh, row_late_issue):
+// auto (default) as the trainer runs it (one block barrier per key tile where the launch's keys
+// and values take at most half the L2, two above), one barrier everywhere (suffix /1b), two
+// everywhere (/2b), or both. The same bits either way.
 //
 // --inputs: random (default): every input independent, so neighbouring positions choose
 // unrelated blocks (the selection's union loop at its worst: a block of positions streams the
@@ -57,6 +63,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -309,7 +316,7 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128}, hs = {1, 2, 4, 6, 8, 16}, Bs = {16};
   int reps = 0;
   bool dense = true;
-  std::string sel_loop = "auto", inputs = "random", row_fwd = "auto", layout = "split";
+  std::string sel_loop = "auto", inputs = "random", row_fwd = "auto", layout = "split", row_late = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -331,12 +338,14 @@ int main(int argc, char** argv) {
     else if (a == "--inputs") inputs = val();
     else if (a == "--row-fwd") row_fwd = val();
     else if (a == "--layout") layout = val();
+    else if (a == "--row-late") row_late = val();
     else {
       std::fprintf(stderr,
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,125m_tp2,groups] "
                    "[--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
                    "[--sel-loop auto|union|inverted|both] [--inputs random|local] "
-                   "[--row-fwd auto|plain|ws|both] [--layout split|projection|both]\n");
+                   "[--row-fwd auto|plain|ws|both] [--layout split|projection|both] "
+                   "[--row-late auto|one|two|both]\n");
       return 2;
     }
   }
@@ -419,15 +428,28 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--row-fwd: auto, plain, ws or both, not %s\n", row_fwd.c_str());
     return 2;
   }
+  // (row_late_issue's byte limit: -1 the default, the largest value one barrier, 0 two)
+  constexpr std::int64_t kOneBarrier = std::numeric_limits<std::int64_t>::max();
+  std::vector<std::pair<std::int64_t, std::string>> row_lates;
+  if (row_late == "auto") row_lates = {{-1, ""}};
+  else if (row_late == "one") row_lates = {{kOneBarrier, "/1b"}};
+  else if (row_late == "two") row_lates = {{0, "/2b"}};
+  else if (row_late == "both") row_lates = {{kOneBarrier, "/1b"}, {0, "/2b"}};
+  else {
+    std::fprintf(stderr, "--row-late: auto, one, two or both, not %s\n", row_late.c_str());
+    return 2;
+  }
   for (const auto& s : shapes)
     for (const auto& [loop, suffix] : loops)
       for (const auto& [rf, rsuffix] : row_fwds)
-        for (const auto& [projection, lsuffix] : layouts) {
-          cuda::set_selection_row_loop(loop);
-          cuda::set_row_forward(rf);
-          const Shape named{s.name + suffix + rsuffix + lsuffix + (local_inputs ? "/L" : ""), s.dims};
-          if (dtype == "fp32") run<float>(named, reps, dense, local_inputs, projection);
-          else run<cuda::bf16>(named, reps, dense, local_inputs, projection);
-        }
+        for (const auto& [late_bytes, bsuffix] : row_lates)
+          for (const auto& [projection, lsuffix] : layouts) {
+            cuda::set_selection_row_loop(loop);
+            cuda::set_row_forward(rf);
+            cuda::set_row_late_issue_bytes(late_bytes);
+            const Shape named{s.name + suffix + rsuffix + bsuffix + lsuffix + (local_inputs ? "/L" : ""), s.dims};
+            if (dtype == "fp32") run<float>(named, reps, dense, local_inputs, projection);
+            else run<cuda::bf16>(named, reps, dense, local_inputs, projection);
+          }
   return 0;
 }
