@@ -394,11 +394,20 @@ void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, 
     return;
   }
   const std::int64_t dD = std::int64_t(g.d) * g.D, lD = std::int64_t(g.l) * g.D, PD = L.parts * g.D;
-  T* a = reinterpret_cast<T*>(base + L.z_bytes);
-  T* wt = reinterpret_cast<T*>(base + L.z_bytes + L.a_bytes);
-  auto* dz = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes);
-  auto* colsum = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes);
-  auto* zdy = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes + L.bias_bytes);
+  // The backward's scratch after Z (gather writes it at base), in the order of the table above
+  // (compress_scratch_bytes counts the same regions).
+  std::size_t off = L.z_bytes;
+  auto next_region = [&](std::size_t bytes) {
+    char* r = base + off;
+    off += bytes;
+    return r;
+  };
+  T* a = reinterpret_cast<T*>(next_region(L.a_bytes));
+  T* wt = reinterpret_cast<T*>(next_region(L.wt_bytes));
+  auto* dz = reinterpret_cast<float*>(next_region(L.dz_bytes));
+  auto* colsum = reinterpret_cast<float*>(next_region(L.bias_bytes));
+  auto* zdy = reinterpret_cast<float*>(next_region(L.dw_bytes));
+  auto* slices = reinterpret_cast<float*>(next_region(L.slices_bytes));
   if (dw || dx) {  // A: the operand of both products (dp needs only colsum)
     const std::int64_t npack = std::int64_t(g.G) * L.BR * L.M * g.D;
     if (g.D % 4 == 0 && vec::aligned16(dy))
@@ -408,13 +417,11 @@ void launch_compress_backward(const Geo& g, const T* x, const T* w, const T* p, 
     check_launch("pack_dy_kernel");
   }
   if (dw || dp) {  // colsum_g = 1^T dY_g, from the fp32 gradient
-    auto* part = reinterpret_cast<float*>(base + L.z_bytes + L.a_bytes + L.wt_bytes + L.dz_bytes + L.bias_bytes +
-                                          L.dw_bytes);
     const int S = colsum_slices(g);
     colsum_slices_kernel<<<dim3(unsigned(g.G), unsigned((g.D + 31) / 32), unsigned(S)), kColsumWarps * 32, 0, s>>>(
-        g, dy, part);
+        g, dy, slices);
     check_launch("colsum_slices_kernel");
-    colsum_add_slices_kernel<<<grid1(std::int64_t(g.G) * g.D, 256), 256, 0, s>>>(g, S, part, colsum);
+    colsum_add_slices_kernel<<<grid1(std::int64_t(g.G) * g.D, 256), 256, 0, s>>>(g, S, slices, colsum);
     check_launch("colsum_add_slices_kernel");
   }
   if (dw) {
