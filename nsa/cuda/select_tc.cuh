@@ -187,6 +187,33 @@ __device__ inline StreamPos stream_pos(const Geo& g, int t) {
   return StreamPos{0, take > 0 && take < ncand ? take : 0, bt - 1, visible_blocks(g, t), 0.f, INT_MAX, {0, 0}};
 }
 
+// A score's order key: a > b as floats (NaN excluded, -0 as +0) iff key(a) > key(b) as
+// unsigned, and every key is above 0 (so 0 can mark "no candidate"): the sign bit flipped for
+// non-negative floats, every bit for negative ones.
+__device__ __forceinline__ unsigned score_order_key(float v) {
+  const unsigned bits = __float_as_uint(v + 0.f);  // (-0 + 0 = +0)
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+// A candidate's order key, 64 bits: the score's order key, then the block (a smaller block a
+// larger key); key(a) > key(b) iff a ranks before b (ranks_before); 0: no candidate. The score
+// and block come back exactly (a -0 score as +0, which ranks the same).
+__device__ __forceinline__ unsigned long long candidate_key(float v, int j) {
+  return (static_cast<unsigned long long>(score_order_key(v)) << 32) | (0xffffffffu - static_cast<unsigned>(j));
+}
+__device__ __forceinline__ float key_score(unsigned long long k) {
+  const unsigned u = static_cast<unsigned>(k >> 32);
+  return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+__device__ __forceinline__ int key_block(unsigned long long k) {
+  return static_cast<int>(0xffffffffu - static_cast<unsigned>(k));
+}
+// One compare-exchange step of a warp's bitonic network: the lane keeps the larger of its key
+// and the key of the lane x apart where keep_max, else the smaller.
+__device__ __forceinline__ unsigned long long compare_exchange(unsigned long long k, int x, bool keep_max) {
+  const unsigned long long o = __shfl_xor_sync(0xffffffffu, k, x);
+  return keep_max == (o > k) ? o : k;
+}
+
 // One warp, one position: merges the survivors m of a chunk of candidates (lane x holds block
 // c0 + x with final score v, NaN already -inf; a survivor ranks before a full list's last entry,
 // or the list is not full) into its list (lv, lj: the cnt best so far under ranks_before, best
@@ -194,12 +221,15 @@ __device__ inline StreamPos stream_pos(const Geo& g, int t) {
 // is full, as a candidate joins the best take of k seen with probability ~take / k) are inserted
 // one by one with the list held in lanes: a survivor's place is the number of entries that rank
 // before it (one ballot), the entries from there on move up one lane, and a full list drops its
-// last. More (the first tiles, whose candidates all survive) go through rank rounds: the list in
-// lanes [0, cnt) and the next 32 - cnt candidates after it, each item's rank among the round's
-// items its new place (the first take stay). (Insertion alone: 64k h = 1 forward 223 -> 195 ms,
-// but the short sequences, whose tiles are mostly first tiles, slowed: 8192 h = 1 11.6 -> 13.3
-// ms.) The order is strict (ties go to the smaller block), so the list is the top-n of all
-// candidates at once, whatever the order of the merges.
+// last. More (the first tiles, whose candidates all survive) go through a bitonic merge on the
+// candidates' 64-bit order keys: the survivors sorted across the lanes (15 compare-exchange
+// steps, best first), then the best 32 of them and the list together as max(list[x],
+// sorted[31 - x]) (a bitonic sequence: the list descends, the reversed survivors ascend), sorted
+// by 5 more steps; its first take are the new list. (Rank rounds before: up to two loops of 32
+// shuffles and compares per merge, ~13% of the kernel at 64k, h = 1; insertion alone: 64k h = 1
+// forward 223 -> 195 ms, but the short sequences, whose tiles are mostly first tiles, slowed:
+// 8192 h = 1 11.6 -> 13.3 ms.) The order is strict (ties go to the smaller block), so the list
+// is the top-n of all candidates at once, whatever the order of the merges.
 constexpr int kInsertMax = 4;
 __device__ inline void merge_survivors(unsigned m, float v, int c0, float* lv, int* lj, int& cnt, int take,
                                        int lane) {
@@ -236,34 +266,26 @@ __device__ inline void merge_survivors(unsigned m, float v, int c0, float* lv, i
     __syncwarp();
     return;
   }
-  for (int off = 0; off < 32;) {  // rank rounds: the list, then 32 - cnt candidates
-    const int room = 32 - cnt;      // >= 8: take <= n - 1 <= 23
-    const int src = off + (lane - cnt);
-    const bool has = lane >= cnt && src < 32;
-    const float cv = __shfl_sync(0xffffffffu, v, has ? src : 0);
-    bool valid = has && ((m >> src) & 1u);
-    const float lwv = cnt > 0 ? lv[cnt - 1] : 0.f;
-    const int lwj = cnt > 0 ? lj[cnt - 1] : INT_MAX;
-    if (valid && cnt == take) valid = ranks_before(cv, c0 + src, lwv, lwj);
-    float iv = cv;
-    int ij = valid ? c0 + src : INT_MAX;
-    if (lane < cnt) iv = lv[lane], ij = lj[lane];
-    if (__any_sync(0xffffffffu, ij != INT_MAX && lane >= cnt)) {
-      const int span = min(32, cnt + 32 - off);  // lanes past it hold no item
-      int rank = 0;
-      for (int o = 0; o < span; ++o) {
-        const float ov = __shfl_sync(0xffffffffu, iv, o);
-        const int oj = __shfl_sync(0xffffffffu, ij, o);
-        rank += oj != INT_MAX && ij != INT_MAX && ranks_before(ov, oj, iv, ij) ? 1 : 0;
-      }
-      const int items = __popc(__ballot_sync(0xffffffffu, ij != INT_MAX));
-      __syncwarp();  // every lane has read the list
-      if (ij != INT_MAX && rank < take) lv[rank] = iv, lj[rank] = ij;
-      cnt = min(take, items);
-      __syncwarp();
-    }
-    off += room;
+  // The bitonic merge: the survivors sorted, best first (for the steps of size 32 every lane's
+  // sequence descends).
+  unsigned long long b = (m >> lane) & 1u ? candidate_key(v, c0 + lane) : 0ull;
+#pragma unroll
+  for (int size = 2; size <= 32; size <<= 1)
+#pragma unroll
+    for (int x = size >> 1; x > 0; x >>= 1) b = compare_exchange(b, x, ((lane & x) == 0) == ((lane & size) == 0));
+  const unsigned long long a = lane < cnt ? candidate_key(lv[lane], lj[lane]) : 0ull;
+  const unsigned long long br = __shfl_sync(0xffffffffu, b, 31 - lane);
+  unsigned long long c = a > br ? a : br;  // the best 32 of both, bitonic
+#pragma unroll
+  for (int x = 16; x > 0; x >>= 1) c = compare_exchange(c, x, (lane & x) == 0);
+  const int items = min(take, cnt + __popc(m));
+  __syncwarp();  // every lane has read the list
+  if (lane < items) {
+    lv[lane] = key_score(c);
+    lj[lane] = key_block(c);
   }
+  cnt = items;
+  __syncwarp();
 }
 
 // One warp, one position (sp): its chunk's blocks c0 + lane that are final (fin) have their
@@ -347,13 +369,6 @@ __device__ __forceinline__ void warp_head_sums(const float (&p)[NT][4], float* o
 // were ~15% of the fused kernel's stall samples at the paper's T = 64k, docs/performance.md,
 // eighth session.)
 constexpr int kTopCache = 4;
-// A score's order key: a > b as floats (NaN excluded, -0 as +0) iff key(a) > key(b) as
-// unsigned, and every key is above 0 (so 0 can mark "no candidate"): the sign bit flipped for
-// non-negative floats, every bit for negative ones.
-__device__ __forceinline__ unsigned score_order_key(float v) {
-  const unsigned bits = __float_as_uint(v + 0.f);  // (-0 + 0 = +0)
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
 __device__ __forceinline__ void warp_take_best(const float* S, int last, int take, int* chosen, int lane) {
   float cv[kTopCache];
   int cj[kTopCache];
