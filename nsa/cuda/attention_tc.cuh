@@ -409,6 +409,34 @@ __device__ __forceinline__ unsigned long long selected_tile_keys(const int* row,
   return m;
 }
 
+// The same keys through a cursor that keeps the part's current selected block and the next one
+// in registers (e: the current entry's index, as selected_tile_keys' mcur). Where l' is a
+// multiple of KT (whole_tiles: every tile lies in one selected block) a tile's keys are then a
+// compare of registers, and the shared load of the entry after the next is issued a tile before
+// it is used; otherwise selected_tile_keys walks the entries. (The walk's chain of shared loads,
+// products and compares was ~25% of the selection row backward's stall samples at h = 1, where
+// 64 positions walk their lists at every step: docs/performance.md, nineteenth session.)
+template <int KT, int STEP>
+struct SelectedTileCursor {
+  int e = 0, cur = -1, next = -1;
+  // A pass begins: the part's first entry (row: the position's n selected blocks).
+  __device__ __forceinline__ void start(const int* row, int n, int part) {
+    e = part;
+    cur = part < n ? row[part] : -1;
+    next = part + STEP < n ? row[part + STEP] : -1;
+  }
+  __device__ __forceinline__ unsigned long long keys(const int* row, const Geo& g, int t, int s0, bool whole_tiles) {
+    if (!whole_tiles) return selected_tile_keys<KT, STEP>(row, g, t, s0, e);
+    while (cur >= 0 && cur * g.ls + g.ls <= s0) {  // past the blocks that end before s0
+      e += STEP;
+      cur = next;
+      next = e + STEP < g.n ? row[e + STEP] : -1;
+    }
+    if (cur < 0 || cur * g.ls >= s0 + KT) return 0ull;  // (a tile is in a block or outside it)
+    return t - s0 < KT - 1 ? key_bits(0, t - s0 + 1) : ~0ull;
+  }
+};
+
 // 2^x on the special function unit, denormal results flushed to zero (they are below the fp32
 // resolution of every sum they enter: each row's sum holds a term of at least 1) and
 // 2^-inf = 0, which is how masked keys drop out.
@@ -1072,10 +1100,11 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   // 32 tiles instead of at every step (next_set_bit's chain of loads and bit scans).
   int tword = -1;
   std::uint32_t tleft = 0u;
-  // Selection: this thread's cursor into its position's selected blocks (entries part,
-  // part + kMaskParts, ...; they ascend, -1 after the last: write_selection_row), past the
-  // blocks that end before the tiles still to come in this pass (which ascend too).
-  int mcur = 0;
+  // Selection: this thread's cursor into its position's selected blocks (SelectedTileCursor:
+  // entries part, part + kMaskParts, ...; they ascend, -1 after the last: write_selection_row),
+  // past the blocks that end before the tiles still to come in this pass (which ascend too).
+  SelectedTileCursor<KT, kMaskParts> mcur;
+  const bool whole_tiles = g.ls % KT == 0;
   int s0_next = 0;
   // Step k into stage stage_of(k): its key and value tiles (one cp.async group per step, empty
   // past the last) and, for the selection, its positions' key masks, written by write_masks
@@ -1089,8 +1118,8 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
       const int p = tid % kMaxPos, part = tid / kMaxPos;
       unsigned long long m = 0ull;
       const int t = t_first + p;
-      if (new_pass) mcur = part;
-      if (p < npos && t >= s0) m = selected_tile_keys<KT, kMaskParts>(selp + p * g.n, g, t, s0, mcur);
+      if (new_pass) mcur.start(selp + p * g.n, g.n, part);
+      if (p < npos && t >= s0) m = mcur.keys(selp + p * g.n, g, t, s0, whole_tiles);
       kmask[(stage_of(k) * kMaskParts + part) * kMaxPos + p] = m;
     }
   };

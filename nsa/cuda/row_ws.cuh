@@ -146,10 +146,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
     const int kk0 = tid / CH, kch = tid % CH;
     const int to0 = wg::tile_offset<DP, KT>(kk0, kch);
     const std::int64_t step = std::int64_t(kKeyStep) * g.G * DP;
-    int tile = -1, mcur = 0;
+    int tile = -1;
     const int p = tid;  // the position whose key masks this thread writes (selection)
     const int t = t_first + p;
     const int* row = selp + p * g.n;
+    SelectedTileCursor<KT, 1> mcur;
+    if constexpr (BR == kSlc) mcur.start(row, g.n, 0);
+    const bool whole_tiles = g.ls % KT == 0;
     for (int k = 0; k < ntiles + kWsLag; ++k) {
       if (k >= kWsLag) {  // tile k - kWsLag: this thread's copies are in; make them the tiles'
         cp_wait_n<kWsLag - 1>();
@@ -180,7 +183,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
         }
         if constexpr (BR == kSlc) {  // position p's keys of the tile (as the 64-row kernel's)
           unsigned long long m = 0ull;
-          if (p < npos && t >= s0) m = selected_tile_keys<KT, 1>(row, g, t, s0, mcur);
+          if (p < npos && t >= s0) m = mcur.keys(row, g, t, s0, whole_tiles);
           kmask[stage * kWsRows + p] = m;
         }
       }
