@@ -1661,22 +1661,39 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   }
 }
 
-// Whether a launch of the two-stage row kernels takes the LATE schedule (row_kernel): where the
-// keys and values it streams (K and V of every (batch, group), all parts) take at most
-// row_late_issue_bytes() (selection_loop.h; by default half the device's L2), so that they stay
-// in the L2 and the second barrier, not the prefetch distance, is the cost. Measured on an H100
-// (50 MB of L2; docs/performance.md, change 49): one barrier -1.5% at the paper's T = 8192 (17 MB
-// of keys and values), +2% at 65536 (134 MB). Both schedules give the same bits.
-template <int DP, int BR, bool BWD>
-bool row_late_issue(const Geo& g) {
-  const std::int64_t nk = BR == kCmp ? g.N : g.T;
-  const std::int64_t bytes = std::int64_t(g.B) * nk * g.G * DP * 2 * 2 * row_kv_parts<DP, BR, BWD>();
-  const std::int64_t limit = row_late_issue_bytes() >= 0 ? row_late_issue_bytes() : std::int64_t(l2_cache_bytes()) / 2;
-  return bytes <= limit;
-}
-
 // 32-bit words of a row block's set of 64-key tiles over the keys (the selection's tbits).
 inline int row_tile_words(const Geo& g) { return int(((g.T + RowCfg<128>::KT - 1) / RowCfg<128>::KT + 31) / 32); }
+
+// Blocks of the two-stage row kernel one SM holds (its registers and shared memory).
+template <int DP, int BR, bool BWD>
+int row_blocks_per_sm(const Geo& g) {
+  const std::size_t smem = row_smem<DP, BR, BWD>(g.n, row_tile_words(g)).total;
+  CUDA_CHECK(cudaFuncSetAttribute(row_kernel<DP, BR, BWD, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(smem)));
+  int n = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, row_kernel<DP, BR, BWD, true>, kRowWarps * 32, smem));
+  return n > 0 ? n : 1;
+}
+
+// Whether a launch of the two-stage row kernels takes the LATE schedule (row_kernel): where the
+// keys and values its resident blocks stream (K and V of each (batch, group) they work on, all
+// parts) take at most row_late_issue_bytes() (selection_loop.h; by default half the device's
+// L2), so that they stay in the L2 and the second barrier, not the prefetch distance, is the
+// cost. The grid runs one (batch, group)'s blocks_per_pair row blocks after another (blockIdx.x
+// fastest), so the SMs' resident blocks work on at most 1 + ceil(resident / blocks_per_pair)
+// pairs at once: at h = 1, T = 8192, one head's 4 MB of a launch's 200 MB. Measured on an H100
+// (50 MB of L2; docs/performance.md, change 49): one barrier -1.5% at the paper's T = 8192 (17 MB
+// of keys and values), +2% at 65536 (134 MB; 34 MB per pair). Both schedules give the same bits.
+template <int DP, int BR, bool BWD>
+bool row_late_issue(const Geo& g, std::int64_t blocks_per_pair) {
+  const std::int64_t nk = BR == kCmp ? g.N : g.T;
+  const std::int64_t pair_bytes = nk * DP * 2 * 2 * row_kv_parts<DP, BR, BWD>();
+  const std::int64_t limit = row_late_issue_bytes() >= 0 ? row_late_issue_bytes() : std::int64_t(l2_cache_bytes()) / 2;
+  if (pair_bytes > limit) return false;
+  const std::int64_t resident = std::int64_t(sm_count()) * row_blocks_per_sm<DP, BR, BWD>(g);
+  const std::int64_t live = std::min<std::int64_t>(std::int64_t(g.B) * g.G, 1 + (resident + blocks_per_pair - 1) / blocks_per_pair);
+  return pair_bytes * live <= limit;
+}
 
 template <int DP, int BR, bool BWD, bool LATE>
 void row_launch_schedule(const Geo& g, const RowArgs& a, cudaStream_t s, std::int64_t nblocks) {
@@ -1698,7 +1715,7 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
     throw std::runtime_error("tc::row_kernel: T * heads per group = " + std::to_string(std::int64_t(g.T) * g.h) +
                              " rows of one (batch, group); at most 2^31 - 65 are supported");
   if constexpr (row_stages<DP, BWD>() == 2) {
-    if (row_late_issue<DP, BR, BWD>(g)) {
+    if (row_late_issue<DP, BR, BWD>(g, nblocks)) {
       row_launch_schedule<DP, BR, BWD, true>(g, a, s, nblocks);
       return;
     }
