@@ -19,7 +19,10 @@
 // --sel-loop both (docs/performance.md, "the inverted selection loop"; random inputs, whose
 // neighbouring positions choose unrelated blocks): the inverted loop was faster at h = 1, 2, 4
 // from T = 16384 on (64k, h = 1: 560 -> 367 ms fwd + bwd), slower at T = 8192 and at h >= 8
-// below 64k (paper 8192, h = 16: 14.2 -> 18.9 ms; 125M: 4.6 -> 6.6). The CUDA code also keeps
+// below 64k (paper 8192, h = 16: 14.2 -> 18.9 ms; 125M: 4.6 -> 6.6). Remeasured on an H200 after
+// the union's later changes (2026-11-28, "twentieth session"): inverted faster at h = 6 (64k
+// 169.4 -> 157.4 ms, 32k 60.6 -> 58.7), slower at h = 8 (64k 148.5 / 149.8, 32k 52.4 / 56.9)
+// and h = 16 (64k 108.5 / 130.2): the bound is h <= 6. The CUDA code also keeps
 // the union where the device's shared memory cannot hold the inverted loop's tiles.
 // Tests and benchmarks force either loop with set_selection_row_loop (process-wide; the
 // default is auto). Either loop computes the same function within the parity bounds; their
@@ -36,7 +39,7 @@ namespace nsatron::nsa::cuda {
 enum class SelectionRowLoop : int { kAuto = 0, kUnion = 1, kInverted = 2 };
 
 // Auto takes the inverted loop up to this many heads per group, from this sequence length.
-constexpr std::int64_t kInvertedMaxHeads = 4;
+constexpr std::int64_t kInvertedMaxHeads = 6;
 constexpr std::int64_t kInvertedMinT = 16384;
 // Largest selection block (l') the inverted loop holds in shared memory (4 tiles of 64 keys).
 constexpr std::int64_t kInvertedMaxSelBlock = 256;
