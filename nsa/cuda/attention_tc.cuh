@@ -1787,6 +1787,22 @@ constexpr std::size_t key_smem_bytes() {  // all bf16 tiles are tiles laid out a
   return tiles > epilogue ? tiles : epilogue;
 }
 
+// The window key side's (tile, pair) of this block, tile-major: linear block i = x + X z (the
+// order in which the hardware starts them, x fastest) runs tile i / Z of pair i % Z, so every
+// (batch, group)'s first tiles start first. Tile t of a (batch, group) sees the rows of
+// positions [64 t, min(T, 64 t + 63 + w)): at w = 512 about the same count for every t, but at
+// w ~ T (the own dense kernel) a count falling linearly with t, and with x = tile, z = pair the
+// last pairs' heaviest tiles started only after most of the first pairs' blocks: in a
+// list-scheduling model of 264 resident blocks (132 SMs x 2) at the paper's 8192 (4 pairs of
+// 128 tiles) the last block ended at 1.51x the mean work per slot, tile-major at 1.02x, which
+// is about the gap between this kernel's 350 TFLOP/s at w = T and the row backward's 570
+// (docs/performance.md, twentieth session). The tile's sums are the same, so are the bits.
+__device__ __forceinline__ void key_win_block(int& tile, int& pair) {
+  const std::int64_t i = blockIdx.x + std::int64_t(gridDim.x) * blockIdx.z;
+  tile = int(i / gridDim.z);
+  pair = int(i % gridDim.z);
+}
+
 template <int DP, int BR>
 __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(Geo g, KeyArgs a, int nsub) {
   constexpr int DT = DP / 8, KS = DP / 16, CH = DP / 8, kRB = kKeyRows;
@@ -1814,12 +1830,16 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   float* rs = reinterpret_cast<float*>(Vs + P * kKB * DP);  // [S][3][RB] lse, g, delta
   int* rtp = reinterpret_cast<int*>(rs + S * 3 * kRB);    // [S][RB] position, -1: none
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int b = blockIdx.z / g.G, gi = blockIdx.z % g.G;
+  // The window's blocks heaviest first (key_win_block): its tile t sees the positions [64 t,
+  // 64 t + 63 + w), so at w ~ T (the own dense kernel) the work falls with t.
+  int tile = int(blockIdx.x), pair = int(blockIdx.z);
+  if constexpr (BR == kWin) key_win_block(tile, pair);
+  const int b = pair / g.G, gi = pair % g.G;
   int s0, s1, npos, p0 = 0, nsplit = 1, off = 0, rsplit = 0;
   std::int64_t unit = 0;
   const std::int32_t* list = nullptr;
   if constexpr (BR == kWin) {
-    s0 = blockIdx.x * kKB;
+    s0 = tile * kKB;
     s1 = min(g.T, s0 + kKB);
     p0 = s0;
     npos = min(g.T, s1 - 1 + g.w) - s0;
