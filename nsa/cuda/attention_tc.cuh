@@ -885,17 +885,42 @@ __device__ __forceinline__ void store_row_output(const float (*acc)[4], int h2, 
   if (gc == 0) *lse_row = any ? m2 * 0.6931471805599453f + logf(l) : -INFINITY;
 }
 
-// A row block of R rows of one (batch, group) (blockIdx.y = b G + gi): rows rho0 .. rho0 + R - 1,
-// row rho = (position rho / h, head rho % h); its positions t_first .. t_last (npos of them).
-// (32-bit: the launchers check T h + R < 2^31.)
+// Heaviest first. Where the blocks of one (batch, group) carry very different work, the order
+// in which the hardware starts them (grid x fastest, then y, then z) decides the tail: with the
+// units (row blocks, key tiles) in x and the pairs in y or z, the last pairs' heaviest blocks
+// start after most of the first pairs'. Those launches put the pairs in x instead, the units in
+// the slower dimension (at most kMaxGridYZ of them; above, the usual grid): every pair's
+// heaviest units start first. The same blocks, the same sums, the same bits; a list-scheduling
+// model of the tails: bench/block_order_model.py (docs/performance.md, twentieth session).
+constexpr std::int64_t kMaxGridYZ = 65535;  // CUDA's largest grid y and z
+
+// Row blocks of R rows of one (batch, group) (int: the launchers check T h + R < 2^31).
+__host__ __device__ inline int row_block_count(const Geo& g, int R) { return (g.T * g.h + R - 1) / R; }
+
+// Whether a row launch of branch BR runs heaviest first, its grid (pairs, row blocks) with the
+// last row blocks first: the window branch where the window covers the sequence (the own dense
+// kernel, w = T, or T <= w), whose row blocks attend every key up to their last position, so
+// that their work grows with the block (the model: at the paper's 8192, w = T, a tail of ~3%
+// in the (row blocks, pairs) order, ~8% at the 125M layer's 32 pairs; ~0 heaviest first).
+template <int BR>
+__host__ __device__ inline bool row_heaviest_first(const Geo& g, int R) {
+  return BR == kWin && g.w >= g.T && row_block_count(g, R) <= kMaxGridYZ;
+}
+
+// A row block of R rows of one (batch, group): rows rho0 .. rho0 + R - 1, row rho = (position
+// rho / h, head rho % h); its positions t_first .. t_last (npos of them). The grid is (row
+// blocks, B G) with blockIdx.y = b G + gi, or heaviest first (row_heaviest_first) (B G, row
+// blocks) with row block X - 1 - blockIdx.y. (32-bit: the launchers check T h + R < 2^31.)
 struct RowBlock {
   int b, gi, rho0, t_first, t_last, npos;
 };
-__device__ __forceinline__ RowBlock row_block(const Geo& g, int R) {
+__device__ __forceinline__ RowBlock row_block(const Geo& g, int R, bool heaviest_first) {
   RowBlock r;
-  r.b = blockIdx.y / g.G;
-  r.gi = blockIdx.y % g.G;
-  r.rho0 = int(blockIdx.x) * R;
+  const int x = heaviest_first ? int(gridDim.y - 1 - blockIdx.y) : int(blockIdx.x);
+  const int pair = heaviest_first ? int(blockIdx.x) : int(blockIdx.y);
+  r.b = pair / g.G;
+  r.gi = pair % g.G;
+  r.rho0 = x * R;
   r.t_first = g.hdiv.div(r.rho0);
   r.t_last = min(g.T - 1, g.hdiv.div(r.rho0 + R - 1));
   r.npos = r.t_last - r.t_first + 1;
@@ -1018,7 +1043,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
   auto* tbits = reinterpret_cast<std::uint32_t*>(sm + L.tbits);       // slc: [ntw]
   const bf16* kp = static_cast<const bf16*>(a.tck);
   const bf16* vp = static_cast<const bf16*>(a.tcv);
-  const RowBlock rb = row_block(g, kRowsPerBlock);
+  const RowBlock rb = row_block(g, kRowsPerBlock, row_heaviest_first<BR>(g, kRowsPerBlock));
   const int b = rb.b, gi = rb.gi, rho0 = rb.rho0, t_first = rb.t_first, t_last = rb.t_last, npos = rb.npos;
   auto row_of = [&](int i, int& t, int& head) -> bool {
     const int rho = rho0 + i;
@@ -1681,7 +1706,8 @@ int row_blocks_per_sm(const Geo& g) {
 // L2), so that they stay in the L2 and the second barrier, not the prefetch distance, is the
 // cost. The grid runs one (batch, group)'s blocks_per_pair row blocks after another (blockIdx.x
 // fastest), so the SMs' resident blocks work on at most 1 + ceil(resident / blocks_per_pair)
-// pairs at once: at h = 1, T = 8192, one head's 4 MB of a launch's 200 MB. Measured on an H100
+// pairs at once: at h = 1, T = 8192, one head's 4 MB of a launch's 200 MB; heaviest first
+// (row_heaviest_first) the pairs alternate, and every pair is live. Measured on an H100
 // (50 MB of L2; docs/performance.md, change 49): one barrier -1.5% at the paper's T = 8192 (17 MB
 // of keys and values), +2% at 65536 (134 MB; 34 MB per pair). Both schedules give the same bits.
 template <int DP, int BR, bool BWD>
@@ -1691,7 +1717,9 @@ bool row_late_issue(const Geo& g, std::int64_t blocks_per_pair) {
   const std::int64_t limit = row_late_issue_bytes() >= 0 ? row_late_issue_bytes() : std::int64_t(l2_cache_bytes()) / 2;
   if (pair_bytes > limit) return false;
   const std::int64_t resident = std::int64_t(sm_count()) * row_blocks_per_sm<DP, BR, BWD>(g);
-  const std::int64_t live = std::min<std::int64_t>(std::int64_t(g.B) * g.G, 1 + (resident + blocks_per_pair - 1) / blocks_per_pair);
+  const std::int64_t pairs = std::int64_t(g.B) * g.G;
+  const std::int64_t live =
+      row_heaviest_first<BR>(g, kRowWarps * 16) ? pairs : std::min<std::int64_t>(pairs, 1 + (resident + blocks_per_pair - 1) / blocks_per_pair);
   return pair_bytes * live <= limit;
 }
 
@@ -1701,7 +1729,8 @@ void row_launch_schedule(const Geo& g, const RowArgs& a, cudaStream_t s, std::in
   const std::size_t smem = row_smem<DP, BR, BWD>(g.n, ntw).total;
   CUDA_CHECK(cudaFuncSetAttribute(row_kernel<DP, BR, BWD, LATE>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned(nblocks), unsigned(g.B * g.G));
+  const dim3 grid = row_heaviest_first<BR>(g, kRowWarps * 16) ? dim3(unsigned(g.B * g.G), unsigned(nblocks))
+                                                               : dim3(unsigned(nblocks), unsigned(g.B * g.G));
   row_kernel<DP, BR, BWD, LATE><<<grid, kRowWarps * 32, smem, s>>>(g, a, ntw);
   check_launch("tc::row_kernel");
 }
@@ -1787,20 +1816,17 @@ constexpr std::size_t key_smem_bytes() {  // all bf16 tiles are tiles laid out a
   return tiles > epilogue ? tiles : epilogue;
 }
 
-// The window key side's (tile, pair) of this block, tile-major: linear block i = x + X z (the
-// order in which the hardware starts them, x fastest) runs tile i / Z of pair i % Z, so every
-// (batch, group)'s first tiles start first. Tile t of a (batch, group) sees the rows of
-// positions [64 t, min(T, 64 t + 63 + w)): at w = 512 about the same count for every t, but at
-// w ~ T (the own dense kernel) a count falling linearly with t, and with x = tile, z = pair the
-// last pairs' heaviest tiles started only after most of the first pairs' blocks: in a
-// list-scheduling model of 264 resident blocks (132 SMs x 2) at the paper's 8192 (4 pairs of
-// 128 tiles) the last block ended at 1.51x the mean work per slot, tile-major at 1.02x, which
-// is about the gap between this kernel's 350 TFLOP/s at w = T and the row backward's 570
-// (docs/performance.md, twentieth session). The tile's sums are the same, so are the bits.
-__device__ __forceinline__ void key_win_block(int& tile, int& pair) {
-  const std::int64_t i = blockIdx.x + std::int64_t(gridDim.x) * blockIdx.z;
-  tile = int(i / gridDim.z);
-  pair = int(i % gridDim.z);
+// Whether the key side of branch BR runs heaviest first (see kMaxGridYZ), its grid (B G, 1,
+// key tiles): the window, whose tile t sees the rows of positions [64 t, min(T, 64 t + 63 + w)):
+// at w = 512 about the same count for every t, but at w ~ T (the own dense kernel) a count
+// falling linearly with t, and in the (tiles, 1, pairs) order the last pairs' heaviest tiles
+// started only after most of the first pairs' blocks (the model at the paper's 8192, 4 pairs of
+// 128 tiles on 264 resident blocks: the last block ended at 1.51x the mean work per slot,
+// tile-major 1.02x; about the gap between this kernel's ~350 TFLOP/s at w = T and the row
+// backward's ~570). At w = 512 the order changes nothing but which pairs run together.
+template <int BR>
+__host__ __device__ inline bool key_tile_major(const Geo& g) {
+  return BR == kWin && (g.T + kKB - 1) / kKB <= kMaxGridYZ;
 }
 
 template <int DP, int BR>
@@ -1830,10 +1856,9 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   float* rs = reinterpret_cast<float*>(Vs + P * kKB * DP);  // [S][3][RB] lse, g, delta
   int* rtp = reinterpret_cast<int*>(rs + S * 3 * kRB);    // [S][RB] position, -1: none
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  // The window's blocks heaviest first (key_win_block): its tile t sees the positions [64 t,
-  // 64 t + 63 + w), so at w ~ T (the own dense kernel) the work falls with t.
-  int tile = int(blockIdx.x), pair = int(blockIdx.z);
-  if constexpr (BR == kWin) key_win_block(tile, pair);
+  const bool tile_major = key_tile_major<BR>(g);  // grid (pairs, 1, tiles) where heaviest first
+  const int tile = tile_major ? int(blockIdx.z) : int(blockIdx.x);
+  const int pair = tile_major ? int(blockIdx.x) : int(blockIdx.z);
   const int b = pair / g.G, gi = pair % g.G;
   int s0, s1, npos, p0 = 0, nsplit = 1, off = 0, rsplit = 0;
   std::int64_t unit = 0;
@@ -2317,7 +2342,8 @@ void key_launch(const Geo& g, const KeyArgs& a, cudaStream_t s) {
   CUDA_CHECK(cudaFuncSetAttribute(key_kernel<DP, BR>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int ysplits = BR == kSlc ? key_max_splits(g) : (BR == kCmp ? cmp_key_max_splits(g) : 1);
-  const dim3 grid(unsigned(tiles), unsigned(ysplits), unsigned(g.B * g.G));
+  const dim3 grid = key_tile_major<BR>(g) ? dim3(unsigned(g.B * g.G), unsigned(ysplits), unsigned(tiles))
+                                         : dim3(unsigned(tiles), unsigned(ysplits), unsigned(g.B * g.G));
   key_kernel<DP, BR><<<grid, kKeyWarps * 32, smem, s>>>(g, a, nsub);
   check_launch("tc::key_kernel");
 }

@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wgi = warp >> 2;
   const bf16* kp = static_cast<const bf16*>(a.tck);
   const bf16* vp = static_cast<const bf16*>(a.tcv);
-  const RowBlock rb = row_block(g, kWsRows);
+  const RowBlock rb = row_block(g, kWsRows, row_heaviest_first<BR>(g, kWsRows));
   const int b = rb.b, gi = rb.gi, rho0 = rb.rho0, t_first = rb.t_first, t_last = rb.t_last, npos = rb.npos;
   const int key_end = t_last + 1;
   // The positions of consumer c's rows: [wg_first(c), wg_last(c)] (a position may straddle).
@@ -355,7 +355,8 @@ void row_fwd_ws_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
   const int ntw = row_tile_words(g);
   const std::size_t smem = ws_smem<BR>(g.n, ntw).total;
   CUDA_CHECK(cudaFuncSetAttribute(row_fwd_ws_kernel<BR>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned(nblocks), unsigned(g.B * g.G));
+  const dim3 grid = row_heaviest_first<BR>(g, kWsRows) ? dim3(unsigned(g.B * g.G), unsigned(nblocks))
+                                                      : dim3(unsigned(nblocks), unsigned(g.B * g.G));
   row_fwd_ws_kernel<BR><<<grid, kWsThreads, smem, s>>>(g, a, ntw);
   check_launch("tc::row_fwd_ws_kernel");
 }
