@@ -910,7 +910,7 @@ __host__ __device__ inline bool row_heaviest_first(const Geo& g, int R) {
 // A row block of R rows of one (batch, group): rows rho0 .. rho0 + R - 1, row rho = (position
 // rho / h, head rho % h); its positions t_first .. t_last (npos of them). The grid is (row
 // blocks, B G) with blockIdx.y = b G + gi, or heaviest first (row_heaviest_first) (B G, row
-// blocks) with row block X - 1 - blockIdx.y. (32-bit: the launchers check T h + R < 2^31.)
+// blocks) with row block gridDim.y - 1 - blockIdx.y. (32-bit: the launchers check T h + R < 2^31.)
 struct RowBlock {
   int b, gi, rho0, t_first, t_last, npos;
 };
@@ -1707,7 +1707,7 @@ int row_blocks_per_sm(const Geo& g) {
 // cost. The grid runs one (batch, group)'s blocks_per_pair row blocks after another (blockIdx.x
 // fastest), so the SMs' resident blocks work on at most 1 + ceil(resident / blocks_per_pair)
 // pairs at once: at h = 1, T = 8192, one head's 4 MB of a launch's 200 MB; heaviest first
-// (row_heaviest_first) the pairs alternate, and every pair is live. Measured on an H100
+// (row_heaviest_first) the pairs alternate, and min(pairs, resident blocks) are live. Measured on an H100
 // (50 MB of L2; docs/performance.md, change 49): one barrier -1.5% at the paper's T = 8192 (17 MB
 // of keys and values), +2% at 65536 (134 MB; 34 MB per pair). Both schedules give the same bits.
 template <int DP, int BR, bool BWD>
@@ -1719,7 +1719,7 @@ bool row_late_issue(const Geo& g, std::int64_t blocks_per_pair) {
   const std::int64_t resident = std::int64_t(sm_count()) * row_blocks_per_sm<DP, BR, BWD>(g);
   const std::int64_t pairs = std::int64_t(g.B) * g.G;
   const std::int64_t live =
-      row_heaviest_first<BR>(g, kRowWarps * 16) ? pairs : std::min<std::int64_t>(pairs, 1 + (resident + blocks_per_pair - 1) / blocks_per_pair);
+      row_heaviest_first<BR>(g, kRowWarps * 16) ? std::min(pairs, resident) : std::min<std::int64_t>(pairs, 1 + (resident + blocks_per_pair - 1) / blocks_per_pair);
   return pair_bytes * live <= limit;
 }
 
@@ -1823,10 +1823,12 @@ constexpr std::size_t key_smem_bytes() {  // all bf16 tiles are tiles laid out a
 // started only after most of the first pairs' blocks (the model at the paper's 8192, 4 pairs of
 // 128 tiles on 264 resident blocks: the last block ended at 1.51x the mean work per slot,
 // tile-major 1.02x; about the gap between this kernel's ~350 TFLOP/s at w = T and the row
-// backward's ~570). At w = 512 the order changes nothing but which pairs run together.
+// backward's ~570). Only where w >= T: at w = 512 the tiles' work is even, and neighbouring
+// tiles of a pair share ~575 positions of rows, which the (tiles, 1, pairs) order keeps close
+// together in time (L2 reuse).
 template <int BR>
 __host__ __device__ inline bool key_tile_major(const Geo& g) {
-  return BR == kWin && (g.T + kKB - 1) / kKB <= kMaxGridYZ;
+  return BR == kWin && g.w >= g.T && (g.T + kKB - 1) / kKB <= kMaxGridYZ;
 }
 
 template <int DP, int BR>
