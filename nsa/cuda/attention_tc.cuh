@@ -907,6 +907,14 @@ __host__ __device__ inline bool row_heaviest_first(const Geo& g, int R) {
   return BR == kWin && g.w >= g.T && row_block_count(g, R) <= kMaxGridYZ;
 }
 
+// The grid of a row launch of branch BR: nblocks row blocks of R rows per (batch, group), in
+// the layout row_block reads (row_heaviest_first).
+template <int BR>
+dim3 row_launch_grid(const Geo& g, int R, std::int64_t nblocks) {
+  const unsigned pairs = unsigned(g.B * g.G), blocks = unsigned(nblocks);
+  return row_heaviest_first<BR>(g, R) ? dim3(pairs, blocks) : dim3(blocks, pairs);
+}
+
 // A row block of R rows of one (batch, group): rows rho0 .. rho0 + R - 1, row rho = (position
 // rho / h, head rho % h); its positions t_first .. t_last (npos of them). The grid is (row
 // blocks, B G) with blockIdx.y = b G + gi, or heaviest first (row_heaviest_first) (B G, row
@@ -1729,9 +1737,7 @@ void row_launch_schedule(const Geo& g, const RowArgs& a, cudaStream_t s, std::in
   const std::size_t smem = row_smem<DP, BR, BWD>(g.n, ntw).total;
   CUDA_CHECK(cudaFuncSetAttribute(row_kernel<DP, BR, BWD, LATE>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid = row_heaviest_first<BR>(g, kRowWarps * 16) ? dim3(unsigned(g.B * g.G), unsigned(nblocks))
-                                                               : dim3(unsigned(nblocks), unsigned(g.B * g.G));
-  row_kernel<DP, BR, BWD, LATE><<<grid, kRowWarps * 32, smem, s>>>(g, a, ntw);
+  row_kernel<DP, BR, BWD, LATE><<<row_launch_grid<BR>(g, kRowWarps * 16, nblocks), kRowWarps * 32, smem, s>>>(g, a, ntw);
   check_launch("tc::row_kernel");
 }
 

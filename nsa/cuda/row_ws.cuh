@@ -355,9 +355,7 @@ void row_fwd_ws_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
   const int ntw = row_tile_words(g);
   const std::size_t smem = ws_smem<BR>(g.n, ntw).total;
   CUDA_CHECK(cudaFuncSetAttribute(row_fwd_ws_kernel<BR>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid = row_heaviest_first<BR>(g, kWsRows) ? dim3(unsigned(g.B * g.G), unsigned(nblocks))
-                                                      : dim3(unsigned(nblocks), unsigned(g.B * g.G));
-  row_fwd_ws_kernel<BR><<<grid, kWsThreads, smem, s>>>(g, a, ntw);
+  row_fwd_ws_kernel<BR><<<row_launch_grid<BR>(g, kWsRows, nblocks), kWsThreads, smem, s>>>(g, a, ntw);
   check_launch("tc::row_fwd_ws_kernel");
 }
 
