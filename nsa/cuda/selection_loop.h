@@ -107,12 +107,15 @@ inline bool cmp_select_pipeline() { return cmp_select_pipeline_setting().load();
 // The row kernels' forward at padded D = 128 (selection and window branches, bf16): the 64-row
 // kernel or the warp-specialised one (nsa/cuda/row_ws.cuh: 128 rows per block, a producer
 // warpgroup and two consumers; sm_90a builds on compute capability 9.0). kAuto takes the latter
-// at h <= kRowForwardWsMaxHeads heads per group, where it was measured faster on an H100
-// (docs/performance.md, 2026-11-27, seventh session: forward -4 to -5% at h = 1, 2 and 4, -1
-// to +0.4% at h = 8, +3% at h = 16). The same bits for the selection; the window's tiles start at a different key, so
-// its bits may differ in rounding. Tests and bench_nsa_gpu force either.
+// at h <= kRowForwardWsMaxHeads heads per group: none since the twenty-first session, where the
+// 64-row kernel, improved since (the key masks' cursor, the resident-pairs schedule), was
+// faster at every h on an H200 (docs/performance.md, 2026-11-29: forward at T = 8192, D = 128,
+// h = 1 5.43 against 5.50 ms, h = 4 3.96 against 4.06, h = 8 3.32 against 3.51, h = 16 2.57
+// against 2.78; the seventh session had the warp-specialised one -4 to -5% at h <= 4 on an
+// H100). The same bits for the selection; the window's tiles start at a different key, so its
+// bits may differ in rounding. Tests and bench_nsa_gpu force either.
 enum class RowForward { kAuto, kPlain, kWarpSpecialised };
-constexpr int kRowForwardWsMaxHeads = 4;
+constexpr int kRowForwardWsMaxHeads = 0;
 inline std::atomic<RowForward>& row_forward_setting() {
   static std::atomic<RowForward> v{RowForward::kAuto};
   return v;

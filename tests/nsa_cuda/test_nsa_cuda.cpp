@@ -409,8 +409,8 @@ const std::vector<Case>& cases() {
       // last block of fewer positions (ragged T).
       {"D=128, h=16, ragged T", make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 256)},
       {"D=96, h=8, ragged T", make_dims(2, 555, 16, 2, 96, 32, 16, 64, 8, 128)},
-      // The warp-specialised forward (padded D = 128, h <= 4: nsa/cuda/row_ws.cuh) with a window
-      // shorter than T (its tiles start where the 64-row kernel's do not) and h = 4.
+      // A window shorter than T at padded D = 128, h = 4 (WarpSpecialisedForwardMatchesCpu runs
+      // it with the warp-specialised forward, whose tiles start where the 64-row kernel's do not).
       {"D=128, h=4, w<T", make_dims(1, 1300, 8, 2, 128, 32, 16, 64, 12, 200)},
       // 250 selection blocks and n = 64: 61 of up to 248 candidates (~8 per lane) taken by the
       // merge of the lanes' streams (warp_take_best), where a lane often gives more than the 4
@@ -605,6 +605,16 @@ TEST(NsaCuda, WarpSpecialisedForwardGivesTheSameBits) {
     }
     EXPECT_TRUE(bit_equal(plain, ws)) << dm.str();
   }
+}
+
+// The warp-specialised forward against the CPU where its bits may differ from the 64-row
+// kernel's (a window shorter than T: its window tiles start at its block's first visible key),
+// at h = 4 and h = 1 (64 positions per consumer). kAuto no longer takes it (selection_loop.h).
+TEST(NsaCuda, WarpSpecialisedForwardMatchesCpu) {
+  if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
+  const RowForwardWsScope scope(true);
+  check_case<bf16>({"warp-specialised D=128, h=4, w<T", make_dims(1, 1300, 8, 2, 128, 32, 16, 64, 12, 200)}, 401);
+  check_case<bf16>({"warp-specialised D=128, h=1, w<T", make_dims(1, 1500, 2, 2, 128, 32, 16, 64, 8, 300)}, 402);
 }
 
 // The fused compression + selection kernel's pipelined pass 1 (padded D = 128, h = 16 or 8)
