@@ -7,7 +7,7 @@
 //                 [--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
 //                 [--sel-loop auto|union|inverted|both] [--inputs random|local]
 //                 [--row-fwd auto|plain|ws|both] [--layout split|projection|both]
-//                 [--row-late auto|one|two|both]
+//                 [--row-late auto|one|two|both|l2]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
 // "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); "125m_tp2", a
@@ -31,9 +31,10 @@
 // warp-specialised one (ws, /w), or both.
 //
 // --row-late: the two-stage row kernels' schedule (nsa/cuda/attention_tc.cuh, row_late_issue):
-// auto (default) as the trainer runs it (one block barrier per key tile where the launch's keys
-// and values take at most half the L2, two above), one barrier everywhere (suffix /1b), two
-// everywhere (/2b), or both. The same bits either way.
+// auto (default) as the trainer runs it (one block barrier per key tile everywhere since
+// 2026-11-29), one barrier everywhere (suffix /1b), two everywhere (/2b), both, or l2 (/l2, the
+// former default: one where the keys and values the resident blocks stream take at most half
+// the L2, two above). The same bits either way.
 //
 // --inputs: random (default): every input independent, so neighbouring positions choose
 // unrelated blocks (the selection's union loop at its worst: a block of positions streams the
@@ -345,7 +346,7 @@ int main(int argc, char** argv) {
                    "[--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
                    "[--sel-loop auto|union|inverted|both] [--inputs random|local] "
                    "[--row-fwd auto|plain|ws|both] [--layout split|projection|both] "
-                   "[--row-late auto|one|two|both]\n");
+                   "[--row-late auto|one|two|both|l2]\n");
       return 2;
     }
   }
@@ -428,15 +429,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--row-fwd: auto, plain, ws or both, not %s\n", row_fwd.c_str());
     return 2;
   }
-  // (row_late_issue's byte limit: -1 the default, the largest value one barrier, 0 two)
-  constexpr std::int64_t kOneBarrier = std::numeric_limits<std::int64_t>::max();
+  // (row_late_issue's byte limit: the largest value one barrier, the default; 0 two; -1 half the L2)
+  constexpr std::int64_t kOneBarrier = cuda::kRowLateAlways;
   std::vector<std::pair<std::int64_t, std::string>> row_lates;
-  if (row_late == "auto") row_lates = {{-1, ""}};
+  if (row_late == "auto") row_lates = {{cuda::row_late_issue_bytes(), ""}};
   else if (row_late == "one") row_lates = {{kOneBarrier, "/1b"}};
   else if (row_late == "two") row_lates = {{0, "/2b"}};
   else if (row_late == "both") row_lates = {{kOneBarrier, "/1b"}, {0, "/2b"}};
+  else if (row_late == "l2") row_lates = {{-1, "/l2"}};
   else {
-    std::fprintf(stderr, "--row-late: auto, one, two or both, not %s\n", row_late.c_str());
+    std::fprintf(stderr, "--row-late: auto, one, two, both or l2, not %s\n", row_late.c_str());
     return 2;
   }
   for (const auto& s : shapes)

@@ -1710,18 +1710,20 @@ int row_blocks_per_sm(const Geo& g) {
 
 // Whether a launch of the two-stage row kernels takes the LATE schedule (row_kernel): where the
 // keys and values its resident blocks stream (K and V of each (batch, group) they work on, all
-// parts) take at most row_late_issue_bytes() (selection_loop.h; by default half the device's
-// L2), so that they stay in the L2 and the second barrier, not the prefetch distance, is the
-// cost. The grid runs one (batch, group)'s blocks_per_pair row blocks after another (blockIdx.x
+// parts) take at most row_late_issue_bytes() (selection_loop.h: by default no limit, one
+// barrier everywhere, measured faster at every T on an H200; -1: half the device's L2), so
+// that they stay in the L2 and the second barrier, not the prefetch distance, is the cost. The grid runs one (batch, group)'s blocks_per_pair row blocks after another (blockIdx.x
 // fastest), so the SMs' resident blocks work on at most 1 + ceil(resident / blocks_per_pair)
 // pairs at once: at h = 1, T = 8192, one head's 4 MB of a launch's 200 MB; heaviest first
 // (row_heaviest_first) the pairs alternate, and min(pairs, resident blocks) are live. Measured on an H100
 // (50 MB of L2; docs/performance.md, change 49): one barrier -1.5% at the paper's T = 8192 (17 MB
-// of keys and values), +2% at 65536 (134 MB; 34 MB per pair). Both schedules give the same bits.
+// of keys and values), +2% at 65536 (134 MB; 34 MB per pair); on an H200 since (2026-11-29) one
+// barrier -2 to -7% at 32768 and 65536 too. Both schedules give the same bits.
 template <int DP, int BR, bool BWD>
 bool row_late_issue(const Geo& g, std::int64_t blocks_per_pair) {
   const std::int64_t nk = BR == kCmp ? g.N : g.T;
   const std::int64_t pair_bytes = nk * DP * 2 * 2 * row_kv_parts<DP, BR, BWD>();
+  if (row_late_issue_bytes() == kRowLateAlways) return true;  // (no occupancy query per launch)
   const std::int64_t limit = row_late_issue_bytes() >= 0 ? row_late_issue_bytes() : std::int64_t(l2_cache_bytes()) / 2;
   if (pair_bytes > limit) return false;
   const std::int64_t resident = std::int64_t(sm_count()) * row_blocks_per_sm<DP, BR, BWD>(g);

@@ -29,6 +29,7 @@
 // bits differ.
 #pragma once
 #include <atomic>
+#include <limits>
 #include <cstdint>
 #include <string>
 
@@ -83,12 +84,18 @@ inline bool selection_inverted(const NsaDims& dims) {
   }
 }
 // The row kernels' schedule (nsa/cuda/attention_tc.cuh, row_late_issue): the two-stage row
-// kernels run one block barrier per key tile (the next tile issued after it) where a launch's
-// keys and values take at most this many bytes, two barriers (a longer prefetch) above. -1, the
-// default: half the device's L2. The same bits either way; tests set 0 (never) and the
+// kernels run one block barrier per key tile (the next tile issued after it) where the keys and
+// values their resident blocks stream take at most this many bytes, two barriers (a longer
+// prefetch) above. The default, the largest value: one barrier everywhere (measured on an H200,
+// docs/performance.md, 2026-11-29: at T = 65536 one barrier -7% on the selection and
+// compression row backward, the NSA layer -2%, the own dense kernel -2%, at 32768 -2 to -4%,
+// where the former default, half the L2, took two; the fourth session had measured two faster
+// at 64k on an H100, +2% for one, before the backward's deferred dq product and its third key
+// stage). -1: half the device's L2. The same bits either way; tests set 0 (never) and the
 // largest value (always) to compare the two.
+constexpr std::int64_t kRowLateAlways = std::numeric_limits<std::int64_t>::max();
 inline std::atomic<std::int64_t>& row_late_issue_bytes_setting() {
-  static std::atomic<std::int64_t> v{-1};
+  static std::atomic<std::int64_t> v{kRowLateAlways};
   return v;
 }
 inline void set_row_late_issue_bytes(std::int64_t bytes) { row_late_issue_bytes_setting().store(bytes); }

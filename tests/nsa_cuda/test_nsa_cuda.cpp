@@ -545,11 +545,10 @@ TEST(NsaCuda, DeterministicInvertedLoop) {
 }
 
 // The row kernels' two schedules (one barrier per key tile, or two with a longer prefetch:
-// row_late_issue in nsa/cuda/attention_tc.cuh, chosen by the bytes of keys and values) give the
-// same bits, at padded D = 32, 64 and 128 (the forward at 128 has one schedule; its backward two).
+// row_late_issue in nsa/cuda/attention_tc.cuh; one by default) give the same bits, at padded D = 32, 64 and 128 (the forward at 128 has one schedule; its backward two).
 struct LateIssueScope {
   explicit LateIssueScope(std::int64_t bytes) { cuda::set_row_late_issue_bytes(bytes); }
-  ~LateIssueScope() { cuda::set_row_late_issue_bytes(-1); }
+  ~LateIssueScope() { cuda::set_row_late_issue_bytes(cuda::kRowLateAlways); }  // the default
   LateIssueScope(const LateIssueScope&) = delete;
   LateIssueScope& operator=(const LateIssueScope&) = delete;
 };
