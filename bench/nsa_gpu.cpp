@@ -6,7 +6,7 @@
 //   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,125m_tp2,groups]
 //                 [--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
 //                 [--sel-loop auto|union|inverted|both] [--inputs random|local]
-//                 [--row-fwd auto|plain|ws|both] [--layout split|projection|both]
+//                 [--row-fwd auto|plain|ws|both|wide|all] [--layout split|projection|both]
 //                 [--row-late auto|one|two|both|l2]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
@@ -28,7 +28,8 @@
 //
 // --row-fwd: the row kernels' forward at padded D = 128 (nsa/cuda/selection_loop.h, RowForward):
 // auto (default) as the trainer runs it, the 64-row kernel (plain, suffix /p), the
-// warp-specialised one (ws, /w), or both.
+// warp-specialised one (ws, /w), both, the window's (and the own dense kernel's) by the
+// warp-specialised one with 128-key tiles (wide, /W), or all three (all).
 //
 // --row-late: the two-stage row kernels' schedule (nsa/cuda/attention_tc.cuh, row_late_issue):
 // auto (default) as the trainer runs it (one block barrier per key tile everywhere since
@@ -345,7 +346,7 @@ int main(int argc, char** argv) {
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,125m_tp2,groups] "
                    "[--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
                    "[--sel-loop auto|union|inverted|both] [--inputs random|local] "
-                   "[--row-fwd auto|plain|ws|both] [--layout split|projection|both] "
+                   "[--row-fwd auto|plain|ws|both|wide|all] [--layout split|projection|both] "
                    "[--row-late auto|one|two|both|l2]\n");
       return 2;
     }
@@ -425,8 +426,11 @@ int main(int argc, char** argv) {
   else if (row_fwd == "plain") row_fwds = {{RowFwd::kPlain, "/p"}};
   else if (row_fwd == "ws") row_fwds = {{RowFwd::kWarpSpecialised, "/w"}};
   else if (row_fwd == "both") row_fwds = {{RowFwd::kPlain, "/p"}, {RowFwd::kWarpSpecialised, "/w"}};
+  else if (row_fwd == "wide") row_fwds = {{RowFwd::kWideWindow, "/W"}};
+  else if (row_fwd == "all")
+    row_fwds = {{RowFwd::kPlain, "/p"}, {RowFwd::kWarpSpecialised, "/w"}, {RowFwd::kWideWindow, "/W"}};
   else {
-    std::fprintf(stderr, "--row-fwd: auto, plain, ws or both, not %s\n", row_fwd.c_str());
+    std::fprintf(stderr, "--row-fwd: auto, plain, ws, both, wide or all, not %s\n", row_fwd.c_str());
     return 2;
   }
   // (row_late_issue's byte limit: the largest value one barrier, the default; 0 two; -1 half the L2)

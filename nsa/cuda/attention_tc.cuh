@@ -462,7 +462,11 @@ __device__ __forceinline__ std::uint32_t thread_key_bits(unsigned long long vis,
 // the keys a thread's two rows may not see; m[h2]: thread_key_bits of row h2's mask. Tiles
 // that every row of the warp sees whole cost one vote, tiles that each row sees whole or not
 // at all (a selected block, or not) one select per score; only a tile's edges test each bit.
-__device__ __forceinline__ void mask_scores(float (&s)[8][4], const std::uint32_t (&m)[2]) {
+// Q: the 64-key part s[8 Q .. 8 Q + 7] of a wider tile (row_ws.cuh's 128-key tiles; indexed in
+// place, not through a cast reference, which put the scores in local memory).
+template <int Q = 0, int NT>
+__device__ __forceinline__ void mask_scores(float (&s)[NT][4], const std::uint32_t (&m)[2]) {
+  static_assert(8 * (Q + 1) <= NT, "the part is in the tile");
   constexpr std::uint32_t kAll = 0xFFFFu;
   if (__all_sync(0xffffffffu, (m[0] & m[1]) == kAll)) return;
   const bool whole_rows = (m[0] == 0u || m[0] == kAll) && (m[1] == 0u || m[1] == kAll);
@@ -470,13 +474,14 @@ __device__ __forceinline__ void mask_scores(float (&s)[8][4], const std::uint32_
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = m[e >> 1] ? s[n][e] : -INFINITY;
+      for (int e = 0; e < 4; ++e) s[8 * Q + n][e] = m[e >> 1] ? s[8 * Q + n][e] : -INFINITY;
     return;
   }
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[n][e] = (m[e >> 1] >> (2 * n + (e & 1))) & 1u ? s[n][e] : -INFINITY;
+    for (int e = 0; e < 4; ++e)
+      s[8 * Q + n][e] = (m[e >> 1] >> (2 * n + (e & 1))) & 1u ? s[8 * Q + n][e] : -INFINITY;
 }
 
 // One key tile of the online softmax of a thread's two rows (an m16n8 accumulator layout:

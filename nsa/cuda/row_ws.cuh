@@ -24,6 +24,10 @@
 // 64-row kernel's; the window's tiles start at the block's first visible key, so they are the
 // same where the window reaches position 0 for every row (w >= T) and may differ in rounding
 // elsewhere. NsaCuda.WarpSpecialisedForwardGivesTheSameBits compares the two.
+// The window branch can take tiles of 128 keys (KT = 128, RowForward::kWideWindow; three
+// stages): half the steps, each with twice the products, each 64-key half of a tile masked as a
+// 64-key tile; its sums then differ from the 64-key kernels' in rounding
+// (NsaCuda.WarpSpecialisedForwardMatchesCpu, DenseCuda.WideWindowForwardMatchesCpu).
 //
 // Deadlock freedom: a consumer waiting for tile k holds at most the stage of its previous seen
 // tile k - 1 (a skipped tile releases everything); the producer arrives tile k - kWsLag before
@@ -38,28 +42,37 @@ namespace tc {
 constexpr int kWsConsumers = 2;                     // consumer warpgroups, 64 rows each
 constexpr int kWsRows = 64 * kWsConsumers;          // rows per block
 constexpr int kWsThreads = 128 * (1 + kWsConsumers);
-constexpr int kWsStages = 4;                        // key + value tiles in shared memory
 constexpr int kWsLag = 2;                           // tiles between a copy's issue and its arrive
 constexpr int kWsProducerRegs = 40, kWsConsumerRegs = 232;  // 128 x 40 + 256 x 232 <= 64K
-static_assert(kWsLag < kWsStages, "see the deadlock note above");
+// Keys per tile: 64 (the 64-row kernel's tiles, the selection's blocks), or 128 for the window
+// branch (ws_wide_tiles: half the steps, each with twice the products, for the same per-step
+// waits, barriers and row reductions; FlashAttention-3's forward takes 128-key tiles at D = 128).
+// Key + value tiles in shared memory: 4 stages of 64 keys (128 KB), 3 of 128 (192 KB; with the
+// block's 128 query rows 226 KB, within an H100's 227).
+template <int KT>
+constexpr int ws_stages() {
+  return KT == 64 ? 4 : 3;
+}
+static_assert(kWsLag < ws_stages<64>() && kWsLag < ws_stages<128>(), "see the deadlock note above");
 
 struct WsSmem {  // byte offsets of row_fwd_ws_kernel's dynamic shared memory
   std::size_t k, v, q, kmask, selp, tbits, bar, total;
 };
-template <int BR>
+template <int BR, int KT>
 __host__ __device__ inline WsSmem ws_smem(int n, int ntw) {
   using C = RowCfg<128>;
-  const std::size_t tile = std::size_t(C::KT) * 128 * 2;  // wgmma.cuh layout, 1024-aligned
+  constexpr int S = ws_stages<KT>();
+  const std::size_t tile = std::size_t(KT) * 128 * 2;  // wgmma.cuh layout, 1024-aligned
   const bool slc = BR == kSlc;
   WsSmem L;
   L.k = 0;
-  L.v = L.k + kWsStages * tile;
-  L.q = L.v + kWsStages * tile;
+  L.v = L.k + S * tile;
+  L.q = L.v + S * tile;
   L.kmask = L.q + std::size_t(kWsRows) * C::STR * 2;
-  L.selp = L.kmask + (slc ? std::size_t(kWsStages) * kWsRows * 8 : 0);  // [stage][position]
-  L.tbits = L.selp + (slc ? std::size_t(kWsRows) * n * 4 : 0);          // [position][n]
+  L.selp = L.kmask + (slc ? std::size_t(S) * kWsRows * 8 : 0);  // [stage][position]
+  L.tbits = L.selp + (slc ? std::size_t(kWsRows) * n * 4 : 0);  // [position][n]
   L.bar = (L.tbits + (slc ? std::size_t(1 + kWsConsumers) * ntw * 4 : 0) + 7) / 8 * 8;
-  L.total = L.bar + 2 * kWsStages * 8;  // full[stages], empty[stages]
+  L.total = L.bar + 2 * S * 8;  // full[stages], empty[stages]
   return L;
 }
 
@@ -85,22 +98,30 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t pari
         : "memory");
   } while (!done);
 }
+// The 128 threads of consumer c (0 or 1) at named barrier 1 + c (0 is __syncthreads', which
+// the producer, gone by then, would never reach).
+__device__ __forceinline__ void consumer_bar_sync(int c) {
+  if (c == 0) asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  else asm volatile("bar.sync 2, 128;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_wait_n() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 #endif
 
-template <int BR>
+template <int BR, int KT>
 __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArgs a, int ntw) {
 #if NSATRON_WGMMA
+  static_assert(KT == 64 || (KT == 128 && BR == kWin), "128-key tiles for the window branch only");
   constexpr int DP = 128;
   using C = RowCfg<DP>;
-  constexpr int KT = C::KT, STR = C::STR, NT = KT / 8, DT = DP / 8, CH = DP / 8;
+  constexpr int STR = C::STR, NT = KT / 8, DT = DP / 8, CH = DP / 8;
+  constexpr int kWsStages = ws_stages<KT>();
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];
   char* sm = reinterpret_cast<char*>(smem4);
-  const WsSmem L = ws_smem<BR>(g.n, ntw);
+  const WsSmem L = ws_smem<BR, KT>(g.n, ntw);
   bf16* Ks = reinterpret_cast<bf16*>(sm + L.k);  // [stage] tiles of KT x DP
   bf16* Vs = reinterpret_cast<bf16*>(sm + L.v);
   auto* kmask = reinterpret_cast<unsigned long long*>(sm + L.kmask);  // slc: [stage][kWsRows]
@@ -173,7 +194,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
         char* kd = reinterpret_cast<char*>(Ks + stage * KT * DP);
         char* vd = reinterpret_cast<char*>(Vs + stage * KT * DP);
         const std::int64_t off0 = ((std::int64_t(b) * g.T + s0 + kk0) * g.G + gi) * DP + kch * 8;
-#pragma unroll
+        // (At KT = 128, 16 passes: unrolled whole, their addresses took more than the producer's
+        // 40 registers; 4 at a time they fit.)
+#pragma unroll(KT == 64 ? kKeyIt : 4)
         for (int it = 0; it < kKeyIt; ++it) {
           const bool ok = kk0 + it * kKeyStep < cnt;
           const int to = to0 + wg::row_group_offset<DP>(it * kKeyStep);
@@ -196,12 +219,17 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsConsumerRegs));
   const int c = wgi - 1, cw = warp & 3;
   const int r0 = 64 * c + 16 * cw;  // the warp's first row in the block
-  bf16* Qs = reinterpret_cast<bf16*>(sm + L.q) + r0 * STR;
+  // The rotated queries, staged once: at KT = 64 the warp's rows (rows of STR elements), kept
+  // as A fragments in registers; at KT = 128 the consumer's 64 rows as a wgmma.cuh tile, the
+  // scores' A read from shared memory (their 32 registers are what the 128-key tile's scores
+  // and probabilities need: with them in registers the kernel spilled).
+  constexpr bool kQShared = KT == 128;
+  bf16* Qs = reinterpret_cast<bf16*>(sm + L.q) + (kQShared ? c * 64 * DP : r0 * STR);
   auto row_of = [&](int i, int& t, int& head) -> bool {
     g.hdiv.divmod(rho0 + i, t, head);
     return t < g.T;
   };
-  {  // the warp's rotated queries, staged once and kept as A fragments
+  {
     const bf16* qsrc = static_cast<const bf16*>(a.tcq);
 #pragma unroll
     for (int idx = lane; idx < 16 * CH; idx += 32) {
@@ -209,15 +237,25 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
       int t, hd;
       const bool ok = row_of(r0 + i, t, hd);
       const std::int64_t off = ok ? ((std::int64_t(b) * g.T + t) * g.H + gi * g.h + hd) * DP + ch * 8 : 0;
-      cp16(Qs + i * STR + ch * 8, qsrc + off, ok);
+      if constexpr (kQShared)
+        cp16(reinterpret_cast<char*>(Qs) + wg::tile_offset<DP, 64>(16 * cw + i, ch), qsrc + off, ok);
+      else
+        cp16(Qs + i * STR + ch * 8, qsrc + off, ok);
     }
     cp_commit();
     cp_wait0();
-    __syncwarp();
+    if constexpr (kQShared) {
+      wg::fence_proxy_async();  // read by the tensor cores' async proxy
+      consumer_bar_sync(c);     // every warp's rows in before the consumer's first product
+    } else {
+      __syncwarp();
+    }
   }
-  std::uint32_t qf[DP / 16][4];
+  std::uint32_t qf[kQShared ? 1 : DP / 16][4];
+  if constexpr (!kQShared)
 #pragma unroll
-  for (int kk = 0; kk < DP / 16; ++kk) frag_a<STR>(qf[kk], Qs, kk * 16, lane);
+    for (int kk = 0; kk < DP / 16; ++kk) frag_a<STR>(qf[kk], Qs, kk * 16, lane);
+  wg::SharedRowsA<DP> qs{Qs};
   const int gr = lane >> 2, gc = lane & 3;
   int rt[2], rp[2];
   bool rv[2];
@@ -284,29 +322,43 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
-    tile_scores<DP, KT, 1, false, false, false>(s, dp_unused, qf, qf, Kt, Vt, lane);
+    if constexpr (kQShared) tile_scores<DP, KT, 1, false, false, false>(s, dp_unused, qs, qs, Kt, Vt, lane);
+    else tile_scores<DP, KT, 1, false, false, false>(s, dp_unused, qf, qf, Kt, Vt, lane);
     if (!pv_pending) v_prev = Vt;  // the first seen tile's: P = 0, a product that adds +0
     acc_add_packed<NT, DT, KT, 1, false>(acc, pa, v_prev, lane);
     wg::wait_all_but_newest(s);  // the scores alone
-    unsigned long long vis[2];
+    // The rows' key masks per 64-key part of the tile (one part at KT = 64), each applied as the
+    // 64-row kernel applies a tile's.
+    constexpr int kParts = KT / 64;
+    unsigned long long vis[2][kParts];
+    bool sees = false;
 #pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-      if constexpr (BR == kSlc)
-        vis[h2] = rv[h2] ? kmask[stage * kWsRows + rp[h2]] : 0ull;
-      else
-        vis[h2] = rv[h2] ? key_bits(max(0, rt[h2] - g.w + 1 - s0), min(KT, rt[h2] + 1 - s0)) : 0ull;
-    }
+    for (int h2 = 0; h2 < 2; ++h2)
+#pragma unroll
+      for (int q = 0; q < kParts; ++q) {
+        if constexpr (BR == kSlc) {
+          vis[h2][q] = rv[h2] ? kmask[stage * kWsRows + rp[h2]] : 0ull;
+        } else {
+          const int b0 = s0 + 64 * q;
+          vis[h2][q] = rv[h2] ? key_bits(max(0, rt[h2] - g.w + 1 - b0), min(64, rt[h2] + 1 - b0)) : 0ull;
+        }
+        sees = sees || vis[h2][q] != 0ull;
+      }
     // A warp none of whose rows sees the tile skips the softmax (row_kernel says why the bits
     // are the same).
-    const bool warp_sees = __any_sync(0xffffffffu, (vis[0] | vis[1]) != 0ull);
+    const bool warp_sees = __any_sync(0xffffffffu, sees);
     if (!warp_sees) {
 #pragma unroll
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
     } else {
-      const std::uint32_t mbits[2] = {thread_key_bits(vis[0], gc), thread_key_bits(vis[1], gc)};
-      mask_scores(s, mbits);
+      const std::uint32_t mb0[2] = {thread_key_bits(vis[0][0], gc), thread_key_bits(vis[1][0], gc)};
+      mask_scores<0>(s, mb0);
+      if constexpr (kParts == 2) {
+        const std::uint32_t mb1[2] = {thread_key_bits(vis[0][kParts - 1], gc), thread_key_bits(vis[1][kParts - 1], gc)};
+        mask_scores<1>(s, mb1);
+      }
       online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, corr);
     }
     wg::wait(acc);  // the previous seen tile's P V: its stage is free
@@ -330,11 +382,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
 // register count, 168 under __launch_bounds__(384, 1) with nvcc 13, times 384 threads) must
 // hold the producer's 128 x kWsProducerRegs and the consumers' 256 x kWsConsumerRegs, or the
 // consumers' setmaxnreg.inc would wait for ever. Checked once per branch (row_forward_ws_applies).
-template <int BR>
+template <int BR, int KT>
 bool row_fwd_ws_registers_fit() {
   static const bool fit = [] {
     cudaFuncAttributes attr{};
-    if (cudaFuncGetAttributes(&attr, row_fwd_ws_kernel<BR>) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&attr, row_fwd_ws_kernel<BR, KT>) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
     }
@@ -345,7 +397,7 @@ bool row_fwd_ws_registers_fit() {
 
 // Launches row_fwd_ws_kernel (selection or window, bf16 tiles at padded D = 128; the caller
 // checks row_forward_ws_applies).
-template <int BR>
+template <int BR, int KT>
 void row_fwd_ws_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
   const std::int64_t nblocks = (std::int64_t(g.T) * g.h + kWsRows - 1) / kWsRows;
   if (nblocks == 0) return;
@@ -353,9 +405,9 @@ void row_fwd_ws_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
     throw std::runtime_error("tc::row_fwd_ws_kernel: T * heads per group = " + std::to_string(std::int64_t(g.T) * g.h) +
                              " rows of one (batch, group); at most 2^31 - 129 are supported");
   const int ntw = row_tile_words(g);
-  const std::size_t smem = ws_smem<BR>(g.n, ntw).total;
-  CUDA_CHECK(cudaFuncSetAttribute(row_fwd_ws_kernel<BR>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  row_fwd_ws_kernel<BR><<<row_launch_grid<BR>(g, kWsRows, nblocks), kWsThreads, smem, s>>>(g, a, ntw);
+  const std::size_t smem = ws_smem<BR, KT>(g.n, ntw).total;
+  CUDA_CHECK(cudaFuncSetAttribute(row_fwd_ws_kernel<BR, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  row_fwd_ws_kernel<BR, KT><<<row_launch_grid<BR>(g, kWsRows, nblocks), kWsThreads, smem, s>>>(g, a, ntw);
   check_launch("tc::row_fwd_ws_kernel");
 }
 

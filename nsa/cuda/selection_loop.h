@@ -121,29 +121,36 @@ inline bool cmp_select_pipeline() { return cmp_select_pipeline_setting().load();
 // against 2.78; the seventh session had the warp-specialised one -4 to -5% at h <= 4 on an
 // H100). The same bits for the selection; the window's tiles start at a different key, so its
 // bits may differ in rounding. Tests and bench_nsa_gpu force either.
-enum class RowForward { kAuto, kPlain, kWarpSpecialised };
+// kWideWindow: the window branch's forward (and so the own dense kernel's) by the
+// warp-specialised kernel with 128-key tiles, the selection's by the 64-row kernel (prepared on
+// 2026-11-29 for the dense kernel's forward at long T; not yet measured, so kAuto does not take it).
+enum class RowForward { kAuto, kPlain, kWarpSpecialised, kWideWindow };
 constexpr int kRowForwardWsMaxHeads = 0;
 inline std::atomic<RowForward>& row_forward_setting() {
   static std::atomic<RowForward> v{RowForward::kAuto};
   return v;
 }
 inline void set_row_forward(RowForward r) { row_forward_setting().store(r); }
-// Whether the setting takes the warp-specialised forward at h heads per group (the device
-// permitting).
-inline bool row_forward_ws(std::int64_t h) {
+// The keys per tile of the warp-specialised forward the setting takes for the window branch
+// (window) or the selection at h heads per group, the device permitting; 0: the 64-row kernel.
+inline int row_forward_ws_keys(bool window, std::int64_t h) {
   switch (row_forward_setting().load()) {
-    case RowForward::kPlain: return false;
-    case RowForward::kWarpSpecialised: return true;
-    default: return h <= kRowForwardWsMaxHeads;
+    case RowForward::kPlain: return 0;
+    case RowForward::kWarpSpecialised: return 64;
+    case RowForward::kWideWindow: return window ? 128 : 0;
+    default: return h <= kRowForwardWsMaxHeads ? 64 : 0;
   }
 }
 
 // The loop's name for the run log.
 inline std::string selection_loop_name(const NsaDims& dims) {
-  const bool ws = dims.D > 64 && row_forward_ws(dims.heads_per_group());  // padded D = 128
+  const bool d128 = dims.D > 64;  // padded D = 128
+  const int slc_ws = d128 ? row_forward_ws_keys(false, dims.heads_per_group()) : 0;
+  const int win_ws = d128 ? row_forward_ws_keys(true, dims.heads_per_group()) : 0;
   return std::string(selection_inverted(dims) ? "inverted loop (per selected block, partials merged in slot order)"
                                               : "union of the blocks of 64 / h positions") +
-         (ws ? "; row forward warp-specialised (nsa/cuda/row_ws.cuh, on sm_90a)" : "");
+         (slc_ws ? "; row forward warp-specialised (nsa/cuda/row_ws.cuh, on sm_90a)"
+                 : win_ws ? "; window forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)" : "");
 }
 
 }  // namespace nsatron::nsa::cuda

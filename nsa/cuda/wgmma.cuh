@@ -186,6 +186,25 @@ __device__ __forceinline__ void mma_rs_n32_at(float (&d)[NT][4], const std::uint
       DC(d[5][1]), DC(d[5][2]), DC(d[5][3]), DC(d[6][0]), DC(d[6][1]), DC(d[6][2]), DC(d[6][3]),     \
       DC(d[7][0]), DC(d[7][1]), DC(d[7][2]), DC(d[7][3])
 
+// The 64 accumulator operands of an m64n128 product (d[16][4]), as the asm names them and as
+// its operand list gives them.
+#define NSATRON_WG_D64_ASM                                                                          \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"                            \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"                  \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"                  \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define NSATRON_WG_D64(DC)                                                                          \
+  DC(d[0][0]), DC(d[0][1]), DC(d[0][2]), DC(d[0][3]), DC(d[1][0]), DC(d[1][1]), DC(d[1][2]),         \
+      DC(d[1][3]), DC(d[2][0]), DC(d[2][1]), DC(d[2][2]), DC(d[2][3]), DC(d[3][0]), DC(d[3][1]),     \
+      DC(d[3][2]), DC(d[3][3]), DC(d[4][0]), DC(d[4][1]), DC(d[4][2]), DC(d[4][3]), DC(d[5][0]),     \
+      DC(d[5][1]), DC(d[5][2]), DC(d[5][3]), DC(d[6][0]), DC(d[6][1]), DC(d[6][2]), DC(d[6][3]),     \
+      DC(d[7][0]), DC(d[7][1]), DC(d[7][2]), DC(d[7][3]), DC(d[8][0]), DC(d[8][1]), DC(d[8][2]),     \
+      DC(d[8][3]), DC(d[9][0]), DC(d[9][1]), DC(d[9][2]), DC(d[9][3]), DC(d[10][0]), DC(d[10][1]),   \
+      DC(d[10][2]), DC(d[10][3]), DC(d[11][0]), DC(d[11][1]), DC(d[11][2]), DC(d[11][3]),            \
+      DC(d[12][0]), DC(d[12][1]), DC(d[12][2]), DC(d[12][3]), DC(d[13][0]), DC(d[13][1]),            \
+      DC(d[13][2]), DC(d[13][3]), DC(d[14][0]), DC(d[14][1]), DC(d[14][2]), DC(d[14][3]),            \
+      DC(d[15][0]), DC(d[15][1]), DC(d[15][2]), DC(d[15][3])
+
 // The m64n64k16 bf16 product with A from registers; DC "+f" accumulates into d (scale_d), "=f"
 // writes it (scale_d 0: mma_rs_n64_overwrite).
 #define NSATRON_WG_RS_N64(DC)                                                                        \
@@ -212,22 +231,9 @@ __device__ __forceinline__ void mma_rs_n128(float (&d)[16][4], const std::uint32
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
       "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      NSATRON_WG_D64_ASM
       "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
-        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
-        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
-        "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : NSATRON_WG_D64("+f")
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d), "n"(TNSP));
 }
 
@@ -312,12 +318,30 @@ __device__ __forceinline__ void mma_overwrite(float (&d)[8][4], std::uint64_t a,
   mma_ss_n64_overwrite<TNSP>(d, a, b);
 }
 
+// m64n128k16 with A and B from shared tiles (the warp-specialised forward's scores over 128-key
+// tiles, its query rows read from shared memory to keep their registers free).
+template <int TNSP>
+__device__ __forceinline__ void mma_ss_n128(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      NSATRON_WG_D64_ASM
+      "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+      : NSATRON_WG_D64("+f")
+      : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP));
+}
+
+#undef NSATRON_WG_D64
+#undef NSATRON_WG_D64_ASM
+
 template <int N, int TNSP>
 __device__ __forceinline__ void mma(float (&d)[N / 8][4], std::uint64_t a, std::uint64_t b,
                                     int scale_d = 1) {
-  static_assert(N == 32 || N == 64, "shared-A products: N = 32 or 64");
+  static_assert(N == 32 || N == 64 || N == 128, "shared-A products: N = 32, 64 or 128");
   if constexpr (N == 32) mma_ss_n32<TNSP>(d, a, b, scale_d);
-  else mma_ss_n64<TNSP>(d, a, b, scale_d);
+  else if constexpr (N == 64) mma_ss_n64<TNSP>(d, a, b, scale_d);
+  else mma_ss_n128<TNSP>(d, a, b, scale_d);
 }
 
 // fp16 operands, A and B in shared memory (the fused compression + selection's scores).

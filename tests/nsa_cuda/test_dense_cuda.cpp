@@ -28,6 +28,7 @@
 #include "core/tensor/tensor.h"
 #include "core/util/error.h"
 #include "nsa/cuda/dense.h"
+#include "nsa/cuda/selection_loop.h"
 #include "nsa/dense.h"
 #include "tests/nsa/nsa_test_util.h"
 
@@ -167,6 +168,27 @@ TEST(DenseCuda, Deterministic) {
     EXPECT_TRUE(a.out == b.out && a.lse == b.lse) << dtype_name(dtype);
     EXPECT_TRUE(a.dq == b.dq && a.dk == b.dk && a.dv == b.dv) << dtype_name(dtype);
   }
+}
+
+// The forward by the warp-specialised kernel with 128-key tiles (RowForward::kWideWindow,
+// nsa/cuda/row_ws.cuh; not kAuto's choice yet): against the CPU at padded D = 128 (it runs only
+// there, on sm_90a; elsewhere the 64-row kernel runs and this repeats Bf16MatchesCpu's check),
+// T not a multiple of 128 and several tiles, and bit-identical across runs.
+struct WideWindowScope {
+  WideWindowScope() { cuda::set_row_forward(cuda::RowForward::kWideWindow); }
+  ~WideWindowScope() { cuda::set_row_forward(cuda::RowForward::kAuto); }
+  WideWindowScope(const WideWindowScope&) = delete;
+  WideWindowScope& operator=(const WideWindowScope&) = delete;
+};
+TEST(DenseCuda, WideWindowForwardMatchesCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const WideWindowScope scope;
+  const std::vector<DenseDims> shapes = {{1, 257, 8, 2, 128, 10000.0}, {1, 333, 6, 2, 96, 10000.0},
+                                         {2, 1000, 8, 2, 128, 10000.0}, {1, 130, 32, 2, 128, 10000.0}};
+  for (std::size_t i = 0; i < shapes.size(); ++i) compare(shapes[i], DType::BF16, base_seed() + 300 + i);
+  const Inputs in = random_inputs({1, 700, 8, 2, 128, 10000.0}, DType::BF16, base_seed() + 310);
+  const Outputs a = run_gpu(in, DType::BF16), b = run_gpu(in, DType::BF16);
+  EXPECT_TRUE(a.out == b.out && a.lse == b.lse);
 }
 
 TEST(DenseCuda, RejectsBadShapes) {

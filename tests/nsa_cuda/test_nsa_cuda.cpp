@@ -577,13 +577,11 @@ TEST(NsaCuda, RowScheduleGivesTheSameBits) {
 // of 64), and the window's where it reaches position 0 for every row (w >= T). Ragged T, h = 16
 // (a consumer = 4 whole positions), h = 3 at D = 100 (positions straddle the consumers), h = 1
 // (64 positions per consumer), h = 2, and a batch of 2.
-struct RowForwardWsScope {
-  explicit RowForwardWsScope(bool on) {
-    cuda::set_row_forward(on ? cuda::RowForward::kWarpSpecialised : cuda::RowForward::kPlain);
-  }
-  ~RowForwardWsScope() { cuda::set_row_forward(cuda::RowForward::kAuto); }
-  RowForwardWsScope(const RowForwardWsScope&) = delete;
-  RowForwardWsScope& operator=(const RowForwardWsScope&) = delete;
+struct RowForwardScope {  // forces the row forward's kernel for a scope; auto after
+  explicit RowForwardScope(cuda::RowForward r) { cuda::set_row_forward(r); }
+  ~RowForwardScope() { cuda::set_row_forward(cuda::RowForward::kAuto); }
+  RowForwardScope(const RowForwardScope&) = delete;
+  RowForwardScope& operator=(const RowForwardScope&) = delete;
 };
 TEST(NsaCuda, WarpSpecialisedForwardGivesTheSameBits) {
   if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
@@ -595,11 +593,11 @@ TEST(NsaCuda, WarpSpecialisedForwardGivesTheSameBits) {
     const Problem<float> p = test::random_problem<float>(dm, base_seed() + 23);
     GpuResult plain, ws;
     {
-      const RowForwardWsScope scope(false);
+      const RowForwardScope scope(cuda::RowForward::kPlain);
       plain = run_gpu<bf16>(p);
     }
     {
-      const RowForwardWsScope scope(true);
+      const RowForwardScope scope(cuda::RowForward::kWarpSpecialised);
       ws = run_gpu<bf16>(p);
     }
     EXPECT_TRUE(bit_equal(plain, ws)) << dm.str();
@@ -611,9 +609,16 @@ TEST(NsaCuda, WarpSpecialisedForwardGivesTheSameBits) {
 // at h = 4 and h = 1 (64 positions per consumer). kAuto no longer takes it (selection_loop.h).
 TEST(NsaCuda, WarpSpecialisedForwardMatchesCpu) {
   if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
-  const RowForwardWsScope scope(true);
-  check_case<bf16>({"warp-specialised D=128, h=4, w<T", make_dims(1, 1300, 8, 2, 128, 32, 16, 64, 12, 200)}, 401);
-  check_case<bf16>({"warp-specialised D=128, h=1, w<T", make_dims(1, 1500, 2, 2, 128, 32, 16, 64, 8, 300)}, 402);
+  {
+    const RowForwardScope scope(cuda::RowForward::kWarpSpecialised);
+    check_case<bf16>({"warp-specialised D=128, h=4, w<T", make_dims(1, 1300, 8, 2, 128, 32, 16, 64, 12, 200)}, 401);
+    check_case<bf16>({"warp-specialised D=128, h=1, w<T", make_dims(1, 1500, 2, 2, 128, 32, 16, 64, 8, 300)}, 402);
+  }
+  // The window's forward with 128-key tiles (RowForward::kWideWindow): a window shorter than T
+  // (its tiles start at each block's first visible key), and w = T at h = 16.
+  const RowForwardScope scope(cuda::RowForward::kWideWindow);
+  check_case<bf16>({"wide window D=128, h=4, w<T", make_dims(1, 1300, 8, 2, 128, 32, 16, 64, 12, 200)}, 403);
+  check_case<bf16>({"wide window D=128, h=16, w=T", make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 1111)}, 404);
 }
 
 // The fused compression + selection kernel's pipelined pass 1 (padded D = 128, h = 16 or 8)

@@ -168,6 +168,7 @@ TEST(Wgmma, SharedAKMajorN32D128) { check<32, 128, 32, true, true>(128); }
 // N = 64 rows (key_group_rows at D = 64 and 128).
 TEST(Wgmma, SharedAKMajorN64) { check<64, 64, 64, true, true>(64); }
 TEST(Wgmma, SharedAKMajorN64D128) { check<64, 128, 64, true, true>(128); }
+TEST(Wgmma, SharedAKMajorN128D128) { check<128, 128, 128, true, true>(128); }  // 128-key tiles (row_ws.cuh)
 TEST(Wgmma, MNMajorN128K32) { check<128, 128, 32, false>(32); }
 // fp16, both operands from shared tiles (the fused compression + selection's scores).
 TEST(Wgmma, F16SharedAKMajorN64D32) { check<64, 32, 64, true, true, __half>(32); }
