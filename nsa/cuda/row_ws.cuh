@@ -26,7 +26,8 @@
 // elsewhere. NsaCuda.WarpSpecialisedForwardGivesTheSameBits compares the two.
 // The window branch can take tiles of 128 keys (KT = 128, RowForward::kWideWindow; three
 // stages): half the steps, each with twice the products, each 64-key half of a tile masked as a
-// 64-key tile; its sums then differ from the 64-key kernels' in rounding
+// 64-key tile, the queries read from shared memory and each tile's P V waited for at once (see
+// kDeferPV); its sums then differ from the 64-key kernels' in rounding
 // (NsaCuda.WarpSpecialisedForwardMatchesCpu, DenseCuda.WideWindowForwardMatchesCpu).
 //
 // Deadlock freedom: a consumer waiting for tile k holds at most the stage of its previous seen
@@ -224,6 +225,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
   // scores' A read from shared memory (their 32 registers are what the 128-key tile's scores
   // and probabilities need: with them in registers the kernel spilled).
   constexpr bool kQShared = KT == 128;
+  // At KT = 64 a tile's P V product is left running under the next tile's scores and softmax
+  // (FlashAttention-3's overlap within a warpgroup; the previous tile's probabilities stay in
+  // registers meanwhile); at KT = 128 it is waited for at once: with the probabilities of two
+  // tiles live the consumers spilled (248 bytes within 232 registers), and the two consumers
+  // still overlap each other.
+  constexpr bool kDeferPV = KT == 64;
+  static_assert(kDeferPV != kQShared, "the two forms: 64 keys, deferred, queries in registers; 128, neither");
   bf16* Qs = reinterpret_cast<bf16*>(sm + L.q) + (kQShared ? c * 64 * DP : r0 * STR);
   auto row_of = [&](int i, int& t, int& head) -> bool {
     g.hdiv.divmod(rho0 + i, t, head);
@@ -322,11 +330,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
-    if constexpr (kQShared) tile_scores<DP, KT, 1, false, false, false>(s, dp_unused, qs, qs, Kt, Vt, lane);
-    else tile_scores<DP, KT, 1, false, false, false>(s, dp_unused, qf, qf, Kt, Vt, lane);
-    if (!pv_pending) v_prev = Vt;  // the first seen tile's: P = 0, a product that adds +0
-    acc_add_packed<NT, DT, KT, 1, false>(acc, pa, v_prev, lane);
-    wg::wait_all_but_newest(s);  // the scores alone
+    if constexpr (kDeferPV) {
+      tile_scores<DP, KT, 1, false, false, false>(s, dp_unused, qf, qf, Kt, Vt, lane);
+      if (!pv_pending) v_prev = Vt;  // the first seen tile's: P = 0, a product that adds +0
+      acc_add_packed<NT, DT, KT, 1, false>(acc, pa, v_prev, lane);
+      wg::wait_all_but_newest(s);  // the scores alone
+    } else {
+      tile_scores<DP, KT, 1, false, false, true>(s, dp_unused, qs, qs, Kt, Vt, lane);  // waited for
+    }
     // The rows' key masks per 64-key part of the tile (one part at KT = 64), each applied as the
     // 64-row kernel applies a tile's.
     constexpr int kParts = KT / 64;
@@ -359,14 +370,20 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
         const std::uint32_t mb1[2] = {thread_key_bits(vis[0][kParts - 1], gc), thread_key_bits(vis[1][kParts - 1], gc)};
         mask_scores<1>(s, mb1);
       }
-      online_softmax_tile<NT, DT>(s, sl2, m2, ls, nullptr, corr);
+      online_softmax_tile<NT, DT>(s, sl2, m2, ls, kDeferPV ? nullptr : acc, corr);  // (128: rescaled here)
     }
-    wg::wait(acc);  // the previous seen tile's P V: its stage is free
-    if (pv_pending) release(prev_stage);
-    rescale_and_pack<NT, DT>(acc, corr, warp_sees, pa, s);
-    v_prev = Vt;
-    prev_stage = stage;
-    pv_pending = true;
+    if constexpr (kDeferPV) {
+      wg::wait(acc);  // the previous seen tile's P V: its stage is free
+      if (pv_pending) release(prev_stage);
+      rescale_and_pack<NT, DT>(acc, corr, warp_sees, pa, s);
+      v_prev = Vt;
+      prev_stage = stage;
+      pv_pending = true;
+    } else {  // this tile's P V now (every warp: the product is the warpgroup's; p = 0 where unseen)
+      rescale_and_pack<NT, DT>(acc, corr, false, pa, s);
+      acc_add_packed<NT, DT, KT, 1, true>(acc, pa, Vt, lane);
+      release(stage);
+    }
   }
   if (pv_pending) acc_add_packed<NT, DT, KT, 1>(acc, pa, v_prev, lane);
   quad_row_sums(ls);
