@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
         char* kd = reinterpret_cast<char*>(Ks + stage * KT * DP);
         char* vd = reinterpret_cast<char*>(Vs + stage * KT * DP);
         const std::int64_t off0 = ((std::int64_t(b) * g.T + s0 + kk0) * g.G + gi) * DP + kch * 8;
-        // (At KT = 128, 16 passes: unrolled whole, their addresses took more than the producer's
-        // 40 registers; 4 at a time they fit.)
+        // (At KT = 128, 16 passes, unrolled 4 at a time so that their addresses stay within the
+        // producer's 40 registers; not measured against unrolling all 16.)
 #pragma unroll(KT == 64 ? kKeyIt : 4)
         for (int it = 0; it < kKeyIt; ++it) {
           const bool ok = kk0 + it * kKeyStep < cnt;
