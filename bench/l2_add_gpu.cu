@@ -193,6 +193,21 @@ int main(int argc, char** argv) {
                  nb);
     return 2;
   }
+  // Every block on its own tile at each iteration: b -> S b mod tiles one-to-one over the
+  // blocks, i.e. tiles / gcd(S, tiles) >= nb.
+  auto gcd = [](int x, int y) {
+    while (y) {
+      const int r = x % y;
+      x = y;
+      y = r;
+    }
+    return x;
+  };
+  if (tiles / gcd(spread, tiles) < nb) {
+    std::fprintf(stderr, "bench_l2_add_gpu: --spread %d puts two of the %d blocks on one of the %d tiles at once\n",
+                 spread, nb, tiles);
+    return 2;
+  }
   const int tile_f4 = tile_kb * 1024 / 16;
   const std::size_t bytes = std::size_t(tiles) * tile_f4 * 16;
   float4* buf = nullptr;

@@ -170,6 +170,7 @@ TEST(Wgmma, SharedAKMajorN64) { check<64, 64, 64, true, true>(64); }
 TEST(Wgmma, SharedAKMajorN64D128) { check<64, 128, 64, true, true>(128); }
 TEST(Wgmma, SharedAKMajorN128D128) { check<128, 128, 128, true, true>(128); }  // 128-key tiles (row_ws.cuh)
 TEST(Wgmma, MNMajorN128K32) { check<128, 128, 32, false>(32); }
+TEST(Wgmma, MNMajorN128K128) { check<128, 128, 128, false>(128); }  // P V over a 128-key tile (row_ws.cuh)
 // fp16, both operands from shared tiles (the fused compression + selection's scores).
 TEST(Wgmma, F16SharedAKMajorN64D32) { check<64, 32, 64, true, true, __half>(32); }
 TEST(Wgmma, F16SharedAKMajorN64) { check<64, 64, 64, true, true, __half>(64); }
