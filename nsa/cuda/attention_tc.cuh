@@ -1726,9 +1726,9 @@ int row_blocks_per_sm(const Geo& g) {
 // barrier -2 to -7% at 32768 and 65536 too. Both schedules give the same bits.
 template <int DP, int BR, bool BWD>
 bool row_late_issue(const Geo& g, std::int64_t blocks_per_pair) {
+  if (row_late_issue_bytes() == kRowLateAlways) return true;  // (no occupancy query per launch)
   const std::int64_t nk = BR == kCmp ? g.N : g.T;
   const std::int64_t pair_bytes = nk * DP * 2 * 2 * row_kv_parts<DP, BR, BWD>();
-  if (row_late_issue_bytes() == kRowLateAlways) return true;  // (no occupancy query per launch)
   const std::int64_t limit = row_late_issue_bytes() >= 0 ? row_late_issue_bytes() : std::int64_t(l2_cache_bytes()) / 2;
   if (pair_bytes > limit) return false;
   const std::int64_t resident = std::int64_t(sm_count()) * row_blocks_per_sm<DP, BR, BWD>(g);

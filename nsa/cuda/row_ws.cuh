@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) row_fwd_ws_kernel(Geo g, RowArg
       const std::uint32_t mb0[2] = {thread_key_bits(vis[0][0], gc), thread_key_bits(vis[1][0], gc)};
       mask_scores<0>(s, mb0);
       if constexpr (kParts == 2) {
-        const std::uint32_t mb1[2] = {thread_key_bits(vis[0][kParts - 1], gc), thread_key_bits(vis[1][kParts - 1], gc)};
+        const std::uint32_t mb1[2] = {thread_key_bits(vis[0][1], gc), thread_key_bits(vis[1][1], gc)};
         mask_scores<1>(s, mb1);
       }
       online_softmax_tile<NT, DT>(s, sl2, m2, ls, kDeferPV ? nullptr : acc, corr);  // (128: rescaled here)

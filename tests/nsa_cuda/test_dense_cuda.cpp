@@ -28,9 +28,9 @@
 #include "core/tensor/tensor.h"
 #include "core/util/error.h"
 #include "nsa/cuda/dense.h"
-#include "nsa/cuda/selection_loop.h"
 #include "nsa/dense.h"
 #include "tests/nsa/nsa_test_util.h"
+#include "tests/nsa_cuda/row_forward_scope.h"
 
 namespace nsatron::nsa {
 namespace {
@@ -174,15 +174,9 @@ TEST(DenseCuda, Deterministic) {
 // nsa/cuda/row_ws.cuh; not kAuto's choice yet): against the CPU at padded D = 128 (it runs only
 // there, on sm_90a; elsewhere the 64-row kernel runs and this repeats Bf16MatchesCpu's check),
 // T not a multiple of 128 and several tiles, and bit-identical across runs.
-struct WideWindowScope {
-  WideWindowScope() { cuda::set_row_forward(cuda::RowForward::kWideWindow); }
-  ~WideWindowScope() { cuda::set_row_forward(cuda::RowForward::kAuto); }
-  WideWindowScope(const WideWindowScope&) = delete;
-  WideWindowScope& operator=(const WideWindowScope&) = delete;
-};
 TEST(DenseCuda, WideWindowForwardMatchesCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const WideWindowScope scope;
+  const test::RowForwardScope scope(cuda::RowForward::kWideWindow);
   const std::vector<DenseDims> shapes = {{1, 257, 8, 2, 128, 10000.0}, {1, 333, 6, 2, 96, 10000.0},
                                          {2, 1000, 8, 2, 128, 10000.0}, {1, 130, 32, 2, 128, 10000.0}};
   for (std::size_t i = 0; i < shapes.size(); ++i) compare(shapes[i], DType::BF16, base_seed() + 300 + i);

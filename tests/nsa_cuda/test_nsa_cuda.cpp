@@ -34,12 +34,14 @@
 #include "nsa/cuda/nsa_cuda.h"
 #include "nsa/cuda/selection_loop.h"
 #include "tests/nsa/nsa_test_util.h"
+#include "tests/nsa_cuda/row_forward_scope.h"
 
 namespace nsatron::nsa {
 namespace {
 
 using test::make_dims;
 using test::Problem;
+using test::RowForwardScope;
 using bf16 = cuda::bf16;
 
 constexpr double kFp32Bound = 1e-5;
@@ -577,12 +579,6 @@ TEST(NsaCuda, RowScheduleGivesTheSameBits) {
 // of 64), and the window's where it reaches position 0 for every row (w >= T). Ragged T, h = 16
 // (a consumer = 4 whole positions), h = 3 at D = 100 (positions straddle the consumers), h = 1
 // (64 positions per consumer), h = 2, and a batch of 2.
-struct RowForwardScope {  // forces the row forward's kernel for a scope; auto after
-  explicit RowForwardScope(cuda::RowForward r) { cuda::set_row_forward(r); }
-  ~RowForwardScope() { cuda::set_row_forward(cuda::RowForward::kAuto); }
-  RowForwardScope(const RowForwardScope&) = delete;
-  RowForwardScope& operator=(const RowForwardScope&) = delete;
-};
 TEST(NsaCuda, WarpSpecialisedForwardGivesTheSameBits) {
   if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
   const LoopScope loop(cuda::SelectionRowLoop::kUnion);
