@@ -318,7 +318,8 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128}, hs = {1, 2, 4, 6, 8, 16}, Bs = {16};
   int reps = 0;
   bool dense = true;
-  std::string sel_loop = "auto", inputs = "random", row_fwd = "auto", layout = "split", row_late = "auto";
+  std::string sel_loop = "auto", inputs = "random", row_fwd = "auto", layout = "split", row_late = "auto",
+              dense_dq = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -341,13 +342,14 @@ int main(int argc, char** argv) {
     else if (a == "--row-fwd") row_fwd = val();
     else if (a == "--layout") layout = val();
     else if (a == "--row-late") row_late = val();
+    else if (a == "--dense-dq") dense_dq = val();
     else {
       std::fprintf(stderr,
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,125m_tp2,groups] "
                    "[--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
                    "[--sel-loop auto|union|inverted|both] [--inputs random|local] "
                    "[--row-fwd auto|plain|ws|both|wide|all] [--layout split|projection|both] "
-                   "[--row-late auto|one|two|both|l2]\n");
+                   "[--row-late auto|one|two|both|l2] [--dense-dq auto|row|key|both]\n");
       return 2;
     }
   }
@@ -445,17 +447,31 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--row-late: auto, one, two, both or l2, not %s\n", row_late.c_str());
     return 2;
   }
+  // where the own dense kernel's backward computes dq (DenseDq; the NSA layer is the same)
+  using DenseDq = cuda::DenseDq;
+  std::vector<std::pair<DenseDq, std::string>> dense_dqs;
+  if (dense_dq == "auto") dense_dqs = {{DenseDq::kAuto, ""}};
+  else if (dense_dq == "row") dense_dqs = {{DenseDq::kRowSide, "/r"}};
+  else if (dense_dq == "key") dense_dqs = {{DenseDq::kKeySide, "/k"}};
+  else if (dense_dq == "both") dense_dqs = {{DenseDq::kRowSide, "/r"}, {DenseDq::kKeySide, "/k"}};
+  else {
+    std::fprintf(stderr, "--dense-dq: auto, row, key or both, not %s\n", dense_dq.c_str());
+    return 2;
+  }
   for (const auto& s : shapes)
     for (const auto& [loop, suffix] : loops)
       for (const auto& [rf, rsuffix] : row_fwds)
         for (const auto& [late_bytes, bsuffix] : row_lates)
-          for (const auto& [projection, lsuffix] : layouts) {
-            cuda::set_selection_row_loop(loop);
-            cuda::set_row_forward(rf);
-            cuda::set_row_late_issue_bytes(late_bytes);
-            const Shape named{s.name + suffix + rsuffix + bsuffix + lsuffix + (local_inputs ? "/L" : ""), s.dims};
-            if (dtype == "fp32") run<float>(named, reps, dense, local_inputs, projection);
-            else run<cuda::bf16>(named, reps, dense, local_inputs, projection);
-          }
+          for (const auto& [ddq, dsuffix] : dense_dqs)
+            for (const auto& [projection, lsuffix] : layouts) {
+              cuda::set_selection_row_loop(loop);
+              cuda::set_row_forward(rf);
+              cuda::set_row_late_issue_bytes(late_bytes);
+              cuda::set_dense_dq(ddq);
+              const Shape named{s.name + suffix + rsuffix + bsuffix + dsuffix + lsuffix + (local_inputs ? "/L" : ""),
+                                s.dims};
+              if (dtype == "fp32") run<float>(named, reps, dense, local_inputs, projection);
+              else run<cuda::bf16>(named, reps, dense, local_inputs, projection);
+            }
   return 0;
 }

@@ -33,6 +33,7 @@
 #include <cuda_fp16.h>
 
 #include "nsa/cuda/internal.cuh"
+#include "nsa/cuda/ordered_add.cuh"
 #include "nsa/cuda/selection_loop.h"
 #include "nsa/cuda/wgmma.cuh"
 
@@ -663,6 +664,17 @@ void launch_row(const Geo& g, int branch, bool backward, const RowArgs& a, cudaS
     case 64: row_dispatch_br<T, 64>(g, branch, backward, a, s); break;
     default: row_dispatch_br<T, 128>(g, branch, backward, a, s); break;
   }
+}
+
+bool key_dq_applies(const Geo& g) {
+#ifdef NSATRON_BUILD_SM90A
+  return padded_dim(g.D) == 128 && g.w >= g.T && compute_capability_major() == 9 &&
+         (g.T + tc::kKB - 1) / tc::kKB <= tc::kMaxGridYZ &&
+         tc::key_smem_bytes<128, kWin, true>() <= std::size_t(smem_optin());
+#else
+  (void)g;
+  return false;
+#endif
 }
 
 template <class T>

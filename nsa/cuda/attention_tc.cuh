@@ -1819,11 +1819,12 @@ constexpr int key_group_rows() { return DP >= 64 ? 64 : 32; }
 template <int DP>
 constexpr int key_stages() { return DP > 64 ? 2 : 3; }
 
-template <int DP, int BR>
+template <int DP, int BR, bool kDq = false>
 constexpr std::size_t key_smem_bytes() {  // all bf16 tiles are tiles laid out as wgmma.cuh says
   constexpr int kRB = kKeyRows;
   constexpr std::size_t tiles =
-      std::size_t(key_stages<DP>() * (1 + key_q_parts(DP)) * kRB * DP + 2 * key_parts<DP, BR>() * kKB * DP) * 2 +
+      std::size_t(key_stages<DP>() * (1 + key_q_parts(DP)) * kRB * DP + 2 * key_parts<DP, BR>() * kKB * DP +
+                  (kDq ? kRB * kKB : 0)) * 2 +
       std::size_t(key_stages<DP>() * 4 * kRB) * 4;
   constexpr std::size_t epilogue = std::size_t(2 * kKB * (DP + 4)) * 4;  // fp32 dK, dV
   return tiles > epilogue ? tiles : epilogue;
@@ -1844,7 +1845,16 @@ __host__ __device__ inline bool key_tile_major(const Geo& g) {
   return BR == kWin && g.w >= g.T && (g.T + kKB - 1) / kKB <= kMaxGridYZ;
 }
 
-template <int DP, int BR>
+// kDq (the own dense kernel, w >= T, DP = 128, sm_90a: key_dq_applies): the block also computes
+// its keys' share of dq, dq += dS K for each batch of rows (dS^T's fragments stored as dS rows
+// in a shared tile by stmatrix .trans, the keys' tile as B), and adds the fp32 result into
+// KeyArgs::dq_sum: key tile k's tile of 16 rows after tiles 0 .. k - 1 (a turn counter per 16
+// rows; tile 0 assigns), so every element sums its tiles in one order (the same bits every
+// run). Tiles are taken heaviest first by a ticket, so a block waits only on blocks that have
+// started, and each walks its rows last batch first: every tile starts at the sequence's end,
+// a tile's predecessor is ahead of it from the start, and its turn is passed on one batch late
+// (the fence then finds the adds done).
+template <int DP, int BR, bool kDq = false>
 __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(Geo g, KeyArgs a, int nsub) {
   constexpr int DT = DP / 8, KS = DP / 16, CH = DP / 8, kRB = kKeyRows;
   constexpr int P = key_parts<DP, BR>();
@@ -1868,12 +1878,20 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   bf16* Lb = Ob + S * kRB * DP;               // [S] tiles: q residuals (kQP == 2)
   bf16* Ks = Lb + (kQP - 1) * S * kRB * DP;   // [P] tiles of KB keys
   bf16* Vs = Ks + P * kKB * DP;               // [P] tiles of KB keys
-  float* rs = reinterpret_cast<float*>(Vs + P * kKB * DP);  // [S][3][RB] lse, g, delta
+  bf16* Ds = Vs + P * kKB * DP;                // kDq: dS of a batch, [RB rows][KB keys] (K-major A)
+  float* rs = reinterpret_cast<float*>(Ds + (kDq ? kRB * kKB : 0));  // [S][3][RB] lse, g, delta
   int* rtp = reinterpret_cast<int*>(rs + S * 3 * kRB);    // [S][RB] position, -1: none
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const bool tile_major = key_tile_major<BR>(g);  // grid (pairs, 1, tiles) where heaviest first
-  const int tile = tile_major ? int(blockIdx.z) : int(blockIdx.x);
-  const int pair = tile_major ? int(blockIdx.x) : int(blockIdx.z);
+  int tile = tile_major ? int(blockIdx.z) : int(blockIdx.x);
+  int pair = tile_major ? int(blockIdx.x) : int(blockIdx.z);
+  if constexpr (kDq) {  // the tile-major order by ticket: every smaller ticket's block has started
+    __shared__ int ticket;
+    if (tid == 0) ticket = atomicAdd(a.dq_turn + dense_dq_turns(g) - 1, 1);
+    __syncthreads();
+    tile = ticket / int(gridDim.x);
+    pair = ticket % int(gridDim.x);
+  }
   const int b = pair / g.G, gi = pair % g.G;
   int s0, s1, npos, p0 = 0, nsplit = 1, off = 0, rsplit = 0;
   std::int64_t unit = 0;
@@ -1968,12 +1986,13 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
       // its lse, sigmoid(gate) and delta.
       // (Selection: the list entry of the lane's row in batch i + 1 is loaded here, a batch
       // ahead of its use; loaded at its use, its wait was ~4% of the key side's stall samples.)
-      const int lim = nrows - (rbeg + i * kRB + warp * kRpw + sub);
+      const int bi = kDq ? nbatch - 1 - i : i;  // the batch's place in the block's rows
+      const int lim = nrows - (rbeg + bi * kRB + warp * kRpw + sub);
       const bool owner = cch < kIt;  // (lanes with cch >= kIt own none)
       const int own_r = warp * kRpw + sub + cch * kRowStep;
       int own_t = -1, own_v = 0;
       if (owner) {  // the row this lane resolves
-        const int rho = rbeg + i * kRB + own_r;
+        const int rho = rbeg + bi * kRB + own_r;
         if (rho < nrows) {
           int pi, hd;
           g.hdiv.divmod(rho, pi, hd);
@@ -2028,9 +2047,75 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
     return 1;
   };
 
+  // kDq: the turn counters of this (b, g)'s 16-row groups, and the one this warp passes on
+  // after its next batch's products (or at the end).
+  [[maybe_unused]] int* const turns = kDq ? a.dq_turn + std::int64_t(pair) * ((std::int64_t(g.T) * g.h + 15) / 16) : nullptr;
+  [[maybe_unused]] int* dq_pend = nullptr;
+  [[maybe_unused]] auto pass_turn = [&] {
+    if (dq_pend) {
+      __threadfence();  // the warp's adds of that group performed
+      __syncwarp();
+      if (lane == 0) store_release(dq_pend, tile + 1);
+      dq_pend = nullptr;
+    }
+  };
+  // kDq: the warp's 16 rows of batch bi (rows 16 warp .. of dq, this thread's rows gr and gr + 8,
+  // columns 8 j + 2 gc + {0, 1}, scaled) into dq_sum, after the turn of the rows' group has come.
+  // Each pair of lanes (gc, gc ^ 1) swaps halves so that each holds four consecutive columns:
+  // gc even those of the even j, odd of the odd j (one 16-byte add each).
+  [[maybe_unused]] auto dq_add = [&](int bi, float (&dq)[DT][4]) {
+    pass_turn();
+    const int rw = rbeg + bi * kRB + warp * 16;  // the warp's first row (block-list index)
+    if (rw >= nrows) return;                      // warp-uniform: none of its rows exists
+    int* turn = turns + ((p0 * g.h + rw) >> 4);
+    if (tile > 0) {
+      if (lane == 0)
+        while (load_acquire(turn) < tile) __nanosleep(64);
+      __syncwarp();
+    }
+    const bool odd = gc & 1;
+    const int cq = 8 * int(odd) + 4 * (gc >> 1);
+    const bool v4 = (g.D & 3) == 0;
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int rho = rw + gr + 8 * hr;
+      float* dst = nullptr;
+      if (rho < nrows) {
+        int pi, hd;
+        g.hdiv.divmod(rho, pi, hd);
+        dst = a.dq_sum + (blk_row + std::int64_t(p0 + pi) * g.H + hd) * g.D;
+      }
+#pragma unroll
+      for (int q = 0; q < DT / 2; ++q) {
+        const float sx = odd ? dq[2 * q][2 * hr] : dq[2 * q + 1][2 * hr];
+        const float sy = odd ? dq[2 * q][2 * hr + 1] : dq[2 * q + 1][2 * hr + 1];
+        const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
+        const float4 v = odd ? make_float4(rx, ry, dq[2 * q + 1][2 * hr], dq[2 * q + 1][2 * hr + 1])
+                             : make_float4(dq[2 * q][2 * hr], dq[2 * q][2 * hr + 1], rx, ry);
+        const float4 y = make_float4(v.x * g.scale, v.y * g.scale, v.z * g.scale, v.w * g.scale);
+        const int c = 16 * q + cq;
+        if (!dst || c >= g.D) continue;
+        if (v4) {
+          if (tile == 0) *reinterpret_cast<float4*>(dst + c) = y;
+          else red_add_v4(dst + c, y);
+        } else {
+          const float e[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            if (c + u < g.D) {
+              if (tile == 0) dst[c + u] = e[u];
+              else atomicAdd(dst + c + u, e[u]);
+            }
+        }
+      }
+    }
+    dq_pend = turn;
+  };
+
   issue(0);  // the key tile joins batch 0's group
   if constexpr (S == 3) issue(1);
   for (int i = 0; i < nbatch; ++i) {
+    [[maybe_unused]] const int bi = kDq ? nbatch - 1 - i : i;  // the batch's place in the block's rows
     if constexpr (S == 3) cp_wait1();  // batch i's group (batch i + 1's may still be in flight)
     else cp_wait0();
 #if NSATRON_WGMMA
@@ -2184,9 +2269,36 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
         if constexpr (kQP == 2) wg::mma<DP, 1>(dK, ea[m], wg::mnmajor_desc<DP, kRB>(Lr, m));
       }
       wg::commit();
-      wg::wait(dK);
-      wg::pin(dV);
+      if constexpr (kDq) {
+        // dq = dS K: dS^T's fragments stored as dS rows (stmatrix .trans) into the shared A
+        // tile, every warp's before the product; the keys' tile as B (MN-major).
+        const int mi = lane >> 3, mj = lane & 7;
+#pragma unroll
+        for (int m = 0; m < NM; ++m)
+          wg::stmatrix_x4_trans(reinterpret_cast<char*>(Ds) + wg::tile_offset<kKB, kRB>(16 * m + 8 * (mi >> 1) + mj,
+                                                                                       2 * warp + (mi & 1)),
+                                ea[m]);
+        wg::fence_proxy_async();
+        __syncthreads();
+        wg::wait(dK);  // dV and dK first: their A fragments (pa, ea) die before dq's registers live
+        wg::pin(dV);
+        float dq[DT][4];
+        wg::fence();
+        wg::mma_ss_n128_overwrite<1>(dq, wg::kmajor_desc<kKB, kRB>(Ds, 0), wg::mnmajor_desc<DP, kKB>(Ks, 0));
+#pragma unroll
+        for (int kk = 1; kk < kKB / 16; ++kk)
+          wg::mma<DP, 1>(dq, wg::kmajor_desc<kKB, kRB>(Ds, kk), wg::mnmajor_desc<DP, kKB>(Ks, kk));
+        wg::commit();
+        wg::wait(dq);
+        wg::pin(dK);
+        wg::pin(dV);
+        dq_add(bi, dq);
+      } else {
+        wg::wait(dK);
+        wg::pin(dV);
+      }
 #else
+      if constexpr (kDq) __trap();  // (never launched: key_dq_applies)
 #pragma unroll
       for (int jp = 0; jp < DT / 2; ++jp)
 #pragma unroll
@@ -2239,6 +2351,7 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
     }
 #endif
   }
+  if constexpr (kDq) pass_turn();
   cp_wait0();
   __syncthreads();
 
@@ -2352,15 +2465,26 @@ void key_launch(const Geo& g, const KeyArgs& a, cudaStream_t s) {
   if (std::int64_t(g.T) * g.H >= (std::int64_t(1) << 31))  // the copy issue's local rows t H + hd
     throw std::runtime_error("tc::key_kernel: T * heads = " + std::to_string(std::int64_t(g.T) * g.H) +
                              " rows of one sequence; at most 2^31 - 1 are supported");
-  constexpr std::size_t smem = key_smem_bytes<DP, BR>();
-  static_assert(smem >= std::size_t(2 * kKB * (DP + 4)) * 4, "epilogue fits");
-  CUDA_CHECK(cudaFuncSetAttribute(key_kernel<DP, BR>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int ysplits = BR == kSlc ? key_max_splits(g) : (BR == kCmp ? cmp_key_max_splits(g) : 1);
   const dim3 grid = key_tile_major<BR>(g) ? dim3(unsigned(g.B * g.G), unsigned(ysplits), unsigned(tiles))
                                          : dim3(unsigned(tiles), unsigned(ysplits), unsigned(g.B * g.G));
-  key_kernel<DP, BR><<<grid, kKeyWarps * 32, smem, s>>>(g, a, nsub);
-  check_launch("tc::key_kernel");
+  auto run = [&](auto dq) {
+    constexpr bool kDq = decltype(dq)::value;
+    constexpr std::size_t smem = key_smem_bytes<DP, BR, kDq>();
+    static_assert(smem >= std::size_t(2 * kKB * (DP + 4)) * 4, "epilogue fits");
+    CUDA_CHECK(cudaFuncSetAttribute(key_kernel<DP, BR, kDq>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    key_kernel<DP, BR, kDq><<<grid, kKeyWarps * 32, smem, s>>>(g, a, nsub);
+    check_launch("tc::key_kernel");
+  };
+  if constexpr (DP == 128 && BR == kWin) {
+    if (a.dq_sum) {  // the own dense kernel's dq here (key_dq_applies, checked by the caller)
+      if (!key_tile_major<BR>(g)) throw std::logic_error("tc::key_launch: dq in the key side needs w >= T");
+      CUDA_CHECK(cudaMemsetAsync(a.dq_turn, 0, std::size_t(dense_dq_turns(g)) * sizeof(int), s));
+      run(std::true_type{});
+      return;
+    }
+  }
+  run(std::false_type{});
 }
 
 // ---- Inverse selection index -----------------------------------------------------------------

@@ -319,18 +319,26 @@ __device__ __forceinline__ void mma_overwrite(float (&d)[8][4], std::uint64_t a,
 }
 
 // m64n128k16 with A and B from shared tiles (the warp-specialised forward's scores over 128-key
-// tiles, its query rows read from shared memory to keep their registers free).
+// tiles, its query rows read from shared memory to keep their registers free; the dense key
+// side's dq = dS K); DC as NSATRON_WG_SS_N64's.
+#define NSATRON_WG_SS_N128(DC)                                                                       \
+  asm volatile(                                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                   \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "                                       \
+      "{" NSATRON_WG_D64_ASM "}, %64, %65, p, 1, 1, 0, %67;\n}\n"                                     \
+      : NSATRON_WG_D64(DC)                                                                          \
+      : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP))
 template <int TNSP>
 __device__ __forceinline__ void mma_ss_n128(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{"
-      NSATRON_WG_D64_ASM
-      "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
-      : NSATRON_WG_D64("+f")
-      : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP));
+  NSATRON_WG_SS_N128("+f");
 }
+// d = A B (scale_d 0), d an output only (as mma_ss_n64_overwrite).
+template <int TNSP>
+__device__ __forceinline__ void mma_ss_n128_overwrite(float (&d)[16][4], std::uint64_t a, std::uint64_t b) {
+  const int scale_d = 0;
+  NSATRON_WG_SS_N128("=f");
+}
+#undef NSATRON_WG_SS_N128
 
 #undef NSATRON_WG_D64
 #undef NSATRON_WG_D64_ASM
@@ -342,6 +350,18 @@ __device__ __forceinline__ void mma(float (&d)[N / 8][4], std::uint64_t a, std::
   if constexpr (N == 32) mma_ss_n32<TNSP>(d, a, b, scale_d);
   else if constexpr (N == 64) mma_ss_n64<TNSP>(d, a, b, scale_d);
   else mma_ss_n128<TNSP>(d, a, b, scale_d);
+}
+
+// Stores four 8x8 bf16 matrices, transposed, from the mma fragment layout (thread lane holds
+// row lane / 4, columns 2 (lane % 4) + {0, 1} of each: an A fragment's a[0..3] or two packed
+// accumulator tiles): lane l gives the address of row l % 8 of matrix l / 8 as it is stored,
+// i.e. of column l % 8 of the fragment's matrix, 16 contiguous bytes (one tile chunk). The
+// dense key side writes dS^T's fragments as dS rows this way (a K-major A tile of dq = dS K).
+__device__ __forceinline__ void stmatrix_x4_trans(void* row_addr, const std::uint32_t (&a)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                   static_cast<std::uint32_t>(__cvta_generic_to_shared(row_addr))),
+               "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
+               : "memory");
 }
 
 // fp16 operands, A and B in shared memory (the fused compression + selection's scores).

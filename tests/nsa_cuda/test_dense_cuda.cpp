@@ -30,7 +30,7 @@
 #include "nsa/cuda/dense.h"
 #include "nsa/dense.h"
 #include "tests/nsa/nsa_test_util.h"
-#include "tests/nsa_cuda/row_forward_scope.h"
+#include "tests/nsa_cuda/kernel_scopes.h"
 
 namespace nsatron::nsa {
 namespace {
@@ -183,6 +183,27 @@ TEST(DenseCuda, WideWindowForwardMatchesCpu) {
   const Inputs in = random_inputs({1, 700, 8, 2, 128, 10000.0}, DType::BF16, base_seed() + 310);
   const Outputs a = run_gpu(in, DType::BF16), b = run_gpu(in, DType::BF16);
   EXPECT_TRUE(a.out == b.out && a.lse == b.lse);
+}
+
+// dq by the key side (DenseDq::kKeySide: key_kernel's kDq form, its tiles added in ascending
+// key-tile order; not kAuto's choice yet): against the CPU where it runs (bf16, padded D = 128,
+// sm_90a; elsewhere the row side computes dq and this repeats Bf16MatchesCpu's check), T not a
+// multiple of the 64-key tiles, 1 to 32 heads per group (16-row groups of several positions, of
+// one, and straddling positions), D = 98 (the adds one float at a time), one position; and the
+// same bits from run to run where many tiles add into the same rows at once.
+TEST(DenseCuda, KeySideDqMatchesCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const test::DenseDqScope scope(cuda::DenseDq::kKeySide);
+  const std::vector<DenseDims> shapes = {{1, 257, 8, 2, 128, 10000.0}, {1, 333, 6, 2, 96, 10000.0},
+                                         {2, 1000, 8, 2, 128, 10000.0}, {1, 130, 32, 1, 128, 10000.0},
+                                         {1, 200, 4, 4, 98, 10000.0},   {2, 1, 4, 2, 128, 10000.0},
+                                         {1, 77, 6, 1, 112, 500.0}};
+  for (std::size_t i = 0; i < shapes.size(); ++i) compare(shapes[i], DType::BF16, base_seed() + 400 + i);
+  for (const DenseDims& d : {DenseDims{2, 1500, 16, 1, 128, 10000.0}, DenseDims{1, 999, 6, 3, 128, 10000.0}}) {
+    const Inputs in = random_inputs(d, DType::BF16, base_seed() + 410);
+    const Outputs a = run_gpu(in, DType::BF16), b = run_gpu(in, DType::BF16);
+    EXPECT_TRUE(a.dq == b.dq && a.dk == b.dk && a.dv == b.dv) << d.str();
+  }
 }
 
 TEST(DenseCuda, RejectsBadShapes) {

@@ -34,7 +34,7 @@
 #include "nsa/cuda/nsa_cuda.h"
 #include "nsa/cuda/selection_loop.h"
 #include "tests/nsa/nsa_test_util.h"
-#include "tests/nsa_cuda/row_forward_scope.h"
+#include "tests/nsa_cuda/kernel_scopes.h"
 
 namespace nsatron::nsa {
 namespace {
