@@ -422,13 +422,14 @@ struct KeyArgs {  // key-side backward kernels
   // The own dense kernel's dq in the key side (window, w >= T, padded D = 128, sm_90a; null:
   // the row side computes dq): dq_sum fp32 [B,T,H,D] (rotated, scaled; assigned by key tile 0,
   // added by the others in ascending tile order), dq_turn scratch for the turn counters, one per
-  // 16 rows of each (b, g), and the block ticket (dense_dq_turns(g) ints; zeroed by the launch).
+  // 16 rows and 64 columns of each (b, g), and the block ticket (dense_dq_turns(g) ints; zeroed
+  // by the launch).
   float* dq_sum;
   int* dq_turn;
 };
 // Turn counters of the dense key side's dq (KeyArgs::dq_turn), the block ticket included.
 __host__ __device__ inline std::int64_t dense_dq_turns(const Geo& g) {
-  return std::int64_t(g.B) * g.G * ((std::int64_t(g.T) * g.h + 15) / 16) + 1;
+  return std::int64_t(g.B) * g.G * ((std::int64_t(g.T) * g.h + 15) / 16) * 2 + 1;
 }
 // Tensor-core selection key side: a block's row list is split every key_rows_per_split(g)
 // (position, head) rows, a multiple of the kernel's row batches and a function of the shape

@@ -145,10 +145,11 @@ inline int row_forward_ws_keys(bool window, std::int64_t h) {
 // Where the own dense kernel's bf16 backward at padded D = 128 (nsa/cuda/dense.h) computes dq.
 // kRowSide: the row kernel, a second pass over the keys that recomputes S and dP for dS K (with
 // the key side's four products, seven per causal pair). kKeySide: the key kernel itself
-// (attention_tc.cuh, key_kernel's kDq form: dS through shared memory, dq = dS K, each block's
-// fp32 tile of 64 rows added into dq in ascending key-tile order, a turn counter per 16 rows:
-// five products per pair, the same bits every run; sm_90a on compute capability 9.0, else the
-// row side). kAuto: the row side (the key side's first measurement pending).
+// (attention_tc.cuh, key_kernel's kDq form: blocks of 128 keys, dS through shared memory, dq =
+// dS K, each block's fp32 tile of 64 rows added into dq in ascending key-tile order, a turn
+// counter per 16 rows and 64 columns: five products per pair, the same bits every run; sm_90a
+// on compute capability 9.0, else the row side). kAuto: the row side (the key side's first
+// measurement pending).
 enum class DenseDq { kAuto, kRowSide, kKeySide };
 inline std::atomic<DenseDq>& dense_dq_setting() {
   static std::atomic<DenseDq> v{DenseDq::kAuto};

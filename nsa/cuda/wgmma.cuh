@@ -319,26 +319,18 @@ __device__ __forceinline__ void mma_overwrite(float (&d)[8][4], std::uint64_t a,
 }
 
 // m64n128k16 with A and B from shared tiles (the warp-specialised forward's scores over 128-key
-// tiles, its query rows read from shared memory to keep their registers free; the dense key
-// side's dq = dS K); DC as NSATRON_WG_SS_N64's.
-#define NSATRON_WG_SS_N128(DC)                                                                       \
-  asm volatile(                                                                                      \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                   \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "                                       \
-      "{" NSATRON_WG_D64_ASM "}, %64, %65, p, 1, 1, 0, %67;\n}\n"                                     \
-      : NSATRON_WG_D64(DC)                                                                          \
-      : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP))
+// tiles, its query rows read from shared memory to keep their registers free).
 template <int TNSP>
 __device__ __forceinline__ void mma_ss_n128(float (&d)[16][4], std::uint64_t a, std::uint64_t b, int scale_d) {
-  NSATRON_WG_SS_N128("+f");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      NSATRON_WG_D64_ASM
+      "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
+      : NSATRON_WG_D64("+f")
+      : "l"(a), "l"(b), "r"(scale_d), "n"(TNSP));
 }
-// d = A B (scale_d 0), d an output only (as mma_ss_n64_overwrite).
-template <int TNSP>
-__device__ __forceinline__ void mma_ss_n128_overwrite(float (&d)[16][4], std::uint64_t a, std::uint64_t b) {
-  const int scale_d = 0;
-  NSATRON_WG_SS_N128("=f");
-}
-#undef NSATRON_WG_SS_N128
 
 #undef NSATRON_WG_D64
 #undef NSATRON_WG_D64_ASM
