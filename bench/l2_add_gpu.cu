@@ -36,6 +36,8 @@
 #include <string>
 #include <vector>
 
+#include "nsa/cuda/ordered_add.cuh"
+
 namespace {
 
 #define CHECK(x)                                                                          \
@@ -50,32 +52,16 @@ namespace {
 enum Variant { kRead, kWrite, kRedV4, kRed, kRmw, kOrderedRmw, kOrderedRed, kVariants };
 const char* const kNames[kVariants] = {"read", "write", "red.v4", "red", "rmw", "ordered.rmw", "ordered.red"};
 
-__device__ __forceinline__ void red_v4(float4* p, float4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-               : "memory");
-#else
-  float* q = reinterpret_cast<float*>(p);
-  atomicAdd(q, v.x);
-  atomicAdd(q + 1, v.y);
-  atomicAdd(q + 2, v.z);
-  atomicAdd(q + 3, v.w);
-#endif
-}
+// red.v4, load_acquire and store_release: the engine's (nsa/cuda/ordered_add.cuh).
+using nsatron::nsa::cuda::load_acquire;
+using nsatron::nsa::cuda::store_release;
+__device__ __forceinline__ void red_v4(float4* p, float4 v) { nsatron::nsa::cuda::red_add_v4(reinterpret_cast<float*>(p), v); }
 __device__ __forceinline__ void red_scalar(float4* p, float4 v) {
   float* q = reinterpret_cast<float*>(p);
   atomicAdd(q, v.x);  // (the result unused: compiled as a reduction)
   atomicAdd(q + 1, v.y);
   atomicAdd(q + 2, v.z);
   atomicAdd(q + 3, v.w);
-}
-__device__ __forceinline__ int load_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void store_release(int* p, int v) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 template <int V>

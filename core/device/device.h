@@ -2,6 +2,7 @@
 // when the build has CUDA (NSATRON_WITH_CUDA) and otherwise reports "no CUDA".
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "core/tensor/dtype.h"
@@ -14,6 +15,7 @@ bool cuda_available();
 int cuda_device_count();
 // "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)" or why there is none.
 std::string cuda_device_summary();
+std::int64_t cuda_l2_cache_bytes();  // the current device's L2 cache; 0 without a device
 
 void* cpu_alloc(std::size_t bytes);  // 64-byte aligned, throws std::bad_alloc
 void cpu_free(void* p);

@@ -34,6 +34,14 @@ int cuda_device_count() {
   return n;
 }
 
+std::int64_t cuda_l2_cache_bytes() {
+  if (!cuda_available()) return 0;
+  int dev = 0, bytes = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev));
+  return bytes;
+}
+
 std::string cuda_device_summary() {
   if (!cuda_available()) return "no CUDA device";
   int dev = 0;

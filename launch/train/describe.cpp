@@ -152,7 +152,8 @@ std::string attention_impl(const Run& run, const char* nsa, const char* dense) {
 
 // The loop the CUDA selection row side runs at this model's shape (nsa/cuda/selection_loop.h).
 std::string selection_loop(const Run& run) {
-  return nsa::cuda::selection_loop_name(run.dims.core_dims(run.cfg.train.micro_batch, run.cfg.train.seq_len));
+  return nsa::cuda::selection_loop_name(run.dims.core_dims(run.cfg.train.micro_batch, run.cfg.train.seq_len),
+                                        cuda_l2_cache_bytes());
 }
 
 // The "# implementations" section's device, matmul, nsa core, other ops, recompute and
@@ -168,7 +169,9 @@ void describe_implementations(Run& run) {
                           ("CUDA kernels (nsa/cuda), inputs read in place from the fused projection; selection row side: " +
                            selection_loop(run))
                               .c_str(),
-                          "flash-style CUDA kernels (nsa/cuda/dense.h)")
+                          ("flash-style CUDA kernels (nsa/cuda/dense.h): " +
+                           nsa::cuda::dense_kernel_name(cfg.train.seq_len, run.dims.D, cuda_l2_cache_bytes()))
+                              .c_str())
         << "\n"
         << "other ops    CUDA: rmsnorm, swiglu, embedding, chunked cross entropy, fused AdamW (core/ops/cuda)\n";
   else

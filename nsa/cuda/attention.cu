@@ -563,7 +563,8 @@ void check_grid_z(const Geo& g) {
 template <int BR, int KT>
 bool row_forward_ws_applies(const Geo& g) {
 #ifdef NSATRON_BUILD_SM90A
-  if (row_forward_ws_keys(BR == kWin, g.h) != KT || compute_capability_major() != 9) return false;
+  const bool past_half_l2 = window_past_half_l2(g.w, g.T, l2_cache_bytes());
+  if (row_forward_ws_keys(BR == kWin, g.h, past_half_l2) != KT || compute_capability_major() != 9) return false;
   const int ntw = tc::row_tile_words(g);
   return tc::ws_smem<BR, KT>(g.n, ntw).total <= std::size_t(smem_optin()) && tc::row_fwd_ws_registers_fit<BR, KT>();
 #else

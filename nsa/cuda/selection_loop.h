@@ -28,6 +28,7 @@
 // default is auto). Either loop computes the same function within the parity bounds; their
 // bits differ.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <cstdint>
@@ -122,8 +123,14 @@ inline bool cmp_select_pipeline() { return cmp_select_pipeline_setting().load();
 // H100). The same bits for the selection; the window's tiles start at a different key, so its
 // bits may differ in rounding. Tests and bench_nsa_gpu force either.
 // kWideWindow: the window branch's forward (and so the own dense kernel's) by the
-// warp-specialised kernel with 128-key tiles, the selection's by the 64-row kernel (prepared on
-// 2026-11-29 for the dense kernel's forward at long T; not yet measured, so kAuto does not take it).
+// warp-specialised kernel with 128-key tiles, the selection's by the 64-row kernel. kAuto takes
+// it where the keys and values one (batch, group)'s row blocks stream through the window
+// (min(w, T) keys of padded D = 128 in bf16) exceed half the L2: measured on an H200 (60 MB of
+// L2; docs/performance.md, 2026-11-29, twenty-second session) for the own dense kernel's
+// forward, 64-row / 128-key: T = 8192 2.46 / 2.63 ms, 16384 10.7-11.0 / 10.9-11.3, 32768
+// 41.2-41.8 / 42.7-42.8 (8-17 MB: kept in the L2), 65536 166.9-172.8 / 160.9-166.5 (34 MB).
+// The NSA window (w = 512) stays with the 64-row kernel (its 128-key tiles half outside the
+// window: 67.0 against 65.8 ms at 64k).
 enum class RowForward { kAuto, kPlain, kWarpSpecialised, kWideWindow };
 constexpr int kRowForwardWsMaxHeads = 0;
 inline std::atomic<RowForward>& row_forward_setting() {
@@ -131,14 +138,20 @@ inline std::atomic<RowForward>& row_forward_setting() {
   return v;
 }
 inline void set_row_forward(RowForward r) { row_forward_setting().store(r); }
+// Whether the window's keys and values of one (batch, group) exceed half of an L2 of l2_bytes
+// (0: unknown, taken as no).
+inline bool window_past_half_l2(std::int64_t w, std::int64_t T, std::int64_t l2_bytes) {
+  return l2_bytes > 0 && std::min(w, T) * 128 * 2 * 2 > l2_bytes / 2;
+}
 // The keys per tile of the warp-specialised forward the setting takes for the window branch
-// (window) or the selection at h heads per group, the device permitting; 0: the 64-row kernel.
-inline int row_forward_ws_keys(bool window, std::int64_t h) {
+// (window; past_half_l2: window_past_half_l2) or the selection at h heads per group, the device
+// permitting; 0: the 64-row kernel.
+inline int row_forward_ws_keys(bool window, std::int64_t h, bool past_half_l2) {
   switch (row_forward_setting().load()) {
     case RowForward::kPlain: return 0;
     case RowForward::kWarpSpecialised: return 64;
     case RowForward::kWideWindow: return window ? 128 : 0;
-    default: return h <= kRowForwardWsMaxHeads ? 64 : 0;
+    default: return window && past_half_l2 ? 128 : (h <= kRowForwardWsMaxHeads ? 64 : 0);
   }
 }
 
@@ -148,8 +161,13 @@ inline int row_forward_ws_keys(bool window, std::int64_t h) {
 // (attention_tc.cuh, key_kernel's kDq form: blocks of 128 keys, dS through shared memory, dq =
 // dS K, each block's fp32 tile of 64 rows added into dq in ascending key-tile order, a turn
 // counter per 16 rows and 64 columns: five products per pair, the same bits every run; sm_90a
-// on compute capability 9.0, else the row side). kAuto: the row side (the key side's first
-// measurement pending).
+// on compute capability 9.0, else the row side). kAuto: the row side. Measured on an H200
+// (docs/performance.md, 2026-11-29, twenty-second session), backward ms at the paper's shape,
+// row side / key side: T = 8192 7.51 / 9.65, 65536 492 / 573; the key side without its adds
+// 6.40 / 397 (64-key blocks): its five products pay, the fp32 adds through the L2 (0.55 TB at
+// 64k) cost more than they save, ordered or not, issued as red.v4 or as bulk copies. Kept as
+// the base of the next attempt (fewer adds: the dq tiles of a cluster's blocks summed in
+// distributed shared memory first).
 enum class DenseDq { kAuto, kRowSide, kKeySide };
 inline std::atomic<DenseDq>& dense_dq_setting() {
   static std::atomic<DenseDq> v{DenseDq::kAuto};
@@ -159,15 +177,25 @@ inline void set_dense_dq(DenseDq d) { dense_dq_setting().store(d); }
 // Whether the setting asks for the key side's dq (the device and build permitting).
 inline bool dense_dq_key_side() { return dense_dq_setting().load() == DenseDq::kKeySide; }
 
-// The loop's name for the run log.
-inline std::string selection_loop_name(const NsaDims& dims) {
+// The loop's name for the run log (l2_bytes: the device's L2, 0 unknown).
+inline std::string selection_loop_name(const NsaDims& dims, std::int64_t l2_bytes) {
   const bool d128 = dims.D > 64;  // padded D = 128
-  const int slc_ws = d128 ? row_forward_ws_keys(false, dims.heads_per_group()) : 0;
-  const int win_ws = d128 ? row_forward_ws_keys(true, dims.heads_per_group()) : 0;
+  const bool past = window_past_half_l2(dims.window, dims.T, l2_bytes);
+  const int slc_ws = d128 ? row_forward_ws_keys(false, dims.heads_per_group(), past) : 0;
+  const int win_ws = d128 ? row_forward_ws_keys(true, dims.heads_per_group(), past) : 0;
   return std::string(selection_inverted(dims) ? "inverted loop (per selected block, partials merged in slot order)"
                                               : "union of the blocks of 64 / h positions") +
          (slc_ws ? "; row forward warp-specialised (nsa/cuda/row_ws.cuh, on sm_90a)"
                  : win_ws ? "; window forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)" : "");
+}
+// The own dense kernel's forward and dq for the run log (bf16; T, D: the model's sequence length
+// and head dimension).
+inline std::string dense_kernel_name(std::int64_t T, std::int64_t D, std::int64_t l2_bytes) {
+  const bool d128 = D > 64;
+  const bool wide = d128 && row_forward_ws_keys(true, 1, window_past_half_l2(T, T, l2_bytes)) == 128;
+  return std::string(wide ? "forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)"
+                          : "forward by 64-key tiles") +
+         (d128 && dense_dq_key_side() ? "; dq in the key side (on sm_90a)" : "; dq by the row side");
 }
 
 }  // namespace nsatron::nsa::cuda
