@@ -313,6 +313,22 @@ bool listed(const std::string& list, const std::string& name) {
   return ("," + list + ",").find("," + name + ",") != std::string::npos;
 }
 
+// The settings a flag's value names, each with its shape-name suffix: table maps every accepted
+// value to its list; another value ends the program with the accepted ones.
+template <class E>
+using Variants = std::vector<std::pair<E, std::string>>;
+template <class E>
+Variants<E> variants(const char* flag, const std::string& value,
+                     const std::vector<std::pair<std::string, Variants<E>>>& table) {
+  std::string names;
+  for (const auto& [name, list] : table) {
+    if (name == value) return list;
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  std::fprintf(stderr, "%s: one of %s, not %s\n", flag, names.c_str(), value.c_str());
+  std::exit(2);
+}
+
 int main(int argc, char** argv) {
   std::string dtype = "bf16", which = "paper,125m";
   std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128}, hs = {1, 2, 4, 6, 8, 16}, Bs = {16};
@@ -358,14 +374,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool local_inputs = inputs == "local";
-  std::vector<std::pair<bool, std::string>> layouts;
-  if (layout == "split") layouts = {{false, ""}};
-  else if (layout == "projection") layouts = {{true, "/P"}};
-  else if (layout == "both") layouts = {{false, ""}, {true, "/P"}};
-  else {
-    std::fprintf(stderr, "--layout: split, projection or both, not %s\n", layout.c_str());
-    return 2;
-  }
+  const auto layouts = variants<bool>("--layout", layout,
+                                      {{"split", {{false, ""}}},
+                                       {"projection", {{true, "/P"}}},
+                                       {"both", {{false, ""}, {true, "/P"}}}});
   if (!nsatron::cuda_available()) {
     std::printf("bench_nsa_gpu: %s, nothing to do\n", nsatron::cuda_device_summary().c_str());
     return 0;
@@ -413,51 +425,35 @@ int main(int argc, char** argv) {
           shapes.push_back({"groups", dims(1, T, 48, 48 / h, D)});
         }
   using Loop = cuda::SelectionRowLoop;
-  std::vector<std::pair<Loop, std::string>> loops;
-  if (sel_loop == "auto") loops = {{Loop::kAuto, ""}};
-  else if (sel_loop == "union") loops = {{Loop::kUnion, "/u"}};
-  else if (sel_loop == "inverted") loops = {{Loop::kInverted, "/i"}};
-  else if (sel_loop == "both") loops = {{Loop::kUnion, "/u"}, {Loop::kInverted, "/i"}};
-  else {
-    std::fprintf(stderr, "--sel-loop: auto, union, inverted or both, not %s\n", sel_loop.c_str());
-    return 2;
-  }
+  const auto loops = variants<Loop>("--sel-loop", sel_loop,
+                                    {{"auto", {{Loop::kAuto, ""}}},
+                                     {"union", {{Loop::kUnion, "/u"}}},
+                                     {"inverted", {{Loop::kInverted, "/i"}}},
+                                     {"both", {{Loop::kUnion, "/u"}, {Loop::kInverted, "/i"}}}});
   using RowFwd = cuda::RowForward;
-  std::vector<std::pair<RowFwd, std::string>> row_fwds;
-  if (row_fwd == "auto") row_fwds = {{RowFwd::kAuto, ""}};
-  else if (row_fwd == "plain") row_fwds = {{RowFwd::kPlain, "/p"}};
-  else if (row_fwd == "ws") row_fwds = {{RowFwd::kWarpSpecialised, "/w"}};
-  else if (row_fwd == "both") row_fwds = {{RowFwd::kPlain, "/p"}, {RowFwd::kWarpSpecialised, "/w"}};
-  else if (row_fwd == "wide") row_fwds = {{RowFwd::kWideWindow, "/W"}};
-  else if (row_fwd == "all")
-    row_fwds = {{RowFwd::kPlain, "/p"}, {RowFwd::kWarpSpecialised, "/w"}, {RowFwd::kWideWindow, "/W"}};
-  else {
-    std::fprintf(stderr, "--row-fwd: auto, plain, ws, both, wide or all, not %s\n", row_fwd.c_str());
-    return 2;
-  }
+  const auto row_fwds = variants<RowFwd>(
+      "--row-fwd", row_fwd,
+      {{"auto", {{RowFwd::kAuto, ""}}},
+       {"plain", {{RowFwd::kPlain, "/p"}}},
+       {"ws", {{RowFwd::kWarpSpecialised, "/w"}}},
+       {"both", {{RowFwd::kPlain, "/p"}, {RowFwd::kWarpSpecialised, "/w"}}},
+       {"wide", {{RowFwd::kWideWindow, "/W"}}},
+       {"all", {{RowFwd::kPlain, "/p"}, {RowFwd::kWarpSpecialised, "/w"}, {RowFwd::kWideWindow, "/W"}}}});
   // (row_late_issue's byte limit: the largest value one barrier, the default; 0 two; -1 half the L2)
   constexpr std::int64_t kOneBarrier = cuda::kRowLateAlways;
-  std::vector<std::pair<std::int64_t, std::string>> row_lates;
-  if (row_late == "auto") row_lates = {{cuda::row_late_issue_bytes(), ""}};
-  else if (row_late == "one") row_lates = {{kOneBarrier, "/1b"}};
-  else if (row_late == "two") row_lates = {{0, "/2b"}};
-  else if (row_late == "both") row_lates = {{kOneBarrier, "/1b"}, {0, "/2b"}};
-  else if (row_late == "l2") row_lates = {{-1, "/l2"}};
-  else {
-    std::fprintf(stderr, "--row-late: auto, one, two, both or l2, not %s\n", row_late.c_str());
-    return 2;
-  }
+  const auto row_lates = variants<std::int64_t>("--row-late", row_late,
+                                                {{"auto", {{cuda::row_late_issue_bytes(), ""}}},
+                                                 {"one", {{kOneBarrier, "/1b"}}},
+                                                 {"two", {{0, "/2b"}}},
+                                                 {"both", {{kOneBarrier, "/1b"}, {0, "/2b"}}},
+                                                 {"l2", {{-1, "/l2"}}}});
   // where the own dense kernel's backward computes dq (DenseDq; the NSA layer is the same)
   using DenseDq = cuda::DenseDq;
-  std::vector<std::pair<DenseDq, std::string>> dense_dqs;
-  if (dense_dq == "auto") dense_dqs = {{DenseDq::kAuto, ""}};
-  else if (dense_dq == "row") dense_dqs = {{DenseDq::kRowSide, "/r"}};
-  else if (dense_dq == "key") dense_dqs = {{DenseDq::kKeySide, "/k"}};
-  else if (dense_dq == "both") dense_dqs = {{DenseDq::kRowSide, "/r"}, {DenseDq::kKeySide, "/k"}};
-  else {
-    std::fprintf(stderr, "--dense-dq: auto, row, key or both, not %s\n", dense_dq.c_str());
-    return 2;
-  }
+  const auto dense_dqs = variants<DenseDq>("--dense-dq", dense_dq,
+                                           {{"auto", {{DenseDq::kAuto, ""}}},
+                                            {"row", {{DenseDq::kRowSide, "/r"}}},
+                                            {"key", {{DenseDq::kKeySide, "/k"}}},
+                                            {"both", {{DenseDq::kRowSide, "/r"}, {DenseDq::kKeySide, "/k"}}}});
   for (const auto& s : shapes)
     for (const auto& [loop, suffix] : loops)
       for (const auto& [rf, rsuffix] : row_fwds)
