@@ -170,7 +170,8 @@ void describe_implementations(Run& run) {
                            selection_loop(run))
                               .c_str(),
                           ("flash-style CUDA kernels (nsa/cuda/dense.h): " +
-                           nsa::cuda::dense_kernel_name(cfg.train.seq_len, run.dims.D, cuda_l2_cache_bytes()))
+                           nsa::cuda::dense_kernel_name(cfg.train.seq_len, run.dims.D, cuda_l2_cache_bytes(),
+                                                        cfg.train.dtype == "bf16"))
                               .c_str())
         << "\n"
         << "other ops    CUDA: rmsnorm, swiglu, embedding, chunked cross entropy, fused AdamW (core/ops/cuda)\n";

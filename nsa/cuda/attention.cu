@@ -671,7 +671,7 @@ bool key_dq_applies(const Geo& g) {
 #ifdef NSATRON_BUILD_SM90A
   return padded_dim(g.D) == 128 && g.w >= g.T && compute_capability_major() == 9 &&
          (g.T + tc::kKB - 1) / tc::kKB <= tc::kMaxGridYZ &&
-         tc::key_smem_bytes<128, kWin, true>() <= std::size_t(smem_optin());
+         tc::key_smem_bytes<128, kWin, true>() + 1024 <= std::size_t(smem_optin());  // (+ its static ticket)
 #else
   (void)g;
   return false;

@@ -1767,7 +1767,8 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
 
 // ---- Tensor-core key side (dK, dV) of the selection and window branches (bf16 only) --------
 //
-// A block owns KB = 64 consecutive keys of one (batch, group) (selection: of one selected
+// A block owns KB = 64 consecutive keys (128 in the kDq form below, two warpgroups) of one
+// (batch, group) (selection: of one selected
 // block j, in sub-tiles of 64 when l' > 64), one warp per 16 keys (keys are the M dimension
 // of every mma). The rows that see those keys, (position, head) in ascending position then
 // head order, are staged in shared memory RB = 64 at a time (cp.async, key_stages: 3 or 2, from
@@ -1857,8 +1858,9 @@ __host__ __device__ inline bool key_tile_major(const Geo& g) {
 // fragments stored as dS rows in a shared tile by stmatrix .trans, the keys' tile as B, each
 // warpgroup 64 of the columns), and adds the fp32 result into KeyArgs::dq_sum: key tile k's
 // 16 rows x 64 columns after tiles 0 .. k - 1 (a turn counter for each; tile 0 assigns), so
-// every element sums its tiles in one order (the same bits every run). Tiles are taken heaviest first by a ticket, so a block waits only on blocks that have
-// started, and each walks its rows last batch first: every tile starts at the sequence's end,
+// every element sums its tiles in one order (the same bits every run). Tiles are taken
+// heaviest first by a ticket, so a block waits only on blocks that have started, and each
+// walks its rows last batch first: every tile starts at the sequence's end,
 // a tile's predecessor is ahead of it from the start, and its turn is passed on one batch late
 // (the fence then finds the adds done).
 template <int DP, int BR, bool kDq = false>
@@ -1890,10 +1892,11 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
   float* rs = reinterpret_cast<float*>(Ds + (kDq ? kRB * KB : 0));  // [S][3][RB] lse, g, delta
   int* rtp = reinterpret_cast<int*>(rs + S * 3 * kRB);    // [S][RB] position, -1: none
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wgi = warp >> 2;  // the warpgroup (kDq: 0, 1; each its 64 keys)
+  const int wgi = kDq ? warp >> 2 : 0;  // the warpgroup (kDq: 0, 1; each its 64 keys)
   const bool tile_major = key_tile_major<BR>(g);  // grid (pairs, 1, tiles) where heaviest first
   int tile = tile_major ? int(blockIdx.z) : int(blockIdx.x);
   int pair = tile_major ? int(blockIdx.x) : int(blockIdx.z);
+  static_assert(!kDq || (BR == kWin && DP == 128), "kDq: the own dense kernel (window, w >= T, grid y 1)");
   if constexpr (kDq) {  // the tile-major order by ticket: every smaller ticket's block has started
     __shared__ int ticket;
     if (tid == 0) ticket = atomicAdd(a.dq_turn + dense_dq_turns(g) - 1, 1);
@@ -2060,7 +2063,7 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
   // one per warpgroup), and the one this warp passes on after its next batch's products (or at
   // the end).
   [[maybe_unused]] int* const turns =
-      kDq ? a.dq_turn + std::int64_t(pair) * ((std::int64_t(g.T) * g.h + 15) / 16) * 2 : nullptr;
+      kDq ? a.dq_turn + std::int64_t(pair) * dense_dq_turns_per_pair(g) : nullptr;
   [[maybe_unused]] int* dq_pend = nullptr;
   [[maybe_unused]] auto pass_turn = [&] {
     if (dq_pend) {
@@ -2159,7 +2162,8 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
     const int* td = rtp + st * kRB;
     // NR rows from rb (whole 16-row sub-batches): S^T = K Q^T and dP^T = V dO^T for the
     // warp's 16 keys x NR rows (accumulator layout: key gr (+8), row n*8 + 2gc (+1)), p and
-    // dS, then dV += (g p)^T dO and dK += dS^T Q. Each dK, dV element sums the rows in order.
+    // dS, then dV += (g p)^T dO and dK += dS^T Q. Each dK, dV element sums the rows in one
+    // fixed order (ascending; kDq: batches from the last, so its dK, dV bits differ).
     auto rows_group = [&](int rb, auto nr) {
       constexpr int NR = decltype(nr)::value, NN = NR / 8, NM = NR / 16;
       float st[NN][4], dpt[NN][4];
@@ -2506,6 +2510,7 @@ void key_launch(const Geo& g, const KeyArgs& a, cudaStream_t s) {
       return;
     }
   }
+  if (a.dq_sum) throw std::logic_error("tc::key_launch: dq in the key side is the window branch's at padded D = 128 only");
   run(std::false_type{});
 }
 

@@ -428,8 +428,12 @@ struct KeyArgs {  // key-side backward kernels
   int* dq_turn;
 };
 // Turn counters of the dense key side's dq (KeyArgs::dq_turn), the block ticket included.
+// Per (b, g): one per 16 rows and 64-column half of dq.
+__host__ __device__ inline std::int64_t dense_dq_turns_per_pair(const Geo& g) {
+  return (std::int64_t(g.T) * g.h + 15) / 16 * 2;
+}
 __host__ __device__ inline std::int64_t dense_dq_turns(const Geo& g) {
-  return std::int64_t(g.B) * g.G * ((std::int64_t(g.T) * g.h + 15) / 16) * 2 + 1;
+  return std::int64_t(g.B) * g.G * dense_dq_turns_per_pair(g) + 1;
 }
 // Tensor-core selection key side: a block's row list is split every key_rows_per_split(g)
 // (position, head) rows, a multiple of the kernel's row batches and a function of the shape

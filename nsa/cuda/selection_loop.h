@@ -130,7 +130,8 @@ inline bool cmp_select_pipeline() { return cmp_select_pipeline_setting().load();
 // forward, 64-row / 128-key: T = 8192 2.46 / 2.63 ms, 16384 10.7-11.0 / 10.9-11.3, 32768
 // 41.2-41.8 / 42.7-42.8 (8-17 MB: kept in the L2), 65536 166.9-172.8 / 160.9-166.5 (34 MB).
 // The NSA window (w = 512) stays with the 64-row kernel (its 128-key tiles half outside the
-// window: 67.0 against 65.8 ms at 64k).
+// window: 67.0 against 65.8 ms at 64k). The threshold follows the device's L2 (T above ~49-51k
+// on an H100, ~59-61k on an H200), so the forward's bits near it differ by device type.
 enum class RowForward { kAuto, kPlain, kWarpSpecialised, kWideWindow };
 constexpr int kRowForwardWsMaxHeads = 0;
 inline std::atomic<RowForward>& row_forward_setting() {
@@ -188,9 +189,10 @@ inline std::string selection_loop_name(const NsaDims& dims, std::int64_t l2_byte
          (slc_ws ? "; row forward warp-specialised (nsa/cuda/row_ws.cuh, on sm_90a)"
                  : win_ws ? "; window forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)" : "");
 }
-// The own dense kernel's forward and dq for the run log (bf16; T, D: the model's sequence length
-// and head dimension).
-inline std::string dense_kernel_name(std::int64_t T, std::int64_t D, std::int64_t l2_bytes) {
+// The own dense kernel's forward and dq for the run log (T, D: the model's sequence length and
+// head dimension; bf16: the tensor-core kernels, else the fp32 ones).
+inline std::string dense_kernel_name(std::int64_t T, std::int64_t D, std::int64_t l2_bytes, bool bf16) {
+  if (!bf16) return "fp32 kernels";
   const bool d128 = D > 64;
   const bool wide = d128 && row_forward_ws_keys(true, 1, window_past_half_l2(T, T, l2_bytes)) == 128;
   return std::string(wide ? "forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)"

@@ -172,7 +172,7 @@ TEST(DenseCuda, Deterministic) {
 
 // The forward by the warp-specialised kernel with 128-key tiles (RowForward::kWideWindow,
 // nsa/cuda/row_ws.cuh; kAuto's only where a (batch, group)'s keys and values exceed half the L2,
-// T above ~59k on an H200): against the CPU at padded D = 128 (it runs only
+// T above ~59-61k on an H200, ~49-51k on an H100): against the CPU at padded D = 128 (it runs only
 // there, on sm_90a; elsewhere the 64-row kernel runs and this repeats Bf16MatchesCpu's check),
 // T not a multiple of 128 and several tiles, and bit-identical across runs.
 TEST(DenseCuda, WideWindowForwardMatchesCpu) {
@@ -189,7 +189,7 @@ TEST(DenseCuda, WideWindowForwardMatchesCpu) {
 // dq by the key side (DenseDq::kKeySide: key_kernel's kDq form, its tiles added in ascending
 // key-tile order; not kAuto's choice): against the CPU where it runs (bf16, padded D = 128,
 // sm_90a; elsewhere the row side computes dq and this repeats Bf16MatchesCpu's check), T not a
-// multiple of the 64-key tiles, 1 to 32 heads per group (16-row groups of several positions, of
+// multiple of the 128-key tiles, 1 to 32 heads per group (16-row groups of several positions, of
 // one, and straddling positions), D = 98 (the adds one float at a time), one position; and the
 // same bits from run to run where many tiles add into the same rows at once.
 TEST(DenseCuda, KeySideDqMatchesCpu) {
