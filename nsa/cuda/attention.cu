@@ -32,6 +32,7 @@
 
 #include <cuda_fp16.h>
 
+#include "core/device/device.h"
 #include "nsa/cuda/internal.cuh"
 #include "nsa/cuda/ordered_add.cuh"
 #include "nsa/cuda/selection_loop.h"
@@ -563,7 +564,7 @@ void check_grid_z(const Geo& g) {
 template <int BR, int KT>
 bool row_forward_ws_applies(const Geo& g) {
 #ifdef NSATRON_BUILD_SM90A
-  const bool past_half_l2 = window_past_half_l2(g.w, g.T, l2_cache_bytes());
+  const bool past_half_l2 = window_past_half_l2(g.w, g.T, cuda_l2_cache_bytes());
   if (row_forward_ws_keys(BR == kWin, g.h, past_half_l2) != KT || compute_capability_major() != 9) return false;
   const int ntw = tc::row_tile_words(g);
   return tc::ws_smem<BR, KT>(g.n, ntw).total <= std::size_t(smem_optin()) && tc::row_fwd_ws_registers_fit<BR, KT>();

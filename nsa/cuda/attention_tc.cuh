@@ -1729,7 +1729,7 @@ bool row_late_issue(const Geo& g, std::int64_t blocks_per_pair) {
   if (row_late_issue_bytes() == kRowLateAlways) return true;  // (no occupancy query per launch)
   const std::int64_t nk = BR == kCmp ? g.N : g.T;
   const std::int64_t pair_bytes = nk * DP * 2 * 2 * row_kv_parts<DP, BR, BWD>();
-  const std::int64_t limit = row_late_issue_bytes() >= 0 ? row_late_issue_bytes() : std::int64_t(l2_cache_bytes()) / 2;
+  const std::int64_t limit = row_late_issue_bytes() >= 0 ? row_late_issue_bytes() : cuda_l2_cache_bytes() / 2;
   if (pair_bytes > limit) return false;
   const std::int64_t resident = std::int64_t(sm_count()) * row_blocks_per_sm<DP, BR, BWD>(g);
   const std::int64_t pairs = std::int64_t(g.B) * g.G;
@@ -1979,6 +1979,8 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
   const float* lse_b = kStatBases ? opaque(a.lse + blk_row) : a.lse;
   const float* gs_b = kStatBases ? opaque(a.gsig + blk_row) : a.gsig;
   const float* dl_b = kStatBases ? opaque(a.delta + blk_row) : a.delta;
+  // The place of the i-th batch computed in the block's rows (kDq: from the last batch).
+  auto batch_of = [&](int i) { return kDq ? nbatch - 1 - i : i; };
   auto issue = [&](int i) {
     if (i < nbatch) {
       const int st = i % S;
@@ -1998,7 +2000,7 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
       // its lse, sigmoid(gate) and delta.
       // (Selection: the list entry of the lane's row in batch i + 1 is loaded here, a batch
       // ahead of its use; loaded at its use, its wait was ~4% of the key side's stall samples.)
-      const int bi = kDq ? nbatch - 1 - i : i;  // the batch's place in the block's rows
+      const int bi = batch_of(i);
       const int lim = nrows - (rbeg + bi * kRB + warp * kRpw + sub);
       const bool owner = cch < kIt;  // (lanes with cch >= kIt own none)
       const int own_r = warp * kRpw + sub + cch * kRowStep;
@@ -2131,7 +2133,7 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
   issue(0);  // the key tile joins batch 0's group
   if constexpr (S == 3) issue(1);
   for (int i = 0; i < nbatch; ++i) {
-    [[maybe_unused]] const int bi = kDq ? nbatch - 1 - i : i;  // the batch's place in the block's rows
+    [[maybe_unused]] const int bi = batch_of(i);
     if constexpr (S == 3) cp_wait1();  // batch i's group (batch i + 1's may still be in flight)
     else cp_wait0();
 #if NSATRON_WGMMA
@@ -2293,7 +2295,6 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
         // dq = dS K over the block's 128 keys, each warpgroup 64 of the columns: dS^T's
         // fragments stored as dS rows (stmatrix .trans) into the shared A tile, every warp's
         // before the product; the keys' tile as B (MN-major), this warpgroup's 64-column half.
-        static_assert(!kDq || (DP == 128 && KB == 128), "kDq: two warpgroups at padded D = 128");
         const int mi = lane >> 3, mj = lane & 7;
 #pragma unroll
         for (int m = 0; m < NM; ++m)

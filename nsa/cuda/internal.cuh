@@ -547,7 +547,6 @@ bool key_dq_applies(const Geo& g);
 // nsa_cuda.cu helpers used by the others
 int padded_dim(int D);  // 32, 64 or 128; throws above 128
 int smem_optin();       // the current device's opt-in shared memory limit of one block, bytes
-int l2_cache_bytes();   // the current device's L2 cache, bytes
 int sm_count();         // the current device's multiprocessors
 int compute_capability_major();  // the current device's
 // Parts of the rotated q in the tensor-core key side's dK += dS^T Q: bf16 hi + lo (2) at

@@ -53,7 +53,6 @@ int current_device_attribute(cudaDeviceAttr attribute) {
 }  // namespace
 
 int smem_optin() { return current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin); }
-int l2_cache_bytes() { return current_device_attribute(cudaDevAttrL2CacheSize); }
 int sm_count() { return current_device_attribute(cudaDevAttrMultiProcessorCount); }
 int compute_capability_major() { return current_device_attribute(cudaDevAttrComputeCapabilityMajor); }
 
