@@ -1,21 +1,31 @@
-// Kernel choices (nsa/cuda/selection_loop.h) forced for a scope, their kAuto after: the tests
-// of the NSA core and of dense attention run the alternative kernels this way.
+// Kernel choices (nsa/cuda/selection_loop.h) forced for a scope, their defaults after: the
+// tests of the NSA core and of dense attention run the alternative kernels and schedules this
+// way.
 //   RowForwardScope: the row kernels' forward at padded D = 128 (RowForward: the
 //     warp-specialised forwards);
-//   DenseDqScope: where the own dense kernel's backward computes dq (DenseDq: the key side).
+//   DenseDqScope: where the own dense kernel's backward computes dq (DenseDq: the key side);
+//   LoopScope: the selection row side's loop (SelectionRowLoop);
+//   LateIssueScope: the row kernels' barriers per key tile (row_late_issue_bytes);
+//   FusedPipelineScope: the fused compression + selection kernel's pipelined pass 1.
 #pragma once
+#include <cstdint>
+
 #include "nsa/cuda/selection_loop.h"
 
 namespace nsatron::nsa::test {
 
-template <class Setting, void (*kSet)(Setting)>
+template <class Setting, void (*kSet)(Setting), Setting kDefault>
 struct SettingScope {
   explicit SettingScope(Setting s) { kSet(s); }
-  ~SettingScope() { kSet(Setting::kAuto); }
+  ~SettingScope() { kSet(kDefault); }
   SettingScope(const SettingScope&) = delete;
   SettingScope& operator=(const SettingScope&) = delete;
 };
-using RowForwardScope = SettingScope<cuda::RowForward, cuda::set_row_forward>;
-using DenseDqScope = SettingScope<cuda::DenseDq, cuda::set_dense_dq>;
+using RowForwardScope = SettingScope<cuda::RowForward, cuda::set_row_forward, cuda::RowForward::kAuto>;
+using DenseDqScope = SettingScope<cuda::DenseDq, cuda::set_dense_dq, cuda::DenseDq::kAuto>;
+using LoopScope =
+    SettingScope<cuda::SelectionRowLoop, cuda::set_selection_row_loop, cuda::SelectionRowLoop::kAuto>;
+using LateIssueScope = SettingScope<std::int64_t, cuda::set_row_late_issue_bytes, cuda::kRowLateAlways>;
+using FusedPipelineScope = SettingScope<bool, cuda::set_cmp_select_pipeline, true>;
 
 }  // namespace nsatron::nsa::test

@@ -41,6 +41,9 @@ namespace {
 
 using test::make_dims;
 using test::Problem;
+using test::FusedPipelineScope;
+using test::LateIssueScope;
+using test::LoopScope;
 using test::RowForwardScope;
 using bf16 = cuda::bf16;
 
@@ -298,14 +301,6 @@ struct Case {
   NsaDims dims;
 };
 
-// Forces the selection row side's loop (nsa/cuda/selection_loop.h) for a scope; auto after.
-struct LoopScope {
-  explicit LoopScope(cuda::SelectionRowLoop loop) { cuda::set_selection_row_loop(loop); }
-  ~LoopScope() { cuda::set_selection_row_loop(cuda::SelectionRowLoop::kAuto); }
-  LoopScope(const LoopScope&) = delete;
-  LoopScope& operator=(const LoopScope&) = delete;
-};
-
 // Runs one case in dtype T against one CPU reference: fp32 once, bf16 with each of the
 // selection row side's loops (the union and the inverted loop), every output and gradient
 // within the bound.
@@ -548,12 +543,6 @@ TEST(NsaCuda, DeterministicInvertedLoop) {
 
 // The row kernels' two schedules (one barrier per key tile, or two with a longer prefetch:
 // row_late_issue in nsa/cuda/attention_tc.cuh; one by default) give the same bits, at padded D = 32, 64 and 128 (the forward at 128 has one schedule; its backward two).
-struct LateIssueScope {
-  explicit LateIssueScope(std::int64_t bytes) { cuda::set_row_late_issue_bytes(bytes); }
-  ~LateIssueScope() { cuda::set_row_late_issue_bytes(cuda::kRowLateAlways); }  // the default
-  LateIssueScope(const LateIssueScope&) = delete;
-  LateIssueScope& operator=(const LateIssueScope&) = delete;
-};
 TEST(NsaCuda, RowScheduleGivesTheSameBits) {
   if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
   const LoopScope loop(cuda::SelectionRowLoop::kUnion);
@@ -623,12 +612,6 @@ TEST(NsaCuda, WarpSpecialisedForwardMatchesCpu) {
 // the ring, 8 with the full scores, on an H100's 227 KB). (That streamed shape is not a parity
 // case: in bf16 its grad_q error against the CPU reached 1.04e-2 on one of five seeds, with
 // 1000 compressed keys per late row; docs/performance.md, 2026-11-27, sixth session.)
-struct FusedPipelineScope {
-  explicit FusedPipelineScope(bool on) { cuda::set_cmp_select_pipeline(on); }
-  ~FusedPipelineScope() { cuda::set_cmp_select_pipeline(true); }
-  FusedPipelineScope(const FusedPipelineScope&) = delete;
-  FusedPipelineScope& operator=(const FusedPipelineScope&) = delete;
-};
 TEST(NsaCuda, FusedPipelineGivesTheSameBits) {
   if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
   for (const NsaDims& dm : {make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 256), make_dims(1, 8000, 8, 1, 72, 8, 8, 8, 8, 64)}) {
