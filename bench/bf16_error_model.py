@@ -23,7 +23,12 @@ The roundings there:
   gp     g p rounded to bf16 in dV += (g p)^T dO
   out    dK and dV stored as bf16
 
-Usage: /usr/bin/python3 bench/bf16_error_model.py [--seeds N] [--window-keys]   (Debian's python3-torch)
+With --dense-ds: dense attention's dq from the row side with dS rounded to bf16 once in
+dq += dS K (row_ds_parts 1) or kept as hi + lo (2), with every other rounding of the kernels
+(q and k, the forward's P in P V, the output, dq stored), at the test's shapes T = 300 D = 64,
+T = 1000 D = 128 and T = 37 D = 32 (docs/performance.md, 2026-11-29, twenty-third session).
+
+Usage: /usr/bin/python3 bench/bf16_error_model.py [--seeds N] [--window-keys | --dense-ds]   (Debian's python3-torch)
 """
 import argparse
 import math
@@ -113,6 +118,48 @@ def window_key_errors(T, H, D, w, theta, seed, ds_parts):
     return err(dk_gpu, dk_ref), err(dv_gpu, dv_ref)
 
 
+def dense_dq_errors(T, H, D, theta, seed, ds_parts):
+    """dq of the emulated row side (dense attention, bf16), dS rounded to bf16 once in dq += dS K
+    (row_ds_parts 1) or kept as hi + lo (2), measured as test_dense_cuda does: against the exact
+    gradient whose delta is taken from the GPU's output, as the test's reference."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = [bf16(torch.randn(T, H, D, generator=g)) for _ in range(4)]
+    scale = 1 / math.sqrt(D)
+    t = torch.arange(T)
+    seen = t[None, :] <= t[:, None]
+    qr, kr = rope(q, theta), rope(k, theta)
+    qs, ks = bf16(qr), bf16(kr)
+
+    def scores(qx, kx):
+        return (torch.einsum("thd,uhd->htu", qx, kx) * scale).masked_fill(~seen[None], -math.inf)
+
+    p_ref, p_gpu = torch.softmax(scores(qr, kr), -1), torch.softmax(scores(qs, ks), -1)
+    sc = scores(qs, ks)
+    pe = torch.exp(sc - sc.amax(-1, keepdim=True))
+    o_gpu = bf16(torch.einsum("htu,uhd->thd", bf16(pe), v) / pe.sum(-1).permute(1, 0)[..., None])
+    delta = (do * o_gpu).sum(-1).permute(1, 0)[..., None]  # [H, T, 1], both from the GPU's output
+    dP = torch.einsum("thd,uhd->htu", do, v)
+
+    def dq(p, kx, ds_round):
+        dS = p * (dP - delta)
+        dS = bf16(dS) if ds_round else dS
+        return rope(torch.einsum("htu,uhd->thd", dS, kx) * scale, theta, inverse=True)
+
+    ref = dq(p_ref, kr, False)
+    gpu = bf16(dq(p_gpu, ks, ds_parts == 1))
+    return ((gpu - ref).abs().max() / ref.abs().max()).item()
+
+
+def dense_dq_main(seeds):
+    print("dS parts  shape                 median    p90      max   above 1e-2")
+    for T, H, D, theta in [(300, 4, 64, 1e4), (1000, 8, 128, 1e4), (37, 4, 32, 500.0)]:
+        for parts in (1, 2):
+            x = sorted(dense_dq_errors(T, H, D, theta, s, parts) for s in range(seeds))
+            n = len(x)
+            print(f"{parts:8d}  T={T:4d} H={H:2d} D={D:3d}  {x[n // 2]:.2e} {x[(9 * n) // 10]:.2e} {x[-1]:.2e} "
+                  f"{sum(v > 1e-2 for v in x):4d}/{n}")
+
+
 def window_keys_main(seeds):
     T, H, D, w, theta = 700, 3, 48, 128, 1e4  # test_nsa_cuda's "1 head/group, D=48"
     print("dS parts  gradient   median    p90      max   above 1e-2")
@@ -129,7 +176,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, default=60)
     ap.add_argument("--window-keys", action="store_true")
+    ap.add_argument("--dense-ds", action="store_true")
     args = ap.parse_args()
+    if args.dense_ds:
+        return dense_dq_main(args.seeds)
     if args.window_keys:
         return window_keys_main(args.seeds)
     shapes = [(2, 2, 16, 1e4), (17, 2, 2, 500.0), (37, 4, 32, 500.0), (33, 16, 64, 1e4)]  # T, H, D, theta
