@@ -1,7 +1,8 @@
 // The L2's rate for fp32 tile adds: the measurement that decides whether the own dense kernel's
 // backward can add dq in its key side (five products per tile instead of seven) without losing
 // the products it saves to the adds' traffic (docs/performance.md, 2026-11-29, "The dense
-// kernel at 64k"). There, each key block adds a dq tile of 64 rows x 128 fp32 (32 KB) per batch
+// kernel at 64k"; that form was built, measured slower than the row side's dq with and without
+// clusters, and removed in the twenty-third session: git history, 6d286c7..d9127e3). There, each key block adds a dq tile of 64 rows x 128 fp32 (32 KB) per batch
 // of rows it sees, 1.1 TB at the paper's 64k with 64-key blocks, in a fixed order per row batch
 // (key block j after j - 1: deterministic sums, no float atomics in a free order).
 //
@@ -36,8 +37,6 @@
 #include <string>
 #include <vector>
 
-#include "nsa/cuda/ordered_add.cuh"
-
 namespace {
 
 #define CHECK(x)                                                                          \
@@ -52,16 +51,32 @@ namespace {
 enum Variant { kRead, kWrite, kRedV4, kRed, kRmw, kOrderedRmw, kOrderedRed, kVariants };
 const char* const kNames[kVariants] = {"read", "write", "red.v4", "red", "rmw", "ordered.rmw", "ordered.red"};
 
-// red.v4, load_acquire and store_release: the engine's (nsa/cuda/ordered_add.cuh).
-using nsatron::nsa::cuda::load_acquire;
-using nsatron::nsa::cuda::store_release;
-__device__ __forceinline__ void red_v4(float4* p, float4 v) { nsatron::nsa::cuda::red_add_v4(reinterpret_cast<float*>(p), v); }
 __device__ __forceinline__ void red_scalar(float4* p, float4 v) {
   float* q = reinterpret_cast<float*>(p);
   atomicAdd(q, v.x);  // (the result unused: compiled as a reduction)
   atomicAdd(q + 1, v.y);
   atomicAdd(q + 2, v.z);
   atomicAdd(q + 3, v.w);
+}
+// *p += v as one reduction performed in the L2 (no value returned); four floats in one
+// instruction on sm_90.
+__device__ __forceinline__ void red_v4(float4* p, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+#else
+  red_scalar(p, v);
+#endif
+}
+// A turn counter's value, ordered before this thread's later memory operations (gpu scope).
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// Sets a turn counter after this thread's earlier memory operations (gpu scope).
+__device__ __forceinline__ void store_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 template <int V>

@@ -334,8 +334,7 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128}, hs = {1, 2, 4, 6, 8, 16}, Bs = {16};
   int reps = 0;
   bool dense = true;
-  std::string sel_loop = "auto", inputs = "random", row_fwd = "auto", layout = "split", row_late = "auto",
-              dense_dq = "auto";
+  std::string sel_loop = "auto", inputs = "random", row_fwd = "auto", layout = "split", row_late = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -358,14 +357,13 @@ int main(int argc, char** argv) {
     else if (a == "--row-fwd") row_fwd = val();
     else if (a == "--layout") layout = val();
     else if (a == "--row-late") row_late = val();
-    else if (a == "--dense-dq") dense_dq = val();
     else {
       std::fprintf(stderr,
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,125m_tp2,groups] "
                    "[--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
                    "[--sel-loop auto|union|inverted|both] [--inputs random|local] "
                    "[--row-fwd auto|plain|ws|both|wide|all] [--layout split|projection|both] "
-                   "[--row-late auto|one|two|both|l2] [--dense-dq auto|row|key|both]\n");
+                   "[--row-late auto|one|two|both|l2]\n");
       return 2;
     }
   }
@@ -447,27 +445,17 @@ int main(int argc, char** argv) {
                                                  {"two", {{0, "/2b"}}},
                                                  {"both", {{kOneBarrier, "/1b"}, {0, "/2b"}}},
                                                  {"l2", {{-1, "/l2"}}}});
-  // where the own dense kernel's backward computes dq (DenseDq; the NSA layer is the same)
-  using DenseDq = cuda::DenseDq;
-  const auto dense_dqs = variants<DenseDq>("--dense-dq", dense_dq,
-                                           {{"auto", {{DenseDq::kAuto, ""}}},
-                                            {"row", {{DenseDq::kRowSide, "/r"}}},
-                                            {"key", {{DenseDq::kKeySide, "/k"}}},
-                                            {"both", {{DenseDq::kRowSide, "/r"}, {DenseDq::kKeySide, "/k"}}}});
   for (const auto& s : shapes)
     for (const auto& [loop, suffix] : loops)
       for (const auto& [rf, rsuffix] : row_fwds)
         for (const auto& [late_bytes, bsuffix] : row_lates)
-          for (const auto& [ddq, dsuffix] : dense_dqs)
-            for (const auto& [projection, lsuffix] : layouts) {
-              cuda::set_selection_row_loop(loop);
-              cuda::set_row_forward(rf);
-              cuda::set_row_late_issue_bytes(late_bytes);
-              cuda::set_dense_dq(ddq);
-              const Shape named{s.name + suffix + rsuffix + bsuffix + dsuffix + lsuffix + (local_inputs ? "/L" : ""),
-                                s.dims};
-              if (dtype == "fp32") run<float>(named, reps, dense, local_inputs, projection);
-              else run<cuda::bf16>(named, reps, dense, local_inputs, projection);
-            }
+          for (const auto& [projection, lsuffix] : layouts) {
+            cuda::set_selection_row_loop(loop);
+            cuda::set_row_forward(rf);
+            cuda::set_row_late_issue_bytes(late_bytes);
+            const Shape named{s.name + suffix + rsuffix + bsuffix + lsuffix + (local_inputs ? "/L" : ""), s.dims};
+            if (dtype == "fp32") run<float>(named, reps, dense, local_inputs, projection);
+            else run<cuda::bf16>(named, reps, dense, local_inputs, projection);
+          }
   return 0;
 }

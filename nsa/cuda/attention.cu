@@ -34,7 +34,6 @@
 
 #include "core/device/device.h"
 #include "nsa/cuda/internal.cuh"
-#include "nsa/cuda/ordered_add.cuh"
 #include "nsa/cuda/selection_loop.h"
 #include "nsa/cuda/wgmma.cuh"
 
@@ -666,17 +665,6 @@ void launch_row(const Geo& g, int branch, bool backward, const RowArgs& a, cudaS
     case 64: row_dispatch_br<T, 64>(g, branch, backward, a, s); break;
     default: row_dispatch_br<T, 128>(g, branch, backward, a, s); break;
   }
-}
-
-bool key_dq_applies(const Geo& g) {
-#ifdef NSATRON_BUILD_SM90A
-  return padded_dim(g.D) == 128 && g.w >= g.T && compute_capability_major() == 9 &&
-         (g.T + tc::kKB - 1) / tc::kKB <= tc::kMaxGridYZ &&
-         tc::key_smem_bytes<128, kWin, true>() + 1024 <= std::size_t(smem_optin());  // (+ its static ticket)
-#else
-  (void)g;
-  return false;
-#endif
 }
 
 template <class T>

@@ -1767,8 +1767,7 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
 
 // ---- Tensor-core key side (dK, dV) of the selection and window branches (bf16 only) --------
 //
-// A block owns KB = 64 consecutive keys (128 in the kDq form below, two warpgroups) of one
-// (batch, group) (selection: of one selected
+// A block owns KB = 64 consecutive keys of one (batch, group) (selection: of one selected
 // block j, in sub-tiles of 64 when l' > 64), one warp per 16 keys (keys are the M dimension
 // of every mma). The rows that see those keys, (position, head) in ascending position then
 // head order, are staged in shared memory RB = 64 at a time (cp.async, key_stages: 3 or 2, from
@@ -1795,12 +1794,6 @@ void row_launch(const Geo& g, const RowArgs& a, cudaStream_t s) {
 // scaled, rotated back and both are stored as bf16.
 constexpr int kKeyWarps = 4;
 constexpr int kKB = 16 * kKeyWarps;  // keys per block
-// The kDq form (the own dense kernel's dq in the key side): two warpgroups, 128 keys per block
-// sharing each staged row batch, so that each batch's dq tile (64 rows x D fp32) is added into
-// the L2 once per 128 keys (with 64-key blocks the adds, 1.1 TB at the paper's 64k, took the
-// backward from 507 to 735 ms, ordered or not: docs/performance.md, 2026-11-29).
-template <bool kDq>
-constexpr int key_block_warps() { return kDq ? 2 * kKeyWarps : kKeyWarps; }
 // 16-row sub-batches a warp of the key side computes together (registers: 2 at DP <= 64).
 template <int DP>
 constexpr int kKeyPairs = DP <= 64 ? 2 : 1;
@@ -1826,14 +1819,13 @@ constexpr int key_group_rows() { return DP >= 64 ? 64 : 32; }
 template <int DP>
 constexpr int key_stages() { return DP > 64 ? 2 : 3; }
 
-template <int DP, int BR, bool kDq = false>
+template <int DP, int BR>
 constexpr std::size_t key_smem_bytes() {  // all bf16 tiles are tiles laid out as wgmma.cuh says
-  constexpr int kRB = kKeyRows, KB = 16 * key_block_warps<kDq>();
+  constexpr int kRB = kKeyRows;
   constexpr std::size_t tiles =
-      std::size_t(key_stages<DP>() * (1 + key_q_parts(DP)) * kRB * DP + 2 * key_parts<DP, BR>() * KB * DP +
-                  (kDq ? kRB * KB : 0)) * 2 +
+      std::size_t(key_stages<DP>() * (1 + key_q_parts(DP)) * kRB * DP + 2 * key_parts<DP, BR>() * kKB * DP) * 2 +
       std::size_t(key_stages<DP>() * 4 * kRB) * 4;
-  constexpr std::size_t epilogue = std::size_t(2 * KB * (DP + 4)) * 4;  // fp32 dK, dV
+  constexpr std::size_t epilogue = std::size_t(2 * kKB * (DP + 4)) * 4;  // fp32 dK, dV
   return tiles > epilogue ? tiles : epilogue;
 }
 
@@ -1852,20 +1844,8 @@ __host__ __device__ inline bool key_tile_major(const Geo& g) {
   return BR == kWin && g.w >= g.T && (g.T + kKB - 1) / kKB <= kMaxGridYZ;
 }
 
-// kDq (the own dense kernel, w >= T, DP = 128, sm_90a: key_dq_applies): two warpgroups, 128 keys
-// per block (key_block_warps), each warpgroup the four products above for its 64 keys; the
-// block also computes its keys' share of dq, dq += dS K for each batch of rows (dS^T's
-// fragments stored as dS rows in a shared tile by stmatrix .trans, the keys' tile as B, each
-// warpgroup 64 of the columns), and adds the fp32 result into KeyArgs::dq_sum: key tile k's
-// 16 rows x 64 columns after tiles 0 .. k - 1 (a turn counter for each; tile 0 assigns), so
-// every element sums its tiles in one order (the same bits every run). Tiles are taken
-// heaviest first by a ticket, so a block waits only on blocks that have started, and each
-// walks its rows last batch first: every tile starts at the sequence's end,
-// a tile's predecessor is ahead of it from the start, and its turn is passed on one batch late
-// (the fence then finds the adds done).
-template <int DP, int BR, bool kDq = false>
-__global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1) key_kernel(Geo g, KeyArgs a, int nsub) {
-  constexpr int kWarps = key_block_warps<kDq>(), KB = 16 * kWarps;  // keys per block
+template <int DP, int BR>
+__global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(Geo g, KeyArgs a, int nsub) {
   constexpr int DT = DP / 8, KS = DP / 16, CH = DP / 8, kRB = kKeyRows;
   constexpr int P = key_parts<DP, BR>();
   // mma.sync: K, V fragments in registers for the whole block where they fit (sm_90a: the
@@ -1887,35 +1867,25 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
   static_assert(!kSQ || kQP == 2, "the scores' q residuals are the staged ones of dK");
   bf16* Lb = Ob + S * kRB * DP;               // [S] tiles: q residuals (kQP == 2)
   bf16* Ks = Lb + (kQP - 1) * S * kRB * DP;   // [P] tiles of KB keys
-  bf16* Vs = Ks + P * KB * DP;               // [P] tiles of KB keys
-  bf16* Ds = Vs + P * KB * DP;                // kDq: dS of a batch, [RB rows][KB keys] (K-major A)
-  float* rs = reinterpret_cast<float*>(Ds + (kDq ? kRB * KB : 0));  // [S][3][RB] lse, g, delta
+  bf16* Vs = Ks + P * kKB * DP;               // [P] tiles of KB keys
+  float* rs = reinterpret_cast<float*>(Vs + P * kKB * DP);  // [S][3][RB] lse, g, delta
   int* rtp = reinterpret_cast<int*>(rs + S * 3 * kRB);    // [S][RB] position, -1: none
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wgi = kDq ? warp >> 2 : 0;  // the warpgroup (kDq: 0, 1; each its 64 keys)
   const bool tile_major = key_tile_major<BR>(g);  // grid (pairs, 1, tiles) where heaviest first
-  int tile = tile_major ? int(blockIdx.z) : int(blockIdx.x);
-  int pair = tile_major ? int(blockIdx.x) : int(blockIdx.z);
-  static_assert(!kDq || (BR == kWin && DP == 128), "kDq: the own dense kernel (window, w >= T, grid y 1)");
-  if constexpr (kDq) {  // the tile-major order by ticket: every smaller ticket's block has started
-    __shared__ int ticket;
-    if (tid == 0) ticket = atomicAdd(a.dq_turn + dense_dq_turns(g) - 1, 1);
-    __syncthreads();
-    tile = ticket / int(gridDim.x);
-    pair = ticket % int(gridDim.x);
-  }
+  const int tile = tile_major ? int(blockIdx.z) : int(blockIdx.x);
+  const int pair = tile_major ? int(blockIdx.x) : int(blockIdx.z);
   const int b = pair / g.G, gi = pair % g.G;
   int s0, s1, npos, p0 = 0, nsplit = 1, off = 0, rsplit = 0;
   std::int64_t unit = 0;
   const std::int32_t* list = nullptr;
   if constexpr (BR == kWin) {
-    s0 = tile * KB;
-    s1 = min(g.T, s0 + KB);
+    s0 = tile * kKB;
+    s1 = min(g.T, s0 + kKB);
     p0 = s0;
     npos = min(g.T, s1 - 1 + g.w) - s0;
   } else if constexpr (BR == kCmp) {  // compressed blocks s0..s1-1; positions p0..T-1
-    s0 = blockIdx.x * KB;
-    s1 = min(g.N, s0 + KB);
+    s0 = blockIdx.x * kKB;
+    s1 = min(g.N, s0 + kKB);
     p0 = min(g.T, s0 * g.d + g.l - 1);
     npos = g.T - p0;
     rsplit = cmp_key_rows_per_split(g);
@@ -1923,8 +1893,8 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
     unit = (std::int64_t(b) * g.G + gi) * gridDim.x + blockIdx.x;
   } else {
     const int j = blockIdx.x / nsub;
-    s0 = j * g.ls + (blockIdx.x % nsub) * KB;
-    s1 = min(min(g.T, j * g.ls + g.ls), s0 + KB);
+    s0 = j * g.ls + (blockIdx.x % nsub) * kKB;
+    s1 = min(min(g.T, j * g.ls + g.ls), s0 + kKB);
     unit = (std::int64_t(b) * g.G + gi) * g.NB + j;
     off = a.inv_off[unit];
     npos = a.inv_off[unit + 1] - off;
@@ -1944,17 +1914,17 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
   const bf16* lp = static_cast<const bf16*>(a.tcql);
 
   // Keys and values of the block.
-  for (int idx = tid; idx < KB * CH; idx += kWarps * 32) {
+  for (int idx = tid; idx < kKB * CH; idx += kKeyWarps * 32) {
     const int kk = idx / CH, ch = idx % CH;
     const bool ok = s0 + kk < s1;
     const std::int64_t NK = BR == kCmp ? g.N : g.T;
     const std::int64_t ko = ok ? ((std::int64_t(b) * NK + s0 + kk) * g.G + gi) * DP + ch * 8 : 0;
-    const int to = wg::tile_offset<DP, KB>(kk, ch);
+    const int to = wg::tile_offset<DP, kKB>(kk, ch);
 #pragma unroll
     for (int p = 0; p < P; ++p) {  // part p at p * B*NK*G*DP (launch_tc_pad)
       const std::int64_t po = ok ? p * std::int64_t(g.B) * NK * g.G * DP + ko : 0;
-      cp16(reinterpret_cast<char*>(Ks + p * KB * DP) + to, kp + po, ok);
-      cp16(reinterpret_cast<char*>(Vs + p * KB * DP) + to, vp + po, ok);
+      cp16(reinterpret_cast<char*>(Ks + p * kKB * DP) + to, kp + po, ok);
+      cp16(reinterpret_cast<char*>(Vs + p * kKB * DP) + to, vp + po, ok);
     }
   }
   int next_t = 0;  // selection: see issue
@@ -1963,8 +1933,8 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
   // sub = lane / CH): its tile offset is r0's plus whole 8-row groups (kRowStep is a multiple
   // of 8), and its global row is one of this (batch, group)'s, (b T + t) H + gi h + hd: the
   // block's first, blk_row, plus the local row t H + hd (below 2^31: key_launch checks T H).
-  constexpr int kIt = kRB * CH / (kWarps * 32), kRpw = 32 / CH, kRowStep = kWarps * kRpw;
-  static_assert(kRB * CH % (kWarps * 32) == 0 && 32 % CH == 0 && kIt <= CH && kRowStep % 8 == 0,
+  constexpr int kIt = kRB * CH / (kKeyWarps * 32), kRpw = 32 / CH, kRowStep = kKeyWarps * kRpw;
+  static_assert(kRB * CH % (kKeyWarps * 32) == 0 && 32 % CH == 0 && kIt <= CH && kRowStep % 8 == 0,
                 "whole passes over the chunks, rows owned by lanes of their chunks, 8-row groups per pass");
   const int cch = lane % CH, sub = lane / CH;
   const int to0 = wg::tile_offset<DP, kRB>(warp * kRpw + sub, cch);
@@ -1979,8 +1949,6 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
   const float* lse_b = kStatBases ? opaque(a.lse + blk_row) : a.lse;
   const float* gs_b = kStatBases ? opaque(a.gsig + blk_row) : a.gsig;
   const float* dl_b = kStatBases ? opaque(a.delta + blk_row) : a.delta;
-  // The place of the i-th batch computed in the block's rows (kDq: from the last batch).
-  auto batch_of = [&](int i) { return kDq ? nbatch - 1 - i : i; };
   auto issue = [&](int i) {
     if (i < nbatch) {
       const int st = i % S;
@@ -2000,13 +1968,12 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
       // its lse, sigmoid(gate) and delta.
       // (Selection: the list entry of the lane's row in batch i + 1 is loaded here, a batch
       // ahead of its use; loaded at its use, its wait was ~4% of the key side's stall samples.)
-      const int bi = batch_of(i);
-      const int lim = nrows - (rbeg + bi * kRB + warp * kRpw + sub);
+      const int lim = nrows - (rbeg + i * kRB + warp * kRpw + sub);
       const bool owner = cch < kIt;  // (lanes with cch >= kIt own none)
       const int own_r = warp * kRpw + sub + cch * kRowStep;
       int own_t = -1, own_v = 0;
       if (owner) {  // the row this lane resolves
-        const int rho = rbeg + bi * kRB + own_r;
+        const int rho = rbeg + i * kRB + own_r;
         if (rho < nrows) {
           int pi, hd;
           g.hdiv.divmod(rho, pi, hd);
@@ -2061,79 +2028,9 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
     return 1;
   };
 
-  // kDq: the turn counters of this (b, g)'s 16-row groups (two each: the 64-column halves of dq,
-  // one per warpgroup), and the one this warp passes on after its next batch's products (or at
-  // the end).
-  [[maybe_unused]] int* const turns =
-      kDq ? a.dq_turn + std::int64_t(pair) * dense_dq_turns_per_pair(g) : nullptr;
-  [[maybe_unused]] int* dq_pend = nullptr;
-  [[maybe_unused]] auto pass_turn = [&] {
-    if (dq_pend) {
-      __threadfence();  // the warp's adds of that group performed
-      __syncwarp();
-      if (lane == 0) store_release(dq_pend, tile + 1);
-      dq_pend = nullptr;
-    }
-  };
-  // kDq: the warp's 16 rows of batch bi in its warpgroup's half of the columns (rows 16 (warp % 4)
-  // .. of dq, this thread's rows gr and gr + 8, columns 64 wgi + 8 j + 2 gc + {0, 1}, scaled)
-  // into dq_sum, after the turn of the rows' group has come. Each pair of lanes (gc, gc ^ 1)
-  // swaps halves so that each holds four consecutive columns: gc even those of the even j, odd
-  // of the odd j (one 16-byte add each).
-  constexpr int NQ = DT / 2;  // dq tiles of 8 columns per warpgroup
-  [[maybe_unused]] auto dq_add = [&](int bi, float (&dq)[NQ][4]) {
-    pass_turn();
-    const int rw = rbeg + bi * kRB + (warp & 3) * 16;  // the warp's first row (block-list index)
-    if (rw >= nrows) return;                            // warp-uniform: none of its rows exists
-    int* turn = turns + ((p0 * g.h + rw) >> 4) * 2 + wgi;
-    if (tile > 0) {
-      if (lane == 0)
-        while (load_acquire(turn) < tile) __nanosleep(64);
-      __syncwarp();
-    }
-    const bool odd = gc & 1;
-    const int cq = 8 * int(odd) + 4 * (gc >> 1);
-    const bool v4 = (g.D & 3) == 0;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int rho = rw + gr + 8 * hr;
-      float* dst = nullptr;
-      if (rho < nrows) {
-        int pi, hd;
-        g.hdiv.divmod(rho, pi, hd);
-        dst = a.dq_sum + (blk_row + std::int64_t(p0 + pi) * g.H + hd) * g.D;
-      }
-#pragma unroll
-      for (int q = 0; q < NQ / 2; ++q) {
-        const float sx = odd ? dq[2 * q][2 * hr] : dq[2 * q + 1][2 * hr];
-        const float sy = odd ? dq[2 * q][2 * hr + 1] : dq[2 * q + 1][2 * hr + 1];
-        const float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
-        const float4 v = odd ? make_float4(rx, ry, dq[2 * q + 1][2 * hr], dq[2 * q + 1][2 * hr + 1])
-                             : make_float4(dq[2 * q][2 * hr], dq[2 * q][2 * hr + 1], rx, ry);
-        const float4 y = make_float4(v.x * g.scale, v.y * g.scale, v.z * g.scale, v.w * g.scale);
-        const int c = 64 * wgi + 16 * q + cq;
-        if (!dst || c >= g.D) continue;
-        if (v4) {
-          if (tile == 0) *reinterpret_cast<float4*>(dst + c) = y;
-          else red_add_v4(dst + c, y);
-        } else {
-          const float e[4] = {y.x, y.y, y.z, y.w};
-#pragma unroll
-          for (int u = 0; u < 4; ++u)
-            if (c + u < g.D) {
-              if (tile == 0) dst[c + u] = e[u];
-              else atomicAdd(dst + c + u, e[u]);
-            }
-        }
-      }
-    }
-    dq_pend = turn;
-  };
-
   issue(0);  // the key tile joins batch 0's group
   if constexpr (S == 3) issue(1);
   for (int i = 0; i < nbatch; ++i) {
-    [[maybe_unused]] const int bi = batch_of(i);
     if constexpr (S == 3) cp_wait1();  // batch i's group (batch i + 1's may still be in flight)
     else cp_wait0();
 #if NSATRON_WGMMA
@@ -2152,8 +2049,8 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
       for (int p = 0; p < (kHoist ? P : 0); ++p)
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
-          tile_frag_a<DP, KB>(kf[p * KS + kk], Ks + p * KB * DP, warp * 16, kk * 16, lane);
-          tile_frag_a<DP, KB>(vf[p * KS + kk], Vs + p * KB * DP, warp * 16, kk * 16, lane);
+          tile_frag_a<DP, kKB>(kf[p * KS + kk], Ks + p * kKB * DP, warp * 16, kk * 16, lane);
+          tile_frag_a<DP, kKB>(vf[p * KS + kk], Vs + p * kKB * DP, warp * 16, kk * 16, lane);
         }
     }
     const int st = i % S;
@@ -2164,8 +2061,7 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
     const int* td = rtp + st * kRB;
     // NR rows from rb (whole 16-row sub-batches): S^T = K Q^T and dP^T = V dO^T for the
     // warp's 16 keys x NR rows (accumulator layout: key gr (+8), row n*8 + 2gc (+1)), p and
-    // dS, then dV += (g p)^T dO and dK += dS^T Q. Each dK, dV element sums the rows in one
-    // fixed order (ascending; kDq: batches from the last, so its dK, dV bits differ).
+    // dS, then dV += (g p)^T dO and dK += dS^T Q. Each dK, dV element sums the rows in order.
     auto rows_group = [&](int rb, auto nr) {
       constexpr int NR = decltype(nr)::value, NN = NR / 8, NM = NR / 16;
       float st[NN][4], dpt[NN][4];
@@ -2180,17 +2076,14 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
       wg::pin(st);
       wg::pin(dpt);
       wg::fence();
-      // this warpgroup's 64 keys of the tiles (kDq: rows 64 wgi ..)
-      const int kwo = wg::row_group_offset<DP>(64 * wgi);
-      auto ktile = [&](const bf16* t, int p) { return reinterpret_cast<const char*>(t + p * KB * DP) + kwo; };
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk) {
         if constexpr (kSQ)  // S^T += K_hi Q_lo (win_score_parts)
-          wg::mma<NR, 0>(st, wg::kmajor_desc<DP, KB>(ktile(Ks, 0), kk), wg::kmajor_desc<DP, kRB>(Lr, kk));
+          wg::mma<NR, 0>(st, wg::kmajor_desc<DP, kKB>(Ks, kk), wg::kmajor_desc<DP, kRB>(Lr, kk));
 #pragma unroll
         for (int p = P - 1; p >= 0; --p) {  // smallest part first
-          wg::mma<NR, 0>(st, wg::kmajor_desc<DP, KB>(ktile(Ks, p), kk), wg::kmajor_desc<DP, kRB>(Qr, kk));
-          wg::mma<NR, 0>(dpt, wg::kmajor_desc<DP, KB>(ktile(Vs, p), kk), wg::kmajor_desc<DP, kRB>(Or, kk));
+          wg::mma<NR, 0>(st, wg::kmajor_desc<DP, kKB>(Ks + p * kKB * DP, kk), wg::kmajor_desc<DP, kRB>(Qr, kk));
+          wg::mma<NR, 0>(dpt, wg::kmajor_desc<DP, kKB>(Vs + p * kKB * DP, kk), wg::kmajor_desc<DP, kRB>(Or, kk));
         }
       }
       wg::commit();
@@ -2210,8 +2103,8 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
               va[e] = vf[p * KS + kk][e];
             }
           } else {
-            tile_frag_a<DP, KB>(ka, Ks + p * KB * DP, warp * 16, kk * 16, lane);
-            tile_frag_a<DP, KB>(va, Vs + p * KB * DP, warp * 16, kk * 16, lane);
+            tile_frag_a<DP, kKB>(ka, Ks + p * kKB * DP, warp * 16, kk * 16, lane);
+            tile_frag_a<DP, kKB>(va, Vs + p * kKB * DP, warp * 16, kk * 16, lane);
           }
 #pragma unroll
           for (int m = 0; m < NM; ++m) {
@@ -2291,38 +2184,9 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
         if constexpr (kQP == 2) wg::mma<DP, 1>(dK, ea[m], wg::mnmajor_desc<DP, kRB>(Lr, m));
       }
       wg::commit();
-      if constexpr (kDq) {
-        // dq = dS K over the block's 128 keys, each warpgroup 64 of the columns: dS^T's
-        // fragments stored as dS rows (stmatrix .trans) into the shared A tile, every warp's
-        // before the product; the keys' tile as B (MN-major), this warpgroup's 64-column half.
-        const int mi = lane >> 3, mj = lane & 7;
-#pragma unroll
-        for (int m = 0; m < NM; ++m)
-          wg::stmatrix_x4_trans(reinterpret_cast<char*>(Ds) + wg::tile_offset<KB, kRB>(16 * m + 8 * (mi >> 1) + mj,
-                                                                                       2 * warp + (mi & 1)),
-                                ea[m]);
-        wg::fence_proxy_async();
-        __syncthreads();
-        wg::wait(dK);  // dV and dK first: their A fragments (pa, ea) die before dq's registers live
-        wg::pin(dV);
-        float dq[NQ][4];
-        const bf16* Kh = Ks + wgi * KB * 64;  // the columns 64 wgi .. of the keys
-        wg::fence();
-        wg::mma_ss_n64_overwrite<1>(dq, wg::kmajor_desc<KB, kRB>(Ds, 0), wg::mnmajor_desc<DP, KB>(Kh, 0));
-#pragma unroll
-        for (int kk = 1; kk < KB / 16; ++kk)
-          wg::mma<64, 1>(dq, wg::kmajor_desc<KB, kRB>(Ds, kk), wg::mnmajor_desc<DP, KB>(Kh, kk));
-        wg::commit();
-        wg::wait(dq);
-        wg::pin(dK);
-        wg::pin(dV);
-        dq_add(bi, dq);
-      } else {
-        wg::wait(dK);
-        wg::pin(dV);
-      }
+      wg::wait(dK);
+      wg::pin(dV);
 #else
-      if constexpr (kDq) __trap();  // (never launched: key_dq_applies)
 #pragma unroll
       for (int jp = 0; jp < DT / 2; ++jp)
 #pragma unroll
@@ -2375,14 +2239,13 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
     }
 #endif
   }
-  if constexpr (kDq) pass_turn();
   cp_wait0();
   __syncthreads();
 
   // dK (scaled) and dV to shared fp32 [KB][DP + 4], then rotate dK back and store.
   constexpr int FS = DP + 4;
   float* Tk = reinterpret_cast<float*>(smem4);
-  float* Tv = Tk + KB * FS;
+  float* Tv = Tk + kKB * FS;
   if (nsplit == 1) {
 #pragma unroll
     for (int j = 0; j < DT; ++j)
@@ -2401,7 +2264,7 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
     const std::int64_t slot0 =
         BR == kCmp ? unit * kCmpKeyMaxSplits : std::int64_t(off) * g.h / rsplit + unit;
     auto part = [&](int sp) {
-      return a.slc_part + ((slot0 + sp) * nsub + sub) * std::int64_t(2 * KB * DP);
+      return a.slc_part + ((slot0 + sp) * nsub + sub) * std::int64_t(2 * kKB * DP);
     };
     float* P = part(int(blockIdx.y));
 #pragma unroll
@@ -2410,7 +2273,7 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
       for (int e = 0; e < 4; ++e) {
         const int kk = warp * 16 + gr + 8 * (e >> 1), dd = j * 8 + gc * 2 + (e & 1);
         P[kk * DP + dd] = dK[j][e] * g.scale;
-        P[KB * DP + kk * DP + dd] = dV[j][e];
+        P[kKB * DP + kk * DP + dd] = dV[j][e];
       }
     __threadfence();
     __syncthreads();
@@ -2420,13 +2283,13 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
     __syncthreads();
     if (!last) return;  // block-uniform
     __threadfence();
-    for (int idx = tid; idx < KB * DP; idx += blockDim.x) {
+    for (int idx = tid; idx < kKB * DP; idx += blockDim.x) {
       float sk = 0.f, sv = 0.f;
 #pragma unroll 4  // the loads of four splits issued together, the adds in split order
       for (int sp = 0; sp < nsplit; ++sp) {
         const float* Q2 = part(sp);
         sk += __ldcg(Q2 + idx);
-        sv += __ldcg(Q2 + KB * DP + idx);
+        sv += __ldcg(Q2 + kKB * DP + idx);
       }
       Tk[(idx / DP) * FS + idx % DP] = sk;
       Tv[(idx / DP) * FS + idx % DP] = sv;
@@ -2440,18 +2303,18 @@ __global__ void __launch_bounds__(key_block_warps<kDq>() * 32, DP <= 64 ? 3 : 1)
   // key side's stall samples at D = 128).
   constexpr int HP = DP / 2, kEpi = 4;  // pairs per key (those from g.half on are padding)
   const int cnt = s1 - s0;
-  for (int base = tid; base < cnt * HP; base += kEpi * kWarps * 32) {
+  for (int base = tid; base < cnt * HP; base += kEpi * kKeyWarps * 32) {
     float2 r[kEpi];
 #pragma unroll
     for (int u = 0; u < kEpi; ++u) {
-      const int idx = base + u * kWarps * 32, kk = idx / HP, i = idx % HP;
+      const int idx = base + u * kKeyWarps * 32, kk = idx / HP, i = idx % HP;
       const int s = s0 + kk;
       const int pos = BR == kCmp ? s * g.d + g.l - 1 : s;  // RoPE position of the key
       r[u] = idx < cnt * HP && i < g.half ? a.rope[std::int64_t(pos) * g.half + i] : make_float2(0.f, 0.f);
     }
 #pragma unroll
     for (int u = 0; u < kEpi; ++u) {
-      const int idx = base + u * kWarps * 32, kk = idx / HP, i = idx % HP;
+      const int idx = base + u * kKeyWarps * 32, kk = idx / HP, i = idx % HP;
       if (idx >= cnt * HP || i >= g.half) continue;
       const float* y = Tk + kk * FS;
       const float* v = Tv + kk * FS;
@@ -2489,30 +2352,15 @@ void key_launch(const Geo& g, const KeyArgs& a, cudaStream_t s) {
   if (std::int64_t(g.T) * g.H >= (std::int64_t(1) << 31))  // the copy issue's local rows t H + hd
     throw std::runtime_error("tc::key_kernel: T * heads = " + std::to_string(std::int64_t(g.T) * g.H) +
                              " rows of one sequence; at most 2^31 - 1 are supported");
+  constexpr std::size_t smem = key_smem_bytes<DP, BR>();
+  static_assert(smem >= std::size_t(2 * kKB * (DP + 4)) * 4, "epilogue fits");
+  CUDA_CHECK(cudaFuncSetAttribute(key_kernel<DP, BR>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int ysplits = BR == kSlc ? key_max_splits(g) : (BR == kCmp ? cmp_key_max_splits(g) : 1);
   const dim3 grid = key_tile_major<BR>(g) ? dim3(unsigned(g.B * g.G), unsigned(ysplits), unsigned(tiles))
                                          : dim3(unsigned(tiles), unsigned(ysplits), unsigned(g.B * g.G));
-  auto run = [&](auto dq) {
-    constexpr bool kDq = decltype(dq)::value;
-    constexpr int warps = key_block_warps<kDq>();
-    constexpr std::size_t smem = key_smem_bytes<DP, BR, kDq>();
-    static_assert(smem >= std::size_t(2 * 16 * warps * (DP + 4)) * 4, "epilogue fits");
-    CUDA_CHECK(cudaFuncSetAttribute(key_kernel<DP, BR, kDq>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    dim3 gr = grid;
-    if constexpr (kDq) gr.z = unsigned((g.T + 16 * warps - 1) / (16 * warps));  // tiles of 128 keys (tile-major)
-    key_kernel<DP, BR, kDq><<<gr, warps * 32, smem, s>>>(g, a, nsub);
-    check_launch("tc::key_kernel");
-  };
-  if constexpr (DP == 128 && BR == kWin) {
-    if (a.dq_sum) {  // the own dense kernel's dq here (key_dq_applies, checked by the caller)
-      if (!key_tile_major<BR>(g)) throw std::logic_error("tc::key_launch: dq in the key side needs w >= T");
-      CUDA_CHECK(cudaMemsetAsync(a.dq_turn, 0, std::size_t(dense_dq_turns(g)) * sizeof(int), s));
-      run(std::true_type{});
-      return;
-    }
-  }
-  if (a.dq_sum) throw std::logic_error("tc::key_launch: dq in the key side is the window branch's at padded D = 128 only");
-  run(std::false_type{});
+  key_kernel<DP, BR><<<grid, kKeyWarps * 32, smem, s>>>(g, a, nsub);
+  check_launch("tc::key_kernel");
 }
 
 // ---- Inverse selection index -----------------------------------------------------------------

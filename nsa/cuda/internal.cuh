@@ -419,22 +419,7 @@ struct KeyArgs {  // key-side backward kernels
   // one zeroed ticket per (b, g, block, 64-key sub-tile) (key_tickets(g) ints).
   float* slc_part;
   int* slc_ticket;
-  // The own dense kernel's dq in the key side (window, w >= T, padded D = 128, sm_90a; null:
-  // the row side computes dq): dq_sum fp32 [B,T,H,D] (rotated, scaled; assigned by key tile 0,
-  // added by the others in ascending tile order), dq_turn scratch for the turn counters, one per
-  // 16 rows and 64 columns of each (b, g), and the block ticket (dense_dq_turns(g) ints; zeroed
-  // by the launch).
-  float* dq_sum;
-  int* dq_turn;
 };
-// Turn counters of the dense key side's dq (KeyArgs::dq_turn), the block ticket included.
-// Per (b, g): one per 16 rows and 64-column half of dq.
-__host__ __device__ inline std::int64_t dense_dq_turns_per_pair(const Geo& g) {
-  return (std::int64_t(g.T) * g.h + 15) / 16 * 2;
-}
-__host__ __device__ inline std::int64_t dense_dq_turns(const Geo& g) {
-  return std::int64_t(g.B) * g.G * dense_dq_turns_per_pair(g) + 1;
-}
 // Tensor-core selection key side: a block's row list is split every key_rows_per_split(g)
 // (position, head) rows, a multiple of the kernel's row batches and a function of the shape
 // only (the splits' fp32 partials are added in split order: the bits depend on it). The first
@@ -540,9 +525,6 @@ inline int cmp_key_splits(const Geo& g) {
 }
 template <class T>
 void launch_keys(const Geo& g, int branch, const KeyArgs& a, cudaStream_t s);
-// Whether the key side can compute the own dense kernel's dq (KeyArgs::dq_sum) at g: bf16 at
-// padded D = 128 with w >= T, a build with sm_90a code on a compute capability 9.0 device.
-bool key_dq_applies(const Geo& g);
 
 // nsa_cuda.cu helpers used by the others
 int padded_dim(int D);  // 32, 64 or 128; throws above 128

@@ -219,7 +219,7 @@ class Workspace {
     kRope, kKc, kVc, kSel, kO, kLse, kGsig, kDelta, kDot, kDq, kDkc, kDvc, kTokK, kTokV, kCmpScratch,
     kTcK, kTcV, kSplit, kTcQ, kTcO, kInvMask, kInvCnt, kInvOff, kInvPos, kSlcPart, kTicket,
     kTcKc, kTcVc, kLseTc, kCmpPart, kCmpTicket, kTcKinv, kInvBlk, kInvPart, kInvPartLse, kTcKs, kTcVs, kCmpRef,
-    kDqTurn, kNumSlots
+    kNumSlots
   };
   ~Workspace() {
     for (auto& b : bufs_)
@@ -890,17 +890,12 @@ void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, c
     set_rows(a, tc_rows);
   }
   tc_prepare_window<T>(g, ws, a, k, v, rope, stream);
-  // dq by the key side (selection_loop.h, DenseDq) or by the row side, which may finish it
-  const bool dq_keys = std::is_same_v<T, bf16> && dense_dq_key_side() && key_dq_applies(g);
-  const bool dq_fused = !dq_keys && std::is_same_v<T, bf16> && dq_final_fused(int(D));
-  auto dq_finish = [&] {
+  const bool dq_fused = std::is_same_v<T, bf16> && dq_final_fused(int(D));
+  if (dq_fused) a.dq_final = dq;  // the row kernel finishes dq itself
+  launch_row<T>(g, kWin, true, a, stream);
+  if (!dq_fused) {
     dq_rotate_kernel<T><<<grid1(BTH * D, 256), 256, 0, stream>>>(g, dq, dqf, rope, BTH);
     check_launch("dq_rotate_kernel");
-  };
-  if (!dq_keys) {
-    if (dq_fused) a.dq_final = dq;  // the row kernel finishes dq itself
-    launch_row<T>(g, kWin, true, a, stream);
-    if (!dq_fused) dq_finish();
   }
   KeyArgs ka{};
   ka.q = q;
@@ -918,12 +913,7 @@ void dense_backward(const DenseDims& dims, const T* q, const T* k, const T* v, c
     ka.tck = a.tck;
     ka.tcv = a.tcv;
   }
-  if (dq_keys) {
-    ka.dq_sum = dqf;
-    ka.dq_turn = static_cast<int*>(ws.get(Workspace::kDqTurn, std::size_t(dense_dq_turns(g)) * sizeof(int), stream));
-  }
   launch_keys<T>(g, kWin, ka, stream);
-  if (dq_keys) dq_finish();
 }
 
 template void dense_forward<float>(const DenseDims&, const float*, const float*, const float*,

@@ -156,28 +156,6 @@ inline int row_forward_ws_keys(bool window, std::int64_t h, bool past_half_l2) {
   }
 }
 
-// Where the own dense kernel's bf16 backward at padded D = 128 (nsa/cuda/dense.h) computes dq.
-// kRowSide: the row kernel, a second pass over the keys that recomputes S and dP for dS K (with
-// the key side's four products, seven per causal pair). kKeySide: the key kernel itself
-// (attention_tc.cuh, key_kernel's kDq form: blocks of 128 keys, dS through shared memory, dq =
-// dS K, each block's fp32 tile of 64 rows added into dq in ascending key-tile order, a turn
-// counter per 16 rows and 64 columns: five products per pair, the same bits every run; sm_90a
-// on compute capability 9.0, else the row side). kAuto: the row side. Measured on an H200
-// (docs/performance.md, 2026-11-29, twenty-second session), backward ms at the paper's shape,
-// row side / key side: T = 8192 7.51 / 9.65, 65536 492 / 573; the key side without its adds
-// 6.40 / 397 (64-key blocks): its five products pay, the fp32 adds through the L2 (0.55 TB at
-// 64k) cost more than they save, ordered or not, issued as red.v4 or as bulk copies. Kept as
-// the base of the next attempt (fewer adds: the dq tiles of a cluster's blocks summed in
-// distributed shared memory first).
-enum class DenseDq { kAuto, kRowSide, kKeySide };
-inline std::atomic<DenseDq>& dense_dq_setting() {
-  static std::atomic<DenseDq> v{DenseDq::kAuto};
-  return v;
-}
-inline void set_dense_dq(DenseDq d) { dense_dq_setting().store(d); }
-// Whether the setting asks for the key side's dq (the device and build permitting).
-inline bool dense_dq_key_side() { return dense_dq_setting().load() == DenseDq::kKeySide; }
-
 // The loop's name for the run log (l2_bytes: the device's L2, 0 unknown).
 inline std::string selection_loop_name(const NsaDims& dims, std::int64_t l2_bytes) {
   const bool d128 = dims.D > 64;  // padded D = 128
@@ -189,15 +167,13 @@ inline std::string selection_loop_name(const NsaDims& dims, std::int64_t l2_byte
          (slc_ws ? "; row forward warp-specialised (nsa/cuda/row_ws.cuh, on sm_90a)"
                  : win_ws ? "; window forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)" : "");
 }
-// The own dense kernel's forward and dq for the run log (T, D: the model's sequence length and
+// The own dense kernel's forward for the run log (T, D: the model's sequence length and
 // head dimension; bf16: the tensor-core kernels, else the fp32 ones).
 inline std::string dense_kernel_name(std::int64_t T, std::int64_t D, std::int64_t l2_bytes, bool bf16) {
   if (!bf16) return "fp32 kernels";
   const bool d128 = D > 64;
   const bool wide = d128 && row_forward_ws_keys(true, 1, window_past_half_l2(T, T, l2_bytes)) == 128;
-  return std::string(wide ? "forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)"
-                          : "forward by 64-key tiles") +
-         (d128 && dense_dq_key_side() ? "; dq in the key side (on sm_90a)" : "; dq by the row side");
+  return wide ? "forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)" : "forward by 64-key tiles";
 }
 
 }  // namespace nsatron::nsa::cuda

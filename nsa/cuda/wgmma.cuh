@@ -344,18 +344,6 @@ __device__ __forceinline__ void mma(float (&d)[N / 8][4], std::uint64_t a, std::
   else mma_ss_n128<TNSP>(d, a, b, scale_d);
 }
 
-// Stores four 8x8 bf16 matrices, transposed, from the mma fragment layout (thread lane holds
-// row lane / 4, columns 2 (lane % 4) + {0, 1} of each: an A fragment's a[0..3] or two packed
-// accumulator tiles): lane l gives the address of row l % 8 of matrix l / 8 as it is stored,
-// i.e. of column l % 8 of the fragment's matrix, 16 contiguous bytes (one tile chunk). The
-// dense key side writes dS^T's fragments as dS rows this way (a K-major A tile of dq = dS K).
-__device__ __forceinline__ void stmatrix_x4_trans(void* row_addr, const std::uint32_t (&a)[4]) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                   static_cast<std::uint32_t>(__cvta_generic_to_shared(row_addr))),
-               "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
-               : "memory");
-}
-
 // fp16 operands, A and B in shared memory (the fused compression + selection's scores).
 template <int TNSP>
 __device__ __forceinline__ void mma_f16(float (&d)[8][4], std::uint64_t a, std::uint64_t b,

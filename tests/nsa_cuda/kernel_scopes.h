@@ -3,7 +3,6 @@
 // way.
 //   RowForwardScope: the row kernels' forward at padded D = 128 (RowForward: the
 //     warp-specialised forwards);
-//   DenseDqScope: where the own dense kernel's backward computes dq (DenseDq: the key side);
 //   LoopScope: the selection row side's loop (SelectionRowLoop);
 //   LateIssueScope: the row kernels' barriers per key tile (row_late_issue_bytes);
 //   FusedPipelineScope: the fused compression + selection kernel's pipelined pass 1.
@@ -22,7 +21,6 @@ struct SettingScope {
   SettingScope& operator=(const SettingScope&) = delete;
 };
 using RowForwardScope = SettingScope<cuda::RowForward, cuda::set_row_forward, cuda::RowForward::kAuto>;
-using DenseDqScope = SettingScope<cuda::DenseDq, cuda::set_dense_dq, cuda::DenseDq::kAuto>;
 using LoopScope =
     SettingScope<cuda::SelectionRowLoop, cuda::set_selection_row_loop, cuda::SelectionRowLoop::kAuto>;
 using LateIssueScope = SettingScope<std::int64_t, cuda::set_row_late_issue_bytes, cuda::kRowLateAlways>;
