@@ -62,6 +62,13 @@ def attention(q, k, v, scale):  # one key head per query head; returns out, p [H
     return torch.einsum("htu,uhd->thd", p, v), p
 
 
+def p_rounded_out(p, v):
+    """The forward's P V with P rounded to bf16 relative to the row max, as the online softmax
+    rounds it: p [H, T, U] normalised (p / max p is exp(s - max s); the row sum is 1 / max p)."""
+    m = p.amax(-1, keepdim=True)
+    return torch.einsum("htu,uhd->thd", bf16(p / m), v) * m.permute(1, 0, 2)
+
+
 def dq_error(T, H, D, theta, seed, round_qk, round_dq):
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = [bf16(torch.randn(T, H, D, generator=g)) for _ in range(4)]
@@ -96,10 +103,7 @@ def window_key_errors(T, H, D, w, theta, seed, ds_parts):
 
     p_ref, p_gpu = probs(qr, kr), probs(qs, ks)
     o_ref = torch.einsum("htu,uhd->thd", p_ref, v)
-    # the forward's P V with P rounded to bf16 (relative to the row max, as the online softmax's)
-    sc = (torch.einsum("thd,uhd->htu", qs, ks) * scale).masked_fill(~seen[None], -math.inf)
-    pe = torch.exp(sc - sc.amax(-1, keepdim=True))
-    o_gpu = torch.einsum("htu,uhd->thd", bf16(pe), v) / pe.sum(-1).permute(1, 0)[..., None]
+    o_gpu = p_rounded_out(p_gpu, v)
     gh = gate.permute(1, 0, 2)  # [H, T, 1]
     dP = torch.einsum("thd,uhd->htu", do, v)
 
@@ -125,18 +129,10 @@ def dense_dq_errors(T, H, D, theta, seed, ds_parts):
     g = torch.Generator().manual_seed(seed)
     q, k, v, do = [bf16(torch.randn(T, H, D, generator=g)) for _ in range(4)]
     scale = 1 / math.sqrt(D)
-    t = torch.arange(T)
-    seen = t[None, :] <= t[:, None]
     qr, kr = rope(q, theta), rope(k, theta)
     qs, ks = bf16(qr), bf16(kr)
-
-    def scores(qx, kx):
-        return (torch.einsum("thd,uhd->htu", qx, kx) * scale).masked_fill(~seen[None], -math.inf)
-
-    p_ref, p_gpu = torch.softmax(scores(qr, kr), -1), torch.softmax(scores(qs, ks), -1)
-    sc = scores(qs, ks)
-    pe = torch.exp(sc - sc.amax(-1, keepdim=True))
-    o_gpu = bf16(torch.einsum("htu,uhd->thd", bf16(pe), v) / pe.sum(-1).permute(1, 0)[..., None])
+    p_ref, p_gpu = attention(qr, kr, v, scale)[1], attention(qs, ks, v, scale)[1]
+    o_gpu = bf16(p_rounded_out(p_gpu, v))
     delta = (do * o_gpu).sum(-1).permute(1, 0)[..., None]  # [H, T, 1], both from the GPU's output
     dP = torch.einsum("thd,uhd->htu", do, v)
 

@@ -2,9 +2,10 @@
 // backward can add dq in its key side (five products per tile instead of seven) without losing
 // the products it saves to the adds' traffic (docs/performance.md, 2026-11-29, "The dense
 // kernel at 64k"; that form was built, measured slower than the row side's dq with and without
-// clusters, and removed in the twenty-third session: git history, 6d286c7..d9127e3). There, each key block adds a dq tile of 64 rows x 128 fp32 (32 KB) per batch
-// of rows it sees, 1.1 TB at the paper's 64k with 64-key blocks, in a fixed order per row batch
-// (key block j after j - 1: deterministic sums, no float atomics in a free order).
+// clusters, and removed in the twenty-third session: git history, 6d286c7..d9127e3). There,
+// each key block adds a dq tile of 64 rows x 128 fp32 (32 KB) per batch of rows it sees, 1.1 TB
+// at the paper's 64k with 64-key blocks, in a fixed order per row batch (key block j after
+// j - 1: deterministic sums, no float atomics in a free order).
 //
 //   bench_l2_add_gpu [--blocks-per-sm 2] [--threads 128] [--iters 2000] [--tile-kb 32]
 //                    [--tiles N (default: one per block)] [--spread S (default 1)]
