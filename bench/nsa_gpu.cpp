@@ -6,7 +6,7 @@
 //   bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,125m_tp2,groups]
 //                 [--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
 //                 [--sel-loop auto|union|inverted|both] [--inputs random|local]
-//                 [--row-fwd auto|plain|ws|both|wide|all] [--layout split|projection|both]
+//                 [--row-fwd auto|plain|wide|both] [--layout split|projection|both]
 //                 [--row-late auto|one|two|both|l2]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
@@ -26,10 +26,9 @@
 // as the trainer runs it, union or inverted forced, or both (each shape twice, its name
 // suffixed /u and /i).
 //
-// --row-fwd: the row kernels' forward at padded D = 128 (nsa/cuda/selection_loop.h, RowForward):
-// auto (default) as the trainer runs it, the 64-row kernel (plain, suffix /p), the
-// warp-specialised one (ws, /w), both, the window's (and the own dense kernel's) by the
-// warp-specialised one with 128-key tiles (wide, /W), or all three (all).
+// --row-fwd: the window's (and the own dense kernel's) forward at padded D = 128
+// (nsa/cuda/selection_loop.h, RowForward): auto (default) as the trainer runs it, the 64-row
+// kernel (plain, suffix /p), the warp-specialised one with 128-key tiles (wide, /W), or both.
 //
 // --row-late: the two-stage row kernels' schedule (nsa/cuda/attention_tc.cuh, row_late_issue):
 // auto (default) as the trainer runs it (one block barrier per key tile everywhere since
@@ -362,7 +361,7 @@ int main(int argc, char** argv) {
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,125m_tp2,groups] "
                    "[--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
                    "[--sel-loop auto|union|inverted|both] [--inputs random|local] "
-                   "[--row-fwd auto|plain|ws|both|wide|all] [--layout split|projection|both] "
+                   "[--row-fwd auto|plain|wide|both] [--layout split|projection|both] "
                    "[--row-late auto|one|two|both|l2]\n");
       return 2;
     }
@@ -433,10 +432,8 @@ int main(int argc, char** argv) {
       "--row-fwd", row_fwd,
       {{"auto", {{RowFwd::kAuto, ""}}},
        {"plain", {{RowFwd::kPlain, "/p"}}},
-       {"ws", {{RowFwd::kWarpSpecialised, "/w"}}},
-       {"both", {{RowFwd::kPlain, "/p"}, {RowFwd::kWarpSpecialised, "/w"}}},
        {"wide", {{RowFwd::kWideWindow, "/W"}}},
-       {"all", {{RowFwd::kPlain, "/p"}, {RowFwd::kWarpSpecialised, "/w"}, {RowFwd::kWideWindow, "/W"}}}});
+       {"both", {{RowFwd::kPlain, "/p"}, {RowFwd::kWideWindow, "/W"}}}});
   // (row_late_issue's byte limit: the largest value one barrier, the default; 0 two; -1 half the L2)
   constexpr std::int64_t kOneBarrier = cuda::kRowLateAlways;
   const auto row_lates = variants<std::int64_t>("--row-late", row_late,

@@ -556,17 +556,15 @@ void check_grid_z(const Geo& g) {
     throw std::runtime_error("nsa cuda: B * G must be at most 65535");
 }
 
-// Whether the forward of branch BR (selection or window, padded D = 128, bf16 tiles) runs the
-// warp-specialised kernel (row_ws.cuh) with KT-key tiles: the setting at its h (selection_loop.h),
-// a build with sm_90a code on a compute capability 9.0 device, its shared memory within the
+// Whether the window branch's forward (padded D = 128, bf16 tiles) runs the warp-specialised
+// kernel with 128-key tiles (row_ws.cuh): the setting (selection_loop.h, window_forward_wide), a
+// build with sm_90a code on a compute capability 9.0 device, its shared memory within the
 // device's and its registers enough for setmaxnreg's split (row_fwd_ws_registers_fit).
-template <int BR, int KT>
-bool row_forward_ws_applies(const Geo& g) {
+bool window_forward_wide_applies(const Geo& g) {
 #ifdef NSATRON_BUILD_SM90A
-  const bool past_half_l2 = window_past_half_l2(g.w, g.T, cuda_l2_cache_bytes());
-  if (row_forward_ws_keys(BR == kWin, g.h, past_half_l2) != KT || compute_capability_major() != 9) return false;
-  const int ntw = tc::row_tile_words(g);
-  return tc::ws_smem<BR, KT>(g.n, ntw).total <= std::size_t(smem_optin()) && tc::row_fwd_ws_registers_fit<BR, KT>();
+  if (!window_forward_wide(window_past_half_l2(g.w, g.T, cuda_l2_cache_bytes())) || compute_capability_major() != 9)
+    return false;
+  return tc::ws_smem().total <= std::size_t(smem_optin()) && tc::row_fwd_ws_registers_fit();
 #else
   (void)g;
   return false;
@@ -577,16 +575,11 @@ template <class T, int DP, int BR, bool BWD>
 void row_impl(const Geo& g, const RowArgs& a, cudaStream_t s) {
   if constexpr (std::is_same_v<T, bf16>) {
     if (a.tck) {
-      if constexpr (DP == 128 && !BWD && BR != kCmp) {
-        if (row_forward_ws_applies<BR, 64>(g)) {
-          tc::row_fwd_ws_launch<BR, 64>(g, a, s);
+      if constexpr (DP == 128 && !BWD && BR == kWin) {
+        if (window_forward_wide_applies(g)) {
+          tc::row_fwd_ws_launch(g, a, s);
           return;
         }
-        if constexpr (BR == kWin)
-          if (row_forward_ws_applies<BR, 128>(g)) {
-            tc::row_fwd_ws_launch<BR, 128>(g, a, s);
-            return;
-          }
       }
       tc::row_launch<DP, BR, BWD>(g, a, s);
       return;

@@ -950,12 +950,11 @@ __device__ __forceinline__ void load_selected_blocks(int* selp, const Geo& g, co
 }
 
 // The union of the selected tiles of a row block's positions (selp: load_selected_blocks): bit
-// tt of tbits for every KT-key tile that holds a key s <= t of a block position t chose; and
-// also(t, tt) for each such (position, tile), for a caller that keeps more bit sets. By all the
-// block's threads, after tbits is zeroed and selp is in (a barrier between).
-template <int KT, class Also>
+// tt of tbits for every KT-key tile that holds a key s <= t of a block position t chose. By all
+// the block's threads, after tbits is zeroed and selp is in (a barrier between).
+template <int KT>
 __device__ __forceinline__ void mark_selected_tiles(const int* selp, const Geo& g, int t_first, int npos,
-                                                    std::uint32_t* tbits, Also&& also) {
+                                                    std::uint32_t* tbits) {
   for (int idx = threadIdx.x; idx < npos * g.n; idx += blockDim.x) {
     const int j = selp[idx];
     if (j < 0) continue;
@@ -963,7 +962,6 @@ __device__ __forceinline__ void mark_selected_tiles(const int* selp, const Geo& 
     const int last = min(j * g.ls + g.ls - 1, t);  // s <= t
     for (int tt = (j * g.ls) / KT; tt <= last / KT; ++tt) {
       atomicOr(&tbits[tt >> 5], 1u << (tt & 31));
-      also(t, tt);
     }
   }
 }
@@ -1109,7 +1107,7 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) row_k
     for (int idx = tid; idx < ntw; idx += blockDim.x) tbits[idx] = 0u;
     load_selected_blocks(selp, g, a, rb, kMaxPos);
     __syncthreads();
-    mark_selected_tiles<KT>(selp, g, t_first, npos, tbits, [](int, int) {});
+    mark_selected_tiles<KT>(selp, g, t_first, npos, tbits);
     __syncthreads();
     for (int w2 = 0; w2 < ntw; ++w2) ntiles += __popc(tbits[w2]);
   } else {

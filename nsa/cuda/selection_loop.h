@@ -112,28 +112,22 @@ inline std::atomic<bool>& cmp_select_pipeline_setting() {
 inline void set_cmp_select_pipeline(bool on) { cmp_select_pipeline_setting().store(on); }
 inline bool cmp_select_pipeline() { return cmp_select_pipeline_setting().load(); }
 
-// The row kernels' forward at padded D = 128 (selection and window branches, bf16): the 64-row
-// kernel or the warp-specialised one (nsa/cuda/row_ws.cuh: 128 rows per block, a producer
-// warpgroup and two consumers; sm_90a builds on compute capability 9.0). kAuto takes the latter
-// at h <= kRowForwardWsMaxHeads heads per group: none since the twenty-first session, where the
-// 64-row kernel, improved since (the key masks' cursor, the resident-pairs schedule), was
-// faster at every h on an H200 (docs/performance.md, 2026-11-29: forward at T = 8192, D = 128,
-// h = 1 5.43 against 5.50 ms, h = 4 3.96 against 4.06, h = 8 3.32 against 3.51, h = 16 2.57
-// against 2.78; the seventh session had the warp-specialised one -4 to -5% at h <= 4 on an
-// H100). The same bits for the selection; the window's tiles start at a different key, so its
-// bits may differ in rounding. Tests and bench_nsa_gpu force either.
-// kWideWindow: the window branch's forward (and so the own dense kernel's) by the
-// warp-specialised kernel with 128-key tiles, the selection's by the 64-row kernel. kAuto takes
-// it where the keys and values one (batch, group)'s row blocks stream through the window
-// (min(w, T) keys of padded D = 128 in bf16) exceed half the L2: measured on an H200 (60 MB of
-// L2; docs/performance.md, 2026-11-29, twenty-second session) for the own dense kernel's
-// forward, 64-row / 128-key: T = 8192 2.46 / 2.63 ms, 16384 10.7-11.0 / 10.9-11.3, 32768
-// 41.2-41.8 / 42.7-42.8 (8-17 MB: kept in the L2), 65536 166.9-172.8 / 160.9-166.5 (34 MB).
-// The NSA window (w = 512) stays with the 64-row kernel (its 128-key tiles half outside the
-// window: 67.0 against 65.8 ms at 64k). The threshold follows the device's L2 (T above ~49-51k
-// on an H100, ~59-61k on an H200), so the forward's bits near it differ by device type.
-enum class RowForward { kAuto, kPlain, kWarpSpecialised, kWideWindow };
-constexpr int kRowForwardWsMaxHeads = 0;
+// The window branch's forward at padded D = 128 (bf16; so also the own dense kernel's): the
+// 64-row kernel (tc::row_kernel, the selection's forward at every h too) or the warp-specialised
+// kernel with 128-key tiles (nsa/cuda/row_ws.cuh: 128 rows per block, a producer warpgroup and
+// two consumers; sm_90a builds on compute capability 9.0). kAuto takes the latter where the
+// keys and values one (batch, group)'s row blocks stream through the window (min(w, T) keys of
+// padded D = 128 in bf16) exceed half the L2: measured on an H200 (60 MB of L2;
+// docs/performance.md, 2026-11-29, twenty-second session) for the own dense kernel's forward,
+// 64-row / 128-key: T = 8192 2.46 / 2.63 ms, 16384 10.7-11.0 / 10.9-11.3, 32768 41.2-41.8 /
+// 42.7-42.8 (8-17 MB: kept in the L2), 65536 166.9-172.8 / 160.9-166.5 (34 MB). The NSA window
+// (w = 512) stays with the 64-row kernel (its 128-key tiles half outside the window: 67.0 against
+// 65.8 ms at 64k). The threshold follows the device's L2 (T above ~49-51k on an H100, ~59-61k on
+// an H200), so the forward's bits near it differ by device type (the two kernels' tiles start at
+// different keys). Tests and bench_nsa_gpu (--row-fwd) force either. (A third choice, the same
+// kernel with 64-key tiles for the selection and the window, was dropped on 2026-11-29: the
+// 64-row kernel had been faster at every h since the twenty-first session.)
+enum class RowForward { kAuto, kPlain, kWideWindow };
 inline std::atomic<RowForward>& row_forward_setting() {
   static std::atomic<RowForward> v{RowForward::kAuto};
   return v;
@@ -144,35 +138,30 @@ inline void set_row_forward(RowForward r) { row_forward_setting().store(r); }
 inline bool window_past_half_l2(std::int64_t w, std::int64_t T, std::int64_t l2_bytes) {
   return l2_bytes > 0 && std::min(w, T) * 128 * 2 * 2 > l2_bytes / 2;
 }
-// The keys per tile of the warp-specialised forward the setting takes for the window branch
-// (window; past_half_l2: window_past_half_l2) or the selection at h heads per group, the device
-// permitting; 0: the 64-row kernel.
-inline int row_forward_ws_keys(bool window, std::int64_t h, bool past_half_l2) {
+// Whether the setting takes the 128-key warp-specialised kernel for the window's forward
+// (past_half_l2: window_past_half_l2), the device permitting.
+inline bool window_forward_wide(bool past_half_l2) {
   switch (row_forward_setting().load()) {
-    case RowForward::kPlain: return 0;
-    case RowForward::kWarpSpecialised: return 64;
-    case RowForward::kWideWindow: return window ? 128 : 0;
-    default: return window && past_half_l2 ? 128 : (h <= kRowForwardWsMaxHeads ? 64 : 0);
+    case RowForward::kPlain: return false;
+    case RowForward::kWideWindow: return true;
+    default: return past_half_l2;
   }
 }
 
 // The loop's name for the run log (l2_bytes: the device's L2, 0 unknown).
 inline std::string selection_loop_name(const NsaDims& dims, std::int64_t l2_bytes) {
   const bool d128 = dims.D > 64;  // padded D = 128
-  const bool past = window_past_half_l2(dims.window, dims.T, l2_bytes);
-  const int slc_ws = d128 ? row_forward_ws_keys(false, dims.heads_per_group(), past) : 0;
-  const int win_ws = d128 ? row_forward_ws_keys(true, dims.heads_per_group(), past) : 0;
+  const bool wide = d128 && window_forward_wide(window_past_half_l2(dims.window, dims.T, l2_bytes));
   return std::string(selection_inverted(dims) ? "inverted loop (per selected block, partials merged in slot order)"
                                               : "union of the blocks of 64 / h positions") +
-         (slc_ws ? "; row forward warp-specialised (nsa/cuda/row_ws.cuh, on sm_90a)"
-                 : win_ws ? "; window forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)" : "");
+         (wide ? "; window forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)" : "");
 }
 // The own dense kernel's forward for the run log (T, D: the model's sequence length and
 // head dimension; bf16: the tensor-core kernels, else the fp32 ones).
 inline std::string dense_kernel_name(std::int64_t T, std::int64_t D, std::int64_t l2_bytes, bool bf16) {
   if (!bf16) return "fp32 kernels";
   const bool d128 = D > 64;
-  const bool wide = d128 && row_forward_ws_keys(true, 1, window_past_half_l2(T, T, l2_bytes)) == 128;
+  const bool wide = d128 && window_forward_wide(window_past_half_l2(T, T, l2_bytes));
   return wide ? "forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)" : "forward by 64-key tiles";
 }
 

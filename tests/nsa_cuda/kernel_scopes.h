@@ -1,8 +1,8 @@
 // Kernel choices (nsa/cuda/selection_loop.h) forced for a scope, their defaults after: the
 // tests of the NSA core and of dense attention run the alternative kernels and schedules this
 // way.
-//   RowForwardScope: the row kernels' forward at padded D = 128 (RowForward: the
-//     warp-specialised forwards);
+//   RowForwardScope: the window's forward at padded D = 128 (RowForward: the 64-row kernel or
+//     the warp-specialised one with 128-key tiles);
 //   LoopScope: the selection row side's loop (SelectionRowLoop);
 //   LateIssueScope: the row kernels' barriers per key tile (row_late_issue_bytes);
 //   FusedPipelineScope: the fused compression + selection kernel's pipelined pass 1.

@@ -406,8 +406,8 @@ const std::vector<Case>& cases() {
       // last block of fewer positions (ragged T).
       {"D=128, h=16, ragged T", make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 256)},
       {"D=96, h=8, ragged T", make_dims(2, 555, 16, 2, 96, 32, 16, 64, 8, 128)},
-      // A window shorter than T at padded D = 128, h = 4 (WarpSpecialisedForwardMatchesCpu runs
-      // it with the warp-specialised forward, whose tiles start where the 64-row kernel's do not).
+      // A window shorter than T at padded D = 128, h = 4 (WideWindowForwardMatchesCpu runs it
+      // with the 128-key forward, whose tiles start where the 64-row kernel's do not).
       {"D=128, h=4, w<T", make_dims(1, 1300, 8, 2, 128, 32, 16, 64, 12, 200)},
       // 250 selection blocks and n = 64: 61 of up to 248 candidates (~8 per lane) taken by the
       // merge of the lanes' streams (warp_take_best), where a lane often gives more than the 4
@@ -476,7 +476,7 @@ TEST(NsaCuda, Deterministic) {
 // tensors, and the backward writes nothing outside the gradients' columns: 8 pad columns (rows
 // 16-byte aligned: the vector paths) and 3 (odd pitches: the element-wise ones), fp32 and bf16
 // with both selection row loops, at D = 64 (125M-like), 48 (padded, one head per group) and
-// 128 (the warp-specialised forward).
+// 128 (a window shorter than T).
 TEST(NsaCuda, PitchedRowsGiveTheSameBits) {
   if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
   for (const NsaDims& dm : {make_dims(3, 130, 12, 2, 64, 32, 16, 64, 16, 512), make_dims(1, 700, 3, 3, 48, 32, 16, 64, 6, 128),
@@ -562,47 +562,16 @@ TEST(NsaCuda, RowScheduleGivesTheSameBits) {
   }
 }
 
-// The warp-specialised forward at padded D = 128 (nsa/cuda/row_ws.cuh: 128 rows per block, a
-// producer warpgroup, two consumers that each walk the tiles their own 64 rows see) gives the
-// bits of the 64-row kernel where their key tiles coincide: every selection tile (at multiples
-// of 64), and the window's where it reaches position 0 for every row (w >= T). Ragged T, h = 16
-// (a consumer = 4 whole positions), h = 3 at D = 100 (positions straddle the consumers), h = 1
-// (64 positions per consumer), h = 2, and a batch of 2.
-TEST(NsaCuda, WarpSpecialisedForwardGivesTheSameBits) {
+// The window's forward by the warp-specialised kernel with 128-key tiles (nsa/cuda/row_ws.cuh,
+// RowForward::kWideWindow: kAuto takes it only where a (batch, group)'s window keys and values
+// exceed half the L2, which no test shape does) against the CPU: a window shorter than T (its
+// tiles start at each block's first visible key) at h = 4 and h = 1 (64 positions per
+// consumer), and w = T at h = 16 (a consumer = 4 whole positions), ragged T.
+TEST(NsaCuda, WideWindowForwardMatchesCpu) {
   if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
-  const LoopScope loop(cuda::SelectionRowLoop::kUnion);
-  for (const NsaDims& dm : {make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 1111),
-                            make_dims(2, 1111, 6, 2, 100, 32, 16, 64, 7, 2048),
-                            make_dims(1, 1500, 2, 2, 128, 32, 16, 64, 8, 1500),
-                            make_dims(1, 1000, 4, 2, 128, 32, 16, 64, 8, 1000)}) {
-    const Problem<float> p = test::random_problem<float>(dm, base_seed() + 23);
-    GpuResult plain, ws;
-    {
-      const RowForwardScope scope(cuda::RowForward::kPlain);
-      plain = run_gpu<bf16>(p);
-    }
-    {
-      const RowForwardScope scope(cuda::RowForward::kWarpSpecialised);
-      ws = run_gpu<bf16>(p);
-    }
-    EXPECT_TRUE(bit_equal(plain, ws)) << dm.str();
-  }
-}
-
-// The warp-specialised forward against the CPU where its bits may differ from the 64-row
-// kernel's (a window shorter than T: its window tiles start at its block's first visible key),
-// at h = 4 and h = 1 (64 positions per consumer). kAuto no longer takes it (selection_loop.h).
-TEST(NsaCuda, WarpSpecialisedForwardMatchesCpu) {
-  if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
-  {
-    const RowForwardScope scope(cuda::RowForward::kWarpSpecialised);
-    check_case<bf16>({"warp-specialised D=128, h=4, w<T", make_dims(1, 1300, 8, 2, 128, 32, 16, 64, 12, 200)}, 401);
-    check_case<bf16>({"warp-specialised D=128, h=1, w<T", make_dims(1, 1500, 2, 2, 128, 32, 16, 64, 8, 300)}, 402);
-  }
-  // The window's forward with 128-key tiles (RowForward::kWideWindow): a window shorter than T
-  // (its tiles start at each block's first visible key), and w = T at h = 16.
   const RowForwardScope scope(cuda::RowForward::kWideWindow);
   check_case<bf16>({"wide window D=128, h=4, w<T", make_dims(1, 1300, 8, 2, 128, 32, 16, 64, 12, 200)}, 403);
+  check_case<bf16>({"wide window D=128, h=1, w<T", make_dims(1, 1500, 2, 2, 128, 32, 16, 64, 8, 300)}, 402);
   check_case<bf16>({"wide window D=128, h=16, w=T", make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 1111)}, 404);
 }
 
