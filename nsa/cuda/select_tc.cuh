@@ -161,9 +161,11 @@ __host__ __device__ inline CmpSelSmem cmp_select_smem(int P, int NB, int n, int 
   L.lj = L.lv + (ring > 0 ? std::size_t(P) * n * 4 : 0);
   L.pos = ring > 0 ? (L.lj + std::size_t(P) * n * 4 + 15) / 16 * 16 : L.lj;
   L.total = L.pos + (ring > 0 ? std::size_t(P) * 32 : 0);  // sizeof(StreamPos)
-  // [kCmpSelWarps][n] int, used after the key loop: in pass 1's space (at least 16 KB)
+  // [2][kCmpSelWarps][n] int (two positions per warp), used after the key loop: in pass 1's
+  // space (at least 16 KB)
   L.chosen = L.ps;
-  if (std::size_t(kCmpSelWarps) * n * 4 > psbytes) L.chosen = L.total, L.total += std::size_t(kCmpSelWarps) * n * 4;
+  const std::size_t chosen_bytes = std::size_t(2) * kCmpSelWarps * n * 4;
+  if (chosen_bytes > psbytes) L.chosen = L.total, L.total += chosen_bytes;
   return L;
 }
 
@@ -367,65 +369,94 @@ __device__ __forceinline__ void warp_head_sums(const float (&p)[NT][4], float* o
 // the lanes' heads, and the winning lane pops its head, rescanning for the best that rank after
 // its last taken candidate only when its list ran out. (Rounds of scans over every candidate
 // were ~15% of the fused kernel's stall samples at the paper's T = 64k, docs/performance.md,
-// eighth session.)
+// eighth session.) K positions at once (S[q], last[q], take[q], chosen[q], q < K), their rounds
+// interleaved: a round waits on its two warp reductions (at h = 1, D = 64, T = 8192 the rounds
+// were ~34% of the kernel's stall samples, on the reductions and their uses: docs/performance.md,
+// 2026-11-29, twenty-fourth session), which a second position's reductions fill. Each
+// position's rounds are the one-position rounds, so the same choices.
 constexpr int kTopCache = 4;
-__device__ __forceinline__ void warp_take_best(const float* S, int last, int take, int* chosen, int lane) {
-  float cv[kTopCache];
-  int cj[kTopCache];
-  // Inserts (v, j) into the sorted list where it ranks before an entry (the last falls off).
-  auto insert = [&](float v, int j) {
+template <int K>
+__device__ __forceinline__ void warp_take_best(const float* const (&S)[K], const int (&last)[K], const int (&take)[K],
+                                               int* const (&chosen)[K], int lane) {
+  float cv[K][kTopCache];
+  int cj[K][kTopCache];
+  // Inserts (v, j) into position q's sorted list where it ranks before an entry (the last falls off).
+  auto insert = [&](int q, float v, int j) {
 #pragma unroll
-    for (int q = 0; q < kTopCache; ++q)
-      if (ranks_before(v, j, cv[q], cj[q])) {
-        const float tv = cv[q];
-        const int tj = cj[q];
-        cv[q] = v;
-        cj[q] = j;
+    for (int e = 0; e < kTopCache; ++e)
+      if (ranks_before(v, j, cv[q][e], cj[q][e])) {
+        const float tv = cv[q][e];
+        const int tj = cj[q][e];
+        cv[q][e] = v;
+        cj[q][e] = j;
         v = tv;
         j = tj;
       }
   };
-  // Fills the list with the lane's best candidates that rank after (av, aj) (aj < 0: all).
-  auto fill = [&](float av, int aj) {
+  // Fills position q's list with the lane's best candidates that rank after (av, aj) (aj < 0: all).
+  auto fill = [&](int q, float av, int aj) {
 #pragma unroll
-    for (int q = 0; q < kTopCache; ++q) {
-      cv[q] = -INFINITY;
-      cj[q] = INT_MAX;
+    for (int e = 0; e < kTopCache; ++e) {
+      cv[q][e] = -INFINITY;
+      cj[q][e] = INT_MAX;
     }
-    for (int j = 1 + lane; j <= last; j += 32) {
-      float v = S[j];
+    for (int j = 1 + lane; j <= last[q]; j += 32) {
+      float v = S[q][j];
       if (v != v) v = -INFINITY;
-      if (aj < 0 || ranks_before(av, aj, v, j)) insert(v, j);
+      if (aj < 0 || ranks_before(av, aj, v, j)) insert(q, v, j);
     }
   };
-  fill(0.f, -1);
-  int mine = lane < last ? (last - lane - 1) / 32 + 1 : 0;  // the lane's candidates not yet taken
-  for (int round = 0; round < take; ++round) {
-    const float bv = cv[0];  // (the winning lane's own head: the taken score, for its refill)
-    int bj = cj[0];
+  int mine[K], rounds = 0;  // mine: the lane's candidates not yet taken
+#pragma unroll
+  for (int q = 0; q < K; ++q) {
+    fill(q, 0.f, -1);
+    mine[q] = lane < last[q] ? (last[q] - lane - 1) / 32 + 1 : 0;
+    rounds = max(rounds, take[q]);
+  }
+  for (int round = 0; round < rounds; ++round) {
+    float bv[K];  // (the winning lane's own head: the taken score, for its refill)
+    int bj[K];
 #if __CUDA_ARCH__ >= 800
     // The best head in two warp reductions (redux.sync) instead of 5 levels of shuffles and
     // compares (warp_best_candidate, ~35% of the fused kernel at h = 1, T = 8192: docs/
     // performance.md, nineteenth session): the largest order key, then the smallest block
-    // among the heads that hold it; the same winner as ranks_before.
-    const unsigned key = cj[0] == INT_MAX ? 0u : score_order_key(cv[0]);
-    const unsigned top = __reduce_max_sync(0xffffffffu, key);
-    bj = int(__reduce_min_sync(0xffffffffu, key == top ? unsigned(cj[0]) : 0xffffffffu));
-#else
-    float wv = bv;
-    warp_best_candidate(wv, bj);
-#endif
-    if (lane == 0) chosen[round] = bj;
-    if (cj[0] == bj) {  // this lane's head was taken: pop it
-      --mine;
+    // among the heads that hold it; the same winner as ranks_before. (Past a position's take
+    // rounds its reductions still run, uniform across the warp, and their result is unused.)
+    unsigned key[K], top[K];
 #pragma unroll
-      for (int q = 0; q + 1 < kTopCache; ++q) {
-        cv[q] = cv[q + 1];
-        cj[q] = cj[q + 1];
+    for (int q = 0; q < K; ++q) {
+      bv[q] = cv[q][0];
+      key[q] = cj[q][0] == INT_MAX ? 0u : score_order_key(cv[q][0]);
+    }
+#pragma unroll
+    for (int q = 0; q < K; ++q) top[q] = __reduce_max_sync(0xffffffffu, key[q]);
+#pragma unroll
+    for (int q = 0; q < K; ++q)
+      bj[q] = int(__reduce_min_sync(0xffffffffu, key[q] == top[q] ? unsigned(cj[q][0]) : 0xffffffffu));
+#else
+#pragma unroll
+    for (int q = 0; q < K; ++q) {
+      bv[q] = cv[q][0];
+      bj[q] = cj[q][0];
+      float wv = bv[q];
+      warp_best_candidate(wv, bj[q]);
+    }
+#endif
+#pragma unroll
+    for (int q = 0; q < K; ++q) {
+      if (round >= take[q]) continue;  // (warp-uniform)
+      if (lane == 0) chosen[q][round] = bj[q];
+      if (cj[q][0] == bj[q]) {  // this lane's head was taken: pop it
+        --mine[q];
+#pragma unroll
+        for (int e = 0; e + 1 < kTopCache; ++e) {
+          cv[q][e] = cv[q][e + 1];
+          cj[q][e] = cj[q][e + 1];
+        }
+        cv[q][kTopCache - 1] = -INFINITY;
+        cj[q][kTopCache - 1] = INT_MAX;
+        if (cj[q][0] == INT_MAX && mine[q] > 0) fill(q, bv[q], bj[q]);
       }
-      cv[kTopCache - 1] = -INFINITY;
-      cj[kTopCache - 1] = INT_MAX;
-      if (cj[0] == INT_MAX && mine > 0) fill(bv, bj);
     }
   }
   __syncwarp();
@@ -982,22 +1013,26 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
   // Compression branch output and lse (the pipelined pass 1 stored them at its start).
   if (!kPipe) store_cmp_output();
 
-  // The selection rule, one warp per position.
-  for (int pl = warp; pl < npos; pl += kCmpSelWarps) {
+  // The selection rule, one warp per position. A position that has a real choice among more
+  // than 32 candidates takes the merge of the lanes' streams (warp_take_best); a warp takes two
+  // of its positions at a time, and where both take the merge, their rounds run together.
+  // rule_direct: the rule for position pl where it needs no merge (written out here; false
+  // otherwise, with the position's take and block bt).
+  auto rule_direct = [&](int pl, int& take, int& bt) -> bool {
     const int t = t_first + pl;
     std::int32_t* out = a.sel + ((std::int64_t(b) * g.T + t) * g.G + gi) * g.n;
-    const int bt = t / g.ls;
+    bt = t / g.ls;
     int ncand = 0;
-    const int take = selection_take(g, bt, ncand);
+    take = selection_take(g, bt, ncand);
     if (take == ncand) {  // every eligible block is chosen: 0..bt
       for (int e = lane; e < g.n; e += 32) out[e] = e <= bt ? e : -1;
-      continue;
+      return true;
     }
     if constexpr (STREAMED) {  // the streamed list holds the take best (all candidates merged)
       warp_write_selection_row(out, lane < take ? Lj[pl * g.n + lane] : INT_MAX, take, bt, g.n, lane);
-      continue;
+      return true;
     }
-    float* S = Sb + pl * g.NB;
+    const float* S = Sb + pl * g.NB;
     if (ncand <= 32) {  // one candidate per lane (j = 1 + lane): the take best by rank, the
       // set that take rounds of the argmax below would choose (a strict total order)
       const bool valid = lane < ncand;
@@ -1011,16 +1046,39 @@ __global__ void __launch_bounds__(kCmpSelWarps * 32, DP <= 64 ? 2 : 1)
       const unsigned best = __ballot_sync(0xffffffffu, valid && rank < take);
       warp_write_selection_row_at(out, (best >> lane) & 1u, 1 + lane, __popc(best & ((1u << lane) - 1u)), take, bt,
                                   g.n, lane);
-      continue;
+      return true;
     }
-    warp_take_best(S, bt - 2, take, chosen, lane);
+    return false;
+  };
+  // The merge's chosen blocks of position pl (in ch) to its selection row.
+  auto write_chosen = [&](int pl, int* ch, int take, int bt) {
+    std::int32_t* out = a.sel + ((std::int64_t(b) * g.T + t_first + pl) * g.G + gi) * g.n;
     if (take <= 32) {  // chosen[] by lanes, each placed by rank (lane 0 sorted them: 2.5% of
-      __syncwarp();    // the kernel at T = 8192, h = 16)
-      warp_write_selection_row(out, lane < take ? chosen[lane] : INT_MAX, take, bt, g.n, lane);
+      // the kernel at T = 8192, h = 16)
+      warp_write_selection_row(out, lane < take ? ch[lane] : INT_MAX, take, bt, g.n, lane);
     } else if (lane == 0) {
-      write_selection_row(out, chosen, take, bt, g.n);
+      write_selection_row(out, ch, take, bt, g.n);
     }
     __syncwarp();
+  };
+  int* chosen1 = chosen + kCmpSelWarps * g.n;  // the second position's
+  for (int pl = warp; pl < npos; pl += 2 * kCmpSelWarps) {
+    const int pl1 = pl + kCmpSelWarps;
+    int take0 = 0, bt0 = 0, take1 = 0, bt1 = 0;
+    [[maybe_unused]] const bool merge0 = !rule_direct(pl, take0, bt0);
+    [[maybe_unused]] const bool merge1 = pl1 < npos && !rule_direct(pl1, take1, bt1);
+    if constexpr (!STREAMED) {
+      if (merge0 && merge1) {
+        warp_take_best<2>({Sb + pl * g.NB, Sb + pl1 * g.NB}, {bt0 - 2, bt1 - 2}, {take0, take1}, {chosen, chosen1},
+                          lane);
+      } else if (merge0 || merge1) {
+        const int p1 = merge0 ? pl : pl1;
+        warp_take_best<1>({Sb + p1 * g.NB}, {merge0 ? bt0 - 2 : bt1 - 2}, {merge0 ? take0 : take1},
+                          {merge0 ? chosen : chosen1}, lane);
+      }
+      if (merge0) write_chosen(pl, chosen, take0, bt0);
+      if (merge1) write_chosen(pl1, chosen1, take1, bt1);
+    }
   }
 }
 
