@@ -2,7 +2,10 @@
 """What ptxas made of each CUDA kernel, without a GPU: registers, spilled bytes, and the
 warnings that cost speed silently (warpgroup products serialised, C7510-C7520; a
 warpgroup.wait inserted by the compiler, C7517). With --base, the same for another commit,
-and only the kernels that changed.
+and only the kernels that changed, where a change of the machine code counts too (each
+kernel's .text section of the cubin, compared byte for byte): "no kernel changed" means every
+kernel compiles to the same instructions, so a refactor that says so needs no GPU run to keep
+its bits and speed (docs/performance.md, 2026-11-29, twenty-fourth session).
 
 Compiles each file as the build does (nvcc -std=c++20 --expt-relaxed-constexpr -lineinfo -O3
 -arch ARCH, sm_90a with NSATRON_BUILD_SM90A) to a cubin with -Xptxas -v, the files in parallel:
@@ -17,8 +20,10 @@ deferred product measured 27% slower for that reason, docs/performance.md, ninth
 """
 import argparse
 import concurrent.futures
+import hashlib
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -62,6 +67,33 @@ def parse(log):
     return kernels
 
 
+def text_sections(elf):
+    """{section name: bytes} of the sections of an ELF64 little-endian file (a cubin) whose names
+    start with ".text." (nvcc gives each kernel its own: ".text." + its mangled name)."""
+    if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF file")
+    shoff = struct.unpack_from("<Q", elf, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]  # the section names' string table: its file offset
+
+    def name(offset):
+        start = names_at + offset
+        return elf[start:elf.index(b"\0", start)].decode()
+
+    out = {}
+    for name_off, _type, _flags, _addr, offset, size in headers:
+        n = name(name_off)
+        if n.startswith(".text."):
+            out[n] = elf[offset:offset + size]
+    return out
+
+
+def code_hashes(elf):
+    """{mangled kernel: sha1 of its machine code} of a cubin."""
+    return {n[len(".text."):]: hashlib.sha1(code).hexdigest() for n, code in text_sections(elf).items()}
+
+
 def compile_file(root, path, arch):
     with tempfile.TemporaryDirectory() as tmp:
         cmd = ["nvcc", "-std=c++20", "--expt-relaxed-constexpr", "-lineinfo", "-O3", f"-I{root}",
@@ -72,7 +104,8 @@ def compile_file(root, path, arch):
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"{path}: nvcc failed\n{res.stderr[-3000:]}")
-        return res.stdout + res.stderr
+        with open(os.path.join(tmp, "out.cubin"), "rb") as f:
+            return res.stdout + res.stderr, code_hashes(f.read())
 
 
 def report(root, files, arch):
@@ -80,10 +113,11 @@ def report(root, files, arch):
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
         logs = list(pool.map(lambda f: compile_file(root, f, arch), files))
     merged = {}
-    for log in logs:
+    for log, codes in logs:
         kernels = parse(log)
         names = demangle(sorted(kernels))
         for mangled, rec in kernels.items():
+            rec["code"] = codes.get(mangled)
             merged[short_kernel_name(names[mangled])] = rec
     return merged
 
@@ -121,16 +155,19 @@ def main():
     shown = 0
     for n in names:
         rec, old = now.get(n), (base or {}).get(n)
-        if base is not None and rec is not None and old is not None and \
-                (rec["regs"], rec["spill"], rec["warnings"]) == (old["regs"], old["spill"], old["warnings"]):
+        same_build = base is not None and rec is not None and old is not None and \
+            (rec["regs"], rec["spill"], rec["warnings"]) == (old["regs"], old["spill"], old["warnings"])
+        if same_build and rec.get("code") == old.get("code"):
             continue
         line = f"{n:60s} " + (f"{describe(old):>24s} -> " if base is not None else "") + f"{describe(rec):>24s}"
+        if same_build:
+            line += "  (machine code changed)"
         print(line)
         for w in (rec or {}).get("warnings", []):
             print(f"    {w}")
         shown += 1
     if base is not None and shown == 0:
-        print(f"no kernel changed against {args.base} ({len(names)} compared)")
+        print(f"no kernel changed against {args.base} ({len(names)} compared, machine code included)")
     costly = costly_kernels({n: now.get(n) for n in names})
     if costly:
         print(f"\n{len(costly)} kernel(s) with serialised or waited-for warpgroup products: {', '.join(costly)}")

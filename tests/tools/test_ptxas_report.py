@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """bench/ptxas_report.py reads ptxas's -v output as it is written: registers and spills per
 kernel, the costly warnings attached to the kernel they name (which ptxas may print before that
-kernel's own lines), and kernel names shortened to their templates."""
+kernel's own lines), kernel names shortened to their templates, and each kernel's machine code
+from a cubin's ".text." sections (an ELF file built here, laid out as nvcc's are)."""
+import hashlib
 import os
+import struct
 import sys
 import unittest
 
@@ -72,6 +75,48 @@ class ParseTest(unittest.TestCase):
         self.assertEqual(ptxas_report.describe({"regs": 168, "spill": (24, 16), "warnings": []}),
                          "168 regs, spills 24/16 B")
         self.assertEqual(ptxas_report.describe(None), "-")
+
+
+
+def tiny_elf(sections):
+    """An ELF64 little-endian file with a null section, the given (name, bytes) sections and the
+    section names' string table (last), as a cubin lays its kernels' code out."""
+    names = b"\0"
+    offsets = []
+    for n, _ in sections + [(".shstrtab", b"")]:
+        offsets.append(len(names))
+        names += n.encode() + b"\0"
+    body = b""
+    placed = []
+    data_at = 64  # right after the file header
+    for (_, code) in sections + [(".shstrtab", names)]:
+        placed.append((data_at + len(body), len(code)))
+        body += code
+    shoff = data_at + len(body)
+    shnum = len(sections) + 2
+    header = b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)
+    header += struct.pack("<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, shoff, 0, 64, 0, 0, 64, shnum, shnum - 1)
+    table = bytes(64)  # the null section
+    for name_off, (offset, size) in zip(offsets, placed):
+        table += struct.pack("<IIQQQQIIQQ", name_off, 1, 0, 0, offset, size, 0, 0, 1, 0)
+    return header + body + table
+
+
+class CubinCodeTest(unittest.TestCase):
+    def test_text_sections_and_hashes(self):
+        foo, bar = b"\x01\x02\x03\x04" * 4, b"\xaa" * 24
+        elf = tiny_elf([(".text._Z3foov", foo), (".nv.info._Z3foov", b"\x00" * 8), (".text._Z3barv", bar)])
+        self.assertEqual(ptxas_report.text_sections(elf), {".text._Z3foov": foo, ".text._Z3barv": bar})
+        self.assertEqual(ptxas_report.code_hashes(elf), {"_Z3foov": hashlib.sha1(foo).hexdigest(),
+                                                         "_Z3barv": hashlib.sha1(bar).hexdigest()})
+        # One instruction changed: that kernel's hash alone.
+        changed = ptxas_report.code_hashes(tiny_elf([(".text._Z3foov", foo), (".text._Z3barv", b"\xab" + bar[1:])]))
+        self.assertEqual(changed["_Z3foov"], hashlib.sha1(foo).hexdigest())
+        self.assertNotEqual(changed["_Z3barv"], hashlib.sha1(bar).hexdigest())
+
+    def test_not_an_elf(self):
+        with self.assertRaises(ValueError):
+            ptxas_report.text_sections(b"ptxas info: not a cubin")
 
 
 if __name__ == "__main__":
