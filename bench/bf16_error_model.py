@@ -146,14 +146,20 @@ def dense_dq_errors(T, H, D, theta, seed, ds_parts):
     return ((gpu - ref).abs().max() / ref.abs().max()).item()
 
 
+def spread(errors):
+    """The median, 90th percentile, max and count above the tests' 1e-2 bound of relative errors,
+    as the tables print them."""
+    x = sorted(errors)
+    n = len(x)
+    return f"{x[n // 2]:.2e} {x[(9 * n) // 10]:.2e} {x[-1]:.2e} {sum(v > 1e-2 for v in x):4d}/{n}"
+
+
 def dense_dq_main(seeds):
     print("dS parts  shape                 median    p90      max   above 1e-2")
     for T, H, D, theta in [(300, 4, 64, 1e4), (1000, 8, 128, 1e4), (37, 4, 32, 500.0)]:
         for parts in (1, 2):
-            x = sorted(dense_dq_errors(T, H, D, theta, s, parts) for s in range(seeds))
-            n = len(x)
-            print(f"{parts:8d}  T={T:4d} H={H:2d} D={D:3d}  {x[n // 2]:.2e} {x[(9 * n) // 10]:.2e} {x[-1]:.2e} "
-                  f"{sum(v > 1e-2 for v in x):4d}/{n}")
+            errors = [dense_dq_errors(T, H, D, theta, s, parts) for s in range(seeds)]
+            print(f"{parts:8d}  T={T:4d} H={H:2d} D={D:3d}  {spread(errors)}")
 
 
 def window_keys_main(seeds):
@@ -162,10 +168,7 @@ def window_keys_main(seeds):
     for parts in (1, 2):
         e = [window_key_errors(T, H, D, w, theta, s, parts) for s in range(seeds)]
         for i, name in enumerate(("grad_k_win", "grad_v_win")):
-            x = sorted(v[i] for v in e)
-            n = len(x)
-            print(f"{parts:8d}  {name}  {x[n // 2]:.2e} {x[(9 * n) // 10]:.2e} {x[-1]:.2e} "
-                  f"{sum(v > 1e-2 for v in x):4d}/{n}")
+            print(f"{parts:8d}  {name}  {spread(v[i] for v in e)}")
 
 
 def main():
@@ -183,10 +186,8 @@ def main():
     for round_qk, round_dq in [(True, True), (True, False), (False, True)]:
         name = "+".join(n for n, on in [("qk", round_qk), ("dq", round_dq)] if on)
         for T, H, D, theta in shapes:
-            e = sorted(dq_error(T, H, D, theta, s, round_qk, round_dq) for s in range(args.seeds))
-            n = len(e)
-            print(f"{name:8s} T={T:3d} H={H:2d} D={D:3d}  {e[n // 2]:.2e} {e[(9 * n) // 10]:.2e} {e[-1]:.2e} "
-                  f"{sum(x > 1e-2 for x in e):4d}/{n}")
+            errors = [dq_error(T, H, D, theta, s, round_qk, round_dq) for s in range(args.seeds)]
+            print(f"{name:8s} T={T:3d} H={H:2d} D={D:3d}  {spread(errors)}")
 
 
 if __name__ == "__main__":
