@@ -11,8 +11,9 @@ the eligible ones), with l' = 64 (one block per tile), and counts per block, in 
 products:
   union     every union tile x all 64 rows (what the kernels run now);
   gathered  every union tile x the rows that chose it, in whole 16-row groups (a kernel that
-            gathers each tile's rows on chip: the candidate for small h, docs/performance.md,
-            2026-11-29);
+            gathers each tile's rows on chip: measured slower than the union at every h, its
+            rows' state in shared memory leaving one block per SM: docs/performance.md,
+            twenty-fifth session);
   exact     the selected pairs, 16 rows per 16-row product (the inverted loop's products; it
             then writes and merges per-slot partials).
 Prints the ratios union / exact and gathered / exact per h.
