@@ -389,6 +389,12 @@ const std::vector<Case>& cases() {
       // (The case above, h = 1, takes the ring too: 128 positions instead of 32.)
       {"streamed top-n, h=2", make_dims(1, 6000, 2, 1, 32, 8, 8, 8, 12, 64)},
       {"streamed top-n, h=4, n=4", make_dims(1, 11000, 4, 1, 32, 8, 8, 8, 4, 64)},
+      // The streamed top-n by lane, the form the paper's sizes take at long T and small h
+      // (l' = 64, d = 16: a tile's 17 blocks fit the lanes; each lane sums one block and takes
+      // it when final; the cases above, at l' = 8, take the per-thread form): 130 selection
+      // blocks at h = 1, D = 128 (the full scores would leave room for 64 positions, the ring
+      // for 128).
+      {"streamed top-n by lane, h=1, D=128", make_dims(1, 8300, 2, 2, 128, 32, 16, 64, 4, 64)},
       // Selection blocks of 2 and 4 key tiles (the inverted loop holds up to 4 in shared memory;
       // the union loop's 64-aligned tiles then meet each block's middle).
       {"l'=128, h=1, D=64", make_dims(1, 1500, 2, 2, 64, 32, 16, 128, 6, 100)},
