@@ -13,6 +13,9 @@
 //             written to memory and merged per row in slot order (a fixed order: deterministic).
 //             The partials cost n x the output in traffic, which pays where the union is large
 //             (small h).
+// (A third, gathered rows: each tile against only the rows that chose it, their state kept in
+// shared memory, measured slower than the union at every h, one block per SM: docs/
+// performance.md, twenty-fifth session.)
 // auto takes the inverted loop where h <= kInvertedMaxHeads, T >= kInvertedMinT, l' is between
 // 64 and kInvertedMaxSelBlock (whole 64-key tiles, held in shared memory), and one (b, g) pair's
 // partial states fit kInvertedMaxPairBytes: measured on an H100 at l' = 64 with bench_nsa_gpu
