@@ -151,21 +151,25 @@ inline bool window_forward_wide(bool past_half_l2) {
   }
 }
 
+// For the run log: whether a window of w keys over T positions at head dimension D takes the
+// 128-key kernel (padded D = 128 only), and that kernel's name.
+inline bool window_forward_wide_at(std::int64_t D, std::int64_t w, std::int64_t T, std::int64_t l2_bytes) {
+  return D > 64 && window_forward_wide(window_past_half_l2(w, T, l2_bytes));
+}
+inline constexpr const char* kWideForwardName = "forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)";
+
 // The loop's name for the run log (l2_bytes: the device's L2, 0 unknown).
 inline std::string selection_loop_name(const NsaDims& dims, std::int64_t l2_bytes) {
-  const bool d128 = dims.D > 64;  // padded D = 128
-  const bool wide = d128 && window_forward_wide(window_past_half_l2(dims.window, dims.T, l2_bytes));
   return std::string(selection_inverted(dims) ? "inverted loop (per selected block, partials merged in slot order)"
                                               : "union of the blocks of 64 / h positions") +
-         (wide ? "; window forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)" : "");
+         (window_forward_wide_at(dims.D, dims.window, dims.T, l2_bytes) ? std::string("; window ") + kWideForwardName
+                                                                         : std::string());
 }
 // The own dense kernel's forward for the run log (T, D: the model's sequence length and
 // head dimension; bf16: the tensor-core kernels, else the fp32 ones).
 inline std::string dense_kernel_name(std::int64_t T, std::int64_t D, std::int64_t l2_bytes, bool bf16) {
   if (!bf16) return "fp32 kernels";
-  const bool d128 = D > 64;
-  const bool wide = d128 && window_forward_wide(window_past_half_l2(T, T, l2_bytes));
-  return wide ? "forward warp-specialised, 128-key tiles (nsa/cuda/row_ws.cuh, on sm_90a)" : "forward by 64-key tiles";
+  return window_forward_wide_at(D, T, T, l2_bytes) ? kWideForwardName : "forward by 64-key tiles";
 }
 
 }  // namespace nsatron::nsa::cuda
