@@ -77,7 +77,6 @@ class ParseTest(unittest.TestCase):
         self.assertEqual(ptxas_report.describe(None), "-")
 
 
-
 def tiny_elf(sections):
     """An ELF64 little-endian file with a null section, the given (name, bytes) sections and the
     section names' string table (last), as a cubin lays its kernels' code out."""
