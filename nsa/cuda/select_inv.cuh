@@ -250,13 +250,17 @@ __global__ void __launch_bounds__(kRowWarps * 32, row_min_blocks(DP, BWD)) slc_i
 
 // One warp per row of the pass (its (b, g) pairs, positions, heads): the row's valid slots in
 // slot order. Forward: o and lse of the selection branch. Backward: dq (+)= scale g sum_e A_e.
-template <bool BWD>
+// The slots' validity and (forward) weights are loaded and computed by lane, 32 slots at a time
+// (lane e: slot e0 + e), and read back by shuffles in slot order; VEC columns per lane and load
+// (4 where D is a multiple of 4: one 8-byte load of a bf16 partial, 16 bytes of an fp32 one;
+// else 1). Every sum in slot order, as one thread per column would take it.
+template <bool BWD, int VEC>
 __global__ void inv_merge_kernel(Geo g, InvArgs a, int nbg, float* __restrict__ o, float* __restrict__ lse,
                                  float* __restrict__ dq, const bf16* __restrict__ gate, bool accumulate) {
   const int lane = threadIdx.x & 31;
   const std::int64_t rows = std::int64_t(nbg) * g.T * g.h;
   const std::int64_t warps = std::int64_t(gridDim.x) * (blockDim.x / 32);
-  constexpr int kMaxCols = 4;  // D <= 128: columns lane + 32 c
+  constexpr int kCols = 128 / (32 * VEC);  // column groups per lane (D <= 128)
   for (std::int64_t pr = blockIdx.x * std::int64_t(blockDim.x / 32) + threadIdx.x / 32; pr < rows; pr += warps) {
     const int hd = int(pr % g.h);
     const int t = int((pr / g.h) % g.T);
@@ -270,44 +274,96 @@ __global__ void inv_merge_kernel(Geo g, InvArgs a, int nbg, float* __restrict__ 
       const int jb = selrow[e];
       return jb >= 0 && jb < g.NB && jb * g.ls <= t;
     };
-    float accv[kMaxCols] = {0.f, 0.f, 0.f, 0.f};
+    float accv[kCols][VEC] = {};
+    auto add_slot = [&](int e, float w) {  // accv += w x the slot's partial (backward: w = 1)
+#pragma unroll
+      for (int cc = 0; cc < kCols; ++cc) {
+        const int dd = VEC * (lane + 32 * cc);
+        if (dd >= g.D) continue;
+        float x[VEC];
+        if constexpr (BWD) {
+          if constexpr (VEC == 4) {
+            const float4 v = *reinterpret_cast<const float4*>(prow + std::int64_t(e) * g.D + dd);
+            x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+          } else {
+            x[0] = prow[std::int64_t(e) * g.D + dd];
+          }
+        } else {
+          if constexpr (VEC == 4) {
+            const uint2 u = *reinterpret_cast<const uint2*>(prow16 + std::int64_t(e) * g.D + dd);
+            const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+            const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+            x[0] = lo.x, x[1] = lo.y, x[2] = hi.x, x[3] = hi.y;
+          } else {
+            x[0] = __bfloat162float(prow16[std::int64_t(e) * g.D + dd]);
+          }
+        }
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) accv[cc][c] += BWD ? x[c] : w * x[c];
+      }
+    };
+    // dst[dd] = accv f (forward: o), or (add ? dst[dd] : 0) + f accv (backward: dq), as the
+    // one-column form wrote them.
+    auto store = [&](float* dst, float f, bool add) {
+#pragma unroll
+      for (int cc = 0; cc < kCols; ++cc) {
+        const int dd = VEC * (lane + 32 * cc);
+        if (dd >= g.D) continue;
+        float* p = dst + row * g.D + dd;
+        float y[VEC];
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) y[c] = BWD ? 0.f : accv[cc][c] * f;
+        if constexpr (BWD) {
+          float base[VEC];
+          if constexpr (VEC == 4) {
+            const float4 v = add ? *reinterpret_cast<const float4*>(p) : make_float4(0.f, 0.f, 0.f, 0.f);
+            base[0] = v.x, base[1] = v.y, base[2] = v.z, base[3] = v.w;
+          } else {
+            base[0] = add ? p[0] : 0.f;
+          }
+#pragma unroll
+          for (int c = 0; c < VEC; ++c) y[c] = base[c] + f * accv[cc][c];
+        }
+        if constexpr (VEC == 4) *reinterpret_cast<float4*>(p) = make_float4(y[0], y[1], y[2], y[3]);
+        else p[0] = y[0];
+      }
+    };
     if constexpr (!BWD) {
       float M = -INFINITY;
-      for (int e = 0; e < g.n; ++e)
-        if (valid(e)) M = fmaxf(M, a.part_lse[pr * g.n + e]);
+      for (int e0 = 0; e0 < g.n; e0 += 32) {  // the largest valid lse
+        const int e = e0 + lane;
+        if (e < g.n && valid(e)) M = fmaxf(M, a.part_lse[pr * g.n + e]);
+      }
+      M = warp_max(M);
       float L = 0.f;
-      for (int e = 0; e < g.n; ++e) {
-        if (!valid(e)) continue;
-        const float w = M == -INFINITY ? 0.f : expf(a.part_lse[pr * g.n + e] - M);
-        L += w;
-#pragma unroll
-        for (int cc = 0; cc < kMaxCols; ++cc) {
-          const int dd = lane + 32 * cc;
-          if (dd < g.D) accv[cc] += w * __bfloat162float(prow16[std::int64_t(e) * g.D + dd]);
+      for (int e0 = 0; e0 < g.n; e0 += 32) {
+        const int e = e0 + lane;
+        const bool ok = e < g.n && valid(e);
+        const float wl = ok && M != -INFINITY ? expf(a.part_lse[pr * g.n + e] - M) : 0.f;
+        unsigned m = __ballot_sync(0xffffffffu, ok);
+        while (m) {  // the valid slots of the chunk in order (warp-uniform)
+          const int src = __ffs(m) - 1;
+          m &= m - 1u;
+          const float w = __shfl_sync(0xffffffffu, wl, src);
+          L += w;
+          add_slot(e0 + src, w);
         }
       }
       const float inv = L > 0.f ? 1.f / L : 0.f;
-#pragma unroll
-      for (int cc = 0; cc < kMaxCols; ++cc) {
-        const int dd = lane + 32 * cc;
-        if (dd < g.D) o[row * g.D + dd] = accv[cc] * inv;
-      }
+      store(o, inv, false);
       if (lane == 0) lse[row] = L > 0.f ? M + logf(L) : -INFINITY;
     } else {
-      for (int e = 0; e < g.n; ++e) {
-        if (!valid(e)) continue;
-#pragma unroll
-        for (int cc = 0; cc < kMaxCols; ++cc) {
-          const int dd = lane + 32 * cc;
-          if (dd < g.D) accv[cc] += prow[std::int64_t(e) * g.D + dd];
+      for (int e0 = 0; e0 < g.n; e0 += 32) {
+        const int e = e0 + lane;
+        unsigned m = __ballot_sync(0xffffffffu, e < g.n && valid(e));
+        while (m) {
+          const int src = __ffs(m) - 1;
+          m &= m - 1u;
+          add_slot(e0 + src, 1.f);
         }
       }
       const float f = g.scale * (gate ? sigmoidf(ldf(gate[gate_offset(g, row) + kSlc])) : 1.f);
-#pragma unroll
-      for (int cc = 0; cc < kMaxCols; ++cc) {
-        const int dd = lane + 32 * cc;
-        if (dd < g.D) dq[row * g.D + dd] = (accumulate ? dq[row * g.D + dd] : 0.f) + f * accv[cc];
-      }
+      store(dq, f, accumulate);
     }
   }
 }
@@ -350,8 +406,9 @@ void slc_inv_launch(const Geo& g, const RowArgs& ra, const SlcInvIndex& ix, cuda
     slc_inv_kernel<DP, BWD><<<unsigned(blocks), kRowWarps * 32, smem, s>>>(g, a);
     check_launch("tc::slc_inv_kernel");
     const std::int64_t rows = std::int64_t(nbg) * g.T * g.h;
-    inv_merge_kernel<BWD><<<grid1(rows * 32, 256), 256, 0, s>>>(
-        g, a, nbg, static_cast<float*>(ra.o), ra.lse, ra.dq, static_cast<const bf16*>(ra.gate), ra.accumulate);
+    const auto merge = g.D % 4 == 0 ? inv_merge_kernel<BWD, 4> : inv_merge_kernel<BWD, 1>;
+    merge<<<grid1(rows * 32, 256), 256, 0, s>>>(g, a, nbg, static_cast<float*>(ra.o), ra.lse, ra.dq,
+                                               static_cast<const bf16*>(ra.gate), ra.accumulate);
     check_launch("tc::inv_merge_kernel");
   }
 }
