@@ -1812,17 +1812,26 @@ constexpr int key_group_rows() { return DP >= 64 ? 64 : 32; }
 
 // Shared stages of the staged row batches: batch i + S - 1 is issued while batch i is
 // computed, into the stage batch i - 1 left, so one barrier per batch suffices. S = 3 at
-// D <= 64 (68.6 KB per block at D = 64: 3 blocks per SM), S = 2 at D = 128 (64-row batches:
+// D <= 64 (68.6 kB per block at D = 64: 3 blocks per SM), S = 2 at D = 128 (64-row batches:
 // 100 KB, 2 blocks per SM, as the registers allow; three stages would leave one).
 template <int DP>
 constexpr int key_stages() { return DP > 64 ? 2 : 3; }
+// The compression's key side at padded D = 64 takes its keys and values in two parts each
+// (cmp_kv_parts): with three stages 85.0 kB, 2 blocks per SM (ncu: 7.5 warps per SM, a
+// latency-bound kernel), with two 67.6 kB, 3 blocks. Two stages where h <= kCmpKeyTwoStagesMaxH
+// (ncu, one H200 at the base clock, per launch: 125M h = 6 0.200 -> 0.187 ms, a tensor-parallel
+// rank's share of it 0.134 -> 0.111, T = 8192 h = 1 0.471 -> 0.415), three above (h = 16, the
+// same T: 0.432 -> 0.535 with two, where a block walks ~10x as many row batches and the third
+// stage hides their loads); docs/performance.md, twenty-sixth session. The same arithmetic
+// either way. (key_launch chooses.)
+constexpr int kCmpKeyTwoStagesMaxH = 6;
 
-template <int DP, int BR>
+template <int DP, int BR, int S>
 constexpr std::size_t key_smem_bytes() {  // all bf16 tiles are tiles laid out as wgmma.cuh says
   constexpr int kRB = kKeyRows;
   constexpr std::size_t tiles =
-      std::size_t(key_stages<DP>() * (1 + key_q_parts(DP)) * kRB * DP + 2 * key_parts<DP, BR>() * kKB * DP) * 2 +
-      std::size_t(key_stages<DP>() * 4 * kRB) * 4;
+      std::size_t(S * (1 + key_q_parts(DP)) * kRB * DP + 2 * key_parts<DP, BR>() * kKB * DP) * 2 +
+      std::size_t(S * 4 * kRB) * 4;
   constexpr std::size_t epilogue = std::size_t(2 * kKB * (DP + 4)) * 4;  // fp32 dK, dV
   return tiles > epilogue ? tiles : epilogue;
 }
@@ -1842,8 +1851,9 @@ __host__ __device__ inline bool key_tile_major(const Geo& g) {
   return BR == kWin && g.w >= g.T && (g.T + kKB - 1) / kKB <= kMaxGridYZ;
 }
 
-template <int DP, int BR>
+template <int DP, int BR, int S>  // S: the row batches' shared stages (key_stages, kCmpKeyTwoStagesMaxH)
 __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(Geo g, KeyArgs a, int nsub) {
+  static_assert(S == 2 || S == 3, "two or three stages");
   constexpr int DT = DP / 8, KS = DP / 16, CH = DP / 8, kRB = kKeyRows;
   constexpr int P = key_parts<DP, BR>();
   // mma.sync: K, V fragments in registers for the whole block where they fit (sm_90a: the
@@ -1856,7 +1866,6 @@ __global__ void __launch_bounds__(kKeyWarps * 32, DP <= 64 ? 3 : 1) key_kernel(G
   constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(1024) float4 smem4[];  // 1024: swizzled wgmma tiles (wgmma.cuh)
   // Tiles of DP bf16 per row laid out as wgmma.cuh says.
-  constexpr int S = key_stages<DP>();
   bf16* Qb = reinterpret_cast<bf16*>(smem4);  // [S] tiles of RB rows
   bf16* Ob = Qb + S * kRB * DP;               // [S] tiles of RB rows
   constexpr int kQP = key_q_parts(DP);       // rotated q as hi (+ lo) parts
@@ -2350,14 +2359,22 @@ void key_launch(const Geo& g, const KeyArgs& a, cudaStream_t s) {
   if (std::int64_t(g.T) * g.H >= (std::int64_t(1) << 31))  // the copy issue's local rows t H + hd
     throw std::runtime_error("tc::key_kernel: T * heads = " + std::to_string(std::int64_t(g.T) * g.H) +
                              " rows of one sequence; at most 2^31 - 1 are supported");
-  constexpr std::size_t smem = key_smem_bytes<DP, BR>();
-  static_assert(smem >= std::size_t(2 * kKB * (DP + 4)) * 4, "epilogue fits");
-  CUDA_CHECK(cudaFuncSetAttribute(key_kernel<DP, BR>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const int ysplits = BR == kSlc ? key_max_splits(g) : (BR == kCmp ? cmp_key_max_splits(g) : 1);
   const dim3 grid = key_tile_major<BR>(g) ? dim3(unsigned(g.B * g.G), unsigned(ysplits), unsigned(tiles))
                                          : dim3(unsigned(tiles), unsigned(ysplits), unsigned(g.B * g.G));
-  key_kernel<DP, BR><<<grid, kKeyWarps * 32, smem, s>>>(g, a, nsub);
+  auto launch = [&](auto stages) {
+    constexpr int S = decltype(stages)::value;
+    constexpr std::size_t smem = key_smem_bytes<DP, BR, S>();
+    static_assert(smem >= std::size_t(2 * kKB * (DP + 4)) * 4, "epilogue fits");
+    CUDA_CHECK(cudaFuncSetAttribute(key_kernel<DP, BR, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    key_kernel<DP, BR, S><<<grid, kKeyWarps * 32, smem, s>>>(g, a, nsub);
+  };
+  if constexpr (DP == 64 && BR == kCmp) {
+    if (g.h <= kCmpKeyTwoStagesMaxH) launch(std::integral_constant<int, 2>{});
+    else launch(std::integral_constant<int, key_stages<DP>()>{});
+  } else {
+    launch(std::integral_constant<int, key_stages<DP>()>{});
+  }
   check_launch("tc::key_kernel");
 }
 
