@@ -1813,7 +1813,7 @@ constexpr int key_group_rows() { return DP >= 64 ? 64 : 32; }
 // Shared stages of the staged row batches: batch i + S - 1 is issued while batch i is
 // computed, into the stage batch i - 1 left, so one barrier per batch suffices. S = 3 at
 // D <= 64 (68.6 kB per block at D = 64: 3 blocks per SM), S = 2 at D = 128 (64-row batches:
-// 100 KB, 2 blocks per SM, as the registers allow; three stages would leave one).
+// 100.4 kB, 2 blocks per SM, as the registers allow; three stages would leave one).
 template <int DP>
 constexpr int key_stages() { return DP > 64 ? 2 : 3; }
 // The compression's key side at padded D = 64 takes its keys and values in two parts each
