@@ -7,7 +7,9 @@
 # the balanced layouts again over NCCL), and with tp = 2 (dp over the rest), without and with
 # parallel.tp_overlap, at micro-batch 16 (the config's) and 32.
 # Prints the mean tokens/s,
-# ms/step and MFU of steps 3..N of each run (the first steps warm up).
+# ms/step and MFU of steps 3..N of each run (the first steps warm up), and its speed-up over
+# one GPU of the same micro-batch run earlier in the same call (`one`, or `one_m32` for the
+# rows at micro-batch 32; absent where that row did not run).
 #
 #   bash bench/parallel_gpu.sh BUILD_DIR DATA_DIR [STEPS [LAYOUT...]]
 # DATA_DIR: prepared shards, e.g. runs/kjv/data; LAYOUTs: the names of the rows to run (one,
@@ -33,13 +35,21 @@ run() {  # name ranks settings...
   if [ "$np" = 1 ]; then "$NSATRON" "${args[@]}" >"$OUT/$name.log" 2>&1
   else mpirun --allow-run-as-root --bind-to none -np "$np" "$NSATRON" "${args[@]}" >"$OUT/$name.log" 2>&1; fi \
     || { tail -20 "$OUT/$name.log"; return 1; }
-  python3 - "$OUT/$name.jsonl" "$name" "$np" <<'PY'
-import json, sys
+  local base=one
+  [[ "$name" == *m32* ]] && base=one_m32
+  python3 - "$OUT/$name.jsonl" "$name" "$np" "$OUT/$base.tok" <<'PY'
+import json, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l][2:]
 tok = sum(r["tokens_per_s"] for r in rows) / len(rows)
 ms = sum(r["ms_per_step"] for r in rows) / len(rows)
 mfu = sum(r["mfu"] for r in rows) / len(rows)
-print(f"{sys.argv[2]:12s} {sys.argv[3]:>3s} GPUs {tok:10.0f} tok/s {ms:9.1f} ms/step  MFU {100*mfu:4.1f}%  peak {rows[-1]['peak_mem_bytes']/2**30:.1f} GiB")
+base = sys.argv[4]
+if sys.argv[3] == "1":  # a one-GPU row: the base of the later rows at its micro-batch
+    with open(os.path.join(os.path.dirname(sys.argv[1]), sys.argv[2] + ".tok"), "w") as f:
+        f.write(repr(tok))
+speedup = f"  {tok / float(open(base).read()):.3f}x one GPU" if os.path.exists(base) and sys.argv[3] != "1" else ""
+print(f"{sys.argv[2]:12s} {sys.argv[3]:>3s} GPUs {tok:10.0f} tok/s {ms:9.1f} ms/step  MFU {100*mfu:4.1f}%  "
+      f"peak {rows[-1]['peak_mem_bytes']/2**30:.1f} GiB{speedup}")
 PY
 }
 echo "$(nvidia-smi -L | head -1), $GPUS GPUs; 125M model, bf16, 256 x 2048 tokens per step, $STEPS steps"
