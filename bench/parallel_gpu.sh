@@ -37,20 +37,7 @@ run() {  # name ranks settings...
     || { tail -20 "$OUT/$name.log"; return 1; }
   local base=one
   [[ "$name" == *m32* ]] && base=one_m32
-  python3 - "$OUT/$name.jsonl" "$name" "$np" "$OUT/$base.tok" <<'PY'
-import json, os, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l][2:]
-tok = sum(r["tokens_per_s"] for r in rows) / len(rows)
-ms = sum(r["ms_per_step"] for r in rows) / len(rows)
-mfu = sum(r["mfu"] for r in rows) / len(rows)
-base = sys.argv[4]
-if sys.argv[3] == "1":  # a one-GPU row: the base of the later rows at its micro-batch
-    with open(os.path.join(os.path.dirname(sys.argv[1]), sys.argv[2] + ".tok"), "w") as f:
-        f.write(repr(tok))
-speedup = f"  {tok / float(open(base).read()):.3f}x one GPU" if os.path.exists(base) and sys.argv[3] != "1" else ""
-print(f"{sys.argv[2]:12s} {sys.argv[3]:>3s} GPUs {tok:10.0f} tok/s {ms:9.1f} ms/step  MFU {100*mfu:4.1f}%  "
-      f"peak {rows[-1]['peak_mem_bytes']/2**30:.1f} GiB{speedup}")
-PY
+  python3 bench/parallel_rows.py "$OUT/$name.jsonl" "$name" "$np" "$OUT/$base.tok"
 }
 echo "$(nvidia-smi -L | head -1), $GPUS GPUs; 125M model, bf16, 256 x 2048 tokens per step, $STEPS steps"
 run one 1

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""bench/parallel_rows.py: a row of bench/parallel_gpu.sh's table from a run's metrics, the
+first two steps left out, and the speed-up over the one-GPU row of the same micro-batch."""
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import parallel_rows  # noqa: E402
+
+
+def write_metrics(path, tokens_per_s):
+    with open(path, "w") as f:
+        f.write(json.dumps({"event": "start"}) + "\n")  # not a step: no "loss"
+        for i, tok in enumerate(tokens_per_s):
+            f.write(json.dumps({"step": i + 1, "loss": 2.0, "tokens_per_s": tok, "ms_per_step": 524288 / tok * 1000,
+                                "mfu": 0.25, "peak_mem_bytes": 3 * 2**30}) + "\n")
+
+
+class ParallelRows(unittest.TestCase):
+    def test_speedup_over_the_one_gpu_row(self):
+        with tempfile.TemporaryDirectory() as d:
+            one, tp2 = os.path.join(d, "one.jsonl"), os.path.join(d, "tp2_dp1.jsonl")
+            write_metrics(one, [1.0, 2.0, 300000.0, 300000.0])  # warm-up steps left out
+            write_metrics(tp2, [5.0, 6.0, 450000.0, 510000.0])
+            row = parallel_rows.summarise(one, "one", 1, os.path.join(d, "one.tok"))
+            self.assertIn("300000 tok/s", row)
+            self.assertNotIn("x one GPU", row)
+            self.assertTrue(os.path.exists(os.path.join(d, "one.tok")))
+            row = parallel_rows.summarise(tp2, "tp2_dp1", 2, os.path.join(d, "one.tok"))
+            self.assertIn("480000 tok/s", row)
+            self.assertTrue(row.endswith("1.600x one GPU"), row)
+            self.assertIn("peak 3.0 GiB", row)
+
+    def test_no_base_no_speedup(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "tp2_m32_dp1.jsonl")
+            write_metrics(path, [1.0, 1.0, 500000.0])
+            row = parallel_rows.summarise(path, "tp2_m32_dp1", 2, os.path.join(d, "one_m32.tok"))
+            self.assertNotIn("x one GPU", row)
+
+    def test_too_few_steps(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "one.jsonl")
+            write_metrics(path, [1.0, 1.0])
+            with self.assertRaises(SystemExit):
+                parallel_rows.summarise(path, "one", 1, os.path.join(d, "one.tok"))
+
+
+if __name__ == "__main__":
+    unittest.main()
