@@ -22,13 +22,7 @@ run() {  # name ranks settings...
   local args=(train configs/demo_cpu.toml "${common[@]}" --set checkpoint.dir="$OUT/$name" --set log.metrics="$OUT/$name.jsonl" "$@")
   if [ "$np" = 1 ]; then OMP_NUM_THREADS=1 "$NSATRON" "${args[@]}" >/dev/null
   else OMP_NUM_THREADS=1 $MPI -np "$np" "$NSATRON" "${args[@]}" >/dev/null; fi
-  /usr/bin/python3 - "$OUT/$name.jsonl" "$name" "$np" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l][5:]
-tok = sum(r["tokens_per_s"] for r in rows) / len(rows)
-ms = sum(r["ms_per_step"] for r in rows) / len(rows)
-print(f"{sys.argv[2]:10s} {sys.argv[3]:>5s} ranks {tok:9.0f} tok/s {ms:8.1f} ms/step")
-PY
+  /usr/bin/python3 bench/parallel_rows.py --cpu "$OUT/$name.jsonl" "$name" "$np"
 }
 echo "layout     ranks   tokens/s   ms/step   (demo model, global batch 8 x 256, micro-batch 2, 1 thread per rank, $(nproc) cores)"
 run one 1

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/parallel_rows.py: a row of bench/parallel_gpu.sh's table from a run's metrics, the
-first two steps left out, and the speed-up over the one-GPU row of the same micro-batch."""
+first two steps left out, and the speed-up over the one-GPU row of the same micro-batch; and a
+row of bench/parallel_cpu.sh's, the first five steps left out."""
 import json
 import os
 import sys
@@ -40,6 +41,15 @@ class ParallelRows(unittest.TestCase):
             write_metrics(path, [1.0, 1.0, 500000.0])
             row = parallel_rows.summarise(path, "tp2_m32_dp1", 2, os.path.join(d, "one_m32.tok"))
             self.assertNotIn("x one GPU", row)
+
+    def test_cpu_row(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "dp2.jsonl")
+            write_metrics(path, [1.0] * 5 + [1000.0, 3000.0])  # five warm-up steps left out
+            row = parallel_rows.summarise_cpu(path, "dp2", 2)
+            self.assertEqual(row.split(), ["dp2", "2", "ranks", "2000", "tok/s", f"{(524288 / 1000 + 524288 / 3000) * 1000 / 2:.1f}",
+                                           "ms/step"])
+            self.assertFalse(os.path.exists(os.path.join(d, "dp2.tok")))
 
     def test_too_few_steps(self):
         with tempfile.TemporaryDirectory() as d:
