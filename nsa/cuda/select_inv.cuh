@@ -311,8 +311,6 @@ __global__ void inv_merge_kernel(Geo g, InvArgs a, int nbg, float* __restrict__ 
         if (dd >= g.D) continue;
         float* p = dst + row * g.D + dd;
         float y[VEC];
-#pragma unroll
-        for (int c = 0; c < VEC; ++c) y[c] = BWD ? 0.f : accv[cc][c] * f;
         if constexpr (BWD) {
           float base[VEC];
           if constexpr (VEC == 4) {
@@ -323,6 +321,9 @@ __global__ void inv_merge_kernel(Geo g, InvArgs a, int nbg, float* __restrict__ 
           }
 #pragma unroll
           for (int c = 0; c < VEC; ++c) y[c] = base[c] + f * accv[cc][c];
+        } else {
+#pragma unroll
+          for (int c = 0; c < VEC; ++c) y[c] = accv[cc][c] * f;
         }
         if constexpr (VEC == 4) *reinterpret_cast<float4*>(p) = make_float4(y[0], y[1], y[2], y[3]);
         else p[0] = y[0];
