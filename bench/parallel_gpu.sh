@@ -5,7 +5,8 @@
 # it: parallel.overlap_grad_reduce), with two pipeline stages (1F1B, then the interleaved
 # schedule with 2 or 3 virtual stages; their messages on the copy engines, the default, then
 # the balanced layouts again over NCCL), and with tp = 2 (dp over the rest), without and with
-# parallel.tp_overlap, at micro-batch 16 (the config's) and 32.
+# parallel.tp_overlap, and with parallel.tp_micro_batch_pairs, at micro-batch 16 (the config's)
+# and 32.
 # Prints the mean tokens/s,
 # ms/step and MFU of steps 3..N of each run (the first steps warm up), and its speed-up over
 # one GPU of the same micro-batch run earlier in the same call (`one`, or `one_m32` for the
@@ -69,9 +70,14 @@ run tp2_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2
 # The ops around the NSA core in two halves of the micro-batch, one half's TP all-reduces beside
 # the other's compute.
 run tp2_overlap_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_overlap=true
+# Two micro-batches in flight, their forwards layer by layer in turn: one's TP all-reduces beside
+# the other's compute, at the full micro-batch (parallel.tp_micro_batch_pairs; the same bits as tp2).
+run tp2_pairs_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true
 # A rank's kernels see half the heads: a micro-batch of 32 fills them better (against one GPU at
 # 32: one_m32).
 run one_m32 1 --set train.micro_batch=32
 run tp2_m32_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set train.micro_batch=32
 run tp2_overlap_m32_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_overlap=true \
+  --set train.micro_batch=32
+run tp2_pairs_m32_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true \
   --set train.micro_batch=32

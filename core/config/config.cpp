@@ -228,6 +228,15 @@ const std::vector<Key>& keys() {
           "train.micro_batch >= 2; no effect with tp = 1. The same losses as without, to rounding "
           "(products over half the rows may take other kernels). At the 125M model on 2 H200s: "
           "even at micro_batch 16, 2% faster at 32 (docs/parallel.md)."),
+      key("parallel", "tp_micro_batch_pairs", &R::parallel, &ParallelConfig::tp_micro_batch_pairs,
+          "Tensor parallelism (tp > 1): run the step's micro-batches two at a time, their forwards "
+          "layer by layer in turn (one micro-batch's attention, the other's, the first's MLP, the "
+          "other's), so that each row-parallel output's TP all-reduce (wo's, w_out's) runs while "
+          "the other micro-batch computes (on GPUs on the communicator's stream); then each one's "
+          "head and backward in turn. The same operations and gradient order, so the same bits as "
+          "without; the activations of two micro-batches are held at once. An odd last "
+          "micro-batch runs alone. Needs pp = 1 and tp_overlap = false; no effect with tp = 1 "
+          "(docs/parallel.md)."),
       key("parallel", "grad_bucket_kib", &R::parallel, &ParallelConfig::grad_bucket_kib,
           "Size in KiB of a data-parallel gradient bucket (one all-reduce of the flat gradient "
           "buffer, without zero1); 25600 = 25 MiB. Smaller buckets start sooner with "
@@ -603,6 +612,15 @@ void check_rules(Validator& v, RunConfig& c) {
     v.error(at({"parallel.tp_overlap", "train.micro_batch"}),
             "tp_overlap runs each micro-batch in two halves of its sequences and needs micro_batch >= 2 "
             "(it is " + n(t.micro_batch) + "); set it to false, or raise micro_batch");
+  if (p.tp_micro_batch_pairs && p.tp > 1 && p.pp > 1)
+    v.error(at({"parallel.tp_micro_batch_pairs", "parallel.pp"}),
+            "tp_micro_batch_pairs runs the whole model's forward for two micro-batches in turn and is "
+            "built for pp = 1 (it is " + n(p.pp) + "; the pipeline schedule keeps its own micro-batches "
+            "in flight); set it to false, or pp = 1");
+  if (p.tp_micro_batch_pairs && p.tp_overlap && p.tp > 1)
+    v.error(at({"parallel.tp_micro_batch_pairs", "parallel.tp_overlap"}),
+            "tp_micro_batch_pairs and tp_overlap are two ways to hide the TP all-reduces and cannot be "
+            "combined; set one of them to false");
   if (p.overlap_grad_reduce && p.zero1)
     v.error(at({"parallel.overlap_grad_reduce", "parallel.zero1"}),
             "overlap_grad_reduce cannot be combined with zero1: ZeRO-1 reduces the gradients with one "
@@ -821,6 +839,8 @@ std::string config_reference_markdown() {
       "- `parallel.overlap_grad_reduce = true` needs `parallel.zero1 = false`, and with\n"
       "  `train.device = \"cuda\"` also `parallel.tp = 1` and `parallel.pp = 1`.\n"
       "- `parallel.tp_overlap = true` with `parallel.tp > 1` needs `train.micro_batch >= 2`.\n"
+      "- `parallel.tp_micro_batch_pairs = true` with `parallel.tp > 1` needs `parallel.pp = 1`\n"
+      "  and `parallel.tp_overlap = false`.\n"
       "- `recompute.layers <= model.n_layers`.\n";
   for (const auto& sec : section_order()) {
     md += "\n## [" + sec + "]\n\n| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";

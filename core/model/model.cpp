@@ -545,20 +545,21 @@ void NsaTransformer::sum_stream(Stream& s) const {
 
 void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, LayerActivations* acts, Keep keep,
                                    std::int64_t B, std::int64_t T) const {
+  LayerInFlight f;
+  f.pass_on = row_parts(B) > 1;
+  layer_attention_forward(l, in, f, keep, B, T);
+  layer_mlp_forward(l, f, out, acts, keep, B, T);
+}
+
+void NsaTransformer::layer_attention_forward(std::int64_t l, Stream& in, LayerInFlight& f, Keep keep, std::int64_t B,
+                                             std::int64_t T) const {
   const ModelDims& m = local_;
   const std::int64_t N = B * T;
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
-  const std::vector<RowPart> parts = parts_of(B, T);
-  // A row-parallel product's output (wo, w_out): summed over the tensor-parallel ranks now, or
-  // with row parts while the next part computes (model.h).
-  auto sum_part = [&](Tensor t) {
-    if (parts.size() > 1)
-      tp_pass_on(t);
-    else
-      tp_sum(t);
-  };
+  f.parts = parts_of(B, T);
+  const std::vector<RowPart>& parts = f.parts;
+  LayerActivations& a = f.a;
   // Allocations in this order (the memory plan replays it: core/model/plan.cpp).
-  LayerActivations a;
   a.rstd1 = stat({N});
   a.xn = act({N, m.C});
   Tensor p;
@@ -596,18 +597,27 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
   a.o = act({N, m.H * m.D});
   p = Tensor();
   core_forward(l, a, a.o, keep == Keep::All, B, T);
-  Tensor attn_out = act({N, m.C});
+  f.attn_out = act({N, m.C});
   // (One product: with parts, only the second part's product would run beside the first's sum.)
-  { TIMED("matmul"); linear_forward(a.o, W("attn/wo"), nullptr, attn_out); }
-  for (const RowPart& r : parts) sum_part(r.of(attn_out));  // row-parallel wo: every rank's heads
+  { TIMED("matmul"); linear_forward(a.o, W("attn/wo"), nullptr, f.attn_out); }
+  for (const RowPart& r : parts) f.sum(*this, r.of(f.attn_out));  // row-parallel wo: every rank's heads
   a.x = in.x;
+}
+
+void NsaTransformer::layer_mlp_forward(std::int64_t l, LayerInFlight& f, Stream* out, LayerActivations* acts,
+                                       Keep keep, std::int64_t B, std::int64_t T) const {
+  const ModelDims& m = local_;
+  const std::int64_t N = B * T;
+  auto W = [&](const char* part) { return weight(layer_name(l, part)); };
+  const std::vector<RowPart>& parts = f.parts;
+  LayerActivations& a = f.a;
   a.h = act({N, m.C});
   a.hn = act({N, m.C});
   a.rstd2 = stat({N});
   for (const RowPart& r : parts) {  // MLP
     Tensor h = r.of(a.h), hn = r.of(a.hn), rstd = r.of(a.rstd2);
-    { TIMED("rmsnorm"); add_rmsnorm_forward(r.of(a.x), r.of(attn_out), W("mlp_norm"), h, hn, rstd, m.norm_eps); }
-    if (r.index + 1 == r.count) attn_out = Tensor();
+    { TIMED("rmsnorm"); add_rmsnorm_forward(r.of(a.x), r.of(f.attn_out), W("mlp_norm"), h, hn, rstd, m.norm_eps); }
+    if (r.index + 1 == r.count) f.attn_out = Tensor();
     if (r.index == 0) a.u = act({N, 2 * m.F});
     Tensor u = r.of(a.u);
     { TIMED("matmul"); linear_forward(hn, mlp_in(compute_, l), nullptr, u); }
@@ -618,24 +628,26 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
       if (r.index == 0) out->x = act({N, m.C});
       Tensor x_rows = r.of(out->x);
       { TIMED("matmul"); linear_forward(activation, W("mlp/w_out"), nullptr, x_rows); }
-      sum_part(x_rows);  // row-parallel w_out
+      f.sum(*this, x_rows);  // row-parallel w_out
     } else if (parts.size() > 1) {
       tp_finish_sums();  // the last part's attention output, read next
     }
   }
   if (out) out->h = a.h;  // h + out->x: added by the next norm
 
-  if (!acts) return;
-  switch (keep) {
-    case Keep::Nothing: return;
-    case Keep::Input: acts->x = a.x; return;
-    case Keep::Selective:
-      a.xn = a.hn = a.act = Tensor();
-      a.drop_core_saved();
-      *acts = std::move(a);
-      return;
-    case Keep::All: *acts = std::move(a); return;
+  if (acts) {
+    switch (keep) {
+      case Keep::Nothing: break;
+      case Keep::Input: acts->x = a.x; break;
+      case Keep::Selective:
+        a.xn = a.hn = a.act = Tensor();
+        a.drop_core_saved();
+        *acts = std::move(a);
+        break;
+      case Keep::All: *acts = std::move(a); break;
+    }
   }
+  a = LayerActivations();  // what is not kept goes now (the memory plan frees it here)
 }
 
 void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, std::int64_t B, std::int64_t T) const {
@@ -799,13 +811,11 @@ Tensor NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t 
   return loss;
 }
 
-StageState NsaTransformer::stage_forward(int chunk, std::span<const std::int32_t> tokens,
-                                         std::span<const std::int32_t> targets, const Tensor* input, std::int64_t B,
-                                         std::int64_t T, double grad_scale) {
-  const ModelDims& m = dims_;
+NsaTransformer::Stream NsaTransformer::stage_begin(StageState& st, int chunk, std::span<const std::int32_t> tokens,
+                                                   const Tensor* input, std::int64_t B, std::int64_t T,
+                                                   double grad_scale) {
   const std::int64_t N = B * T;
   const auto [layer_begin, layer_end] = chunk_layers(chunk);
-  StageState st;
   st.chunk = chunk;
   st.B = B;
   st.T = T;
@@ -816,21 +826,21 @@ StageState NsaTransformer::stage_forward(int chunk, std::span<const std::int32_t
     st.ids = device_ids(tokens, true, true);  // a pipeline refills the caller's batch before the backward
     s.x = embed(st.ids, N);
   } else {
-    if (!input || input->shape() != Shape{N, m.C})
+    if (!input || input->shape() != Shape{N, dims_.C})
       throw std::invalid_argument("stage_forward: a later pipeline stage needs its input [B*T, C]");
     s.x = *input;
   }
   st.acts.resize(std::size_t(layer_end - layer_begin));
-  for (std::int64_t l = layer_begin; l < layer_end; ++l) {
-    Stream out;
-    layer_forward(l, s, &out, &st.acts[std::size_t(l - layer_begin)], keep_mode(l), B, T);
-    s = std::move(out);
-  }
-  tp_finish_sums();  // the last layer's (row parts)
-  if (!chunk_last(chunk)) {
+  return s;
+}
+
+void NsaTransformer::stage_end(StageState& st, Stream& s, std::span<const std::int32_t> targets) {
+  const ModelDims& m = dims_;
+  const std::int64_t N = st.B * st.T;
+  if (!chunk_last(st.chunk)) {
     sum_stream(s);
     st.output = s.x;
-    return st;
+    return;
   }
   if (std::int64_t(targets.size()) != N) throw std::invalid_argument("stage_forward: targets must hold B*T ids");
   const Ids tgt = device_ids(targets, false);
@@ -839,13 +849,28 @@ StageState NsaTransformer::stage_forward(int chunk, std::span<const std::int32_t
   const Tensor x = s.x;
   s.x = Tensor();
   Tensor dxf = act({N, m.C});
-  st.loss = head_loss(xf, tgt, N, grad_scale, &dxf);
+  st.loss = head_loss(xf, tgt, N, st.grad_scale, &dxf);
   if (!m.tie_embeddings) report_grads("model/lm_head");
   xf = Tensor();
   st.d_last = act({N, m.C});
   Tensor g_final = params_.grad("model/final_norm");
   { TIMED("rmsnorm"); rmsnorm_backward(dxf, x, weight("model/final_norm"), rstdf, st.d_last, g_final); }
   report_grads("model/final_norm");
+}
+
+StageState NsaTransformer::stage_forward(int chunk, std::span<const std::int32_t> tokens,
+                                         std::span<const std::int32_t> targets, const Tensor* input, std::int64_t B,
+                                         std::int64_t T, double grad_scale) {
+  StageState st;
+  Stream s = stage_begin(st, chunk, tokens, input, B, T, grad_scale);
+  const auto [layer_begin, layer_end] = chunk_layers(chunk);
+  for (std::int64_t l = layer_begin; l < layer_end; ++l) {
+    Stream out;
+    layer_forward(l, s, &out, &st.acts[std::size_t(l - layer_begin)], keep_mode(l), B, T);
+    s = std::move(out);
+  }
+  tp_finish_sums();  // the last layer's (row parts)
+  stage_end(st, s, targets);
   return st;
 }
 
@@ -892,6 +917,44 @@ Tensor NsaTransformer::forward_backward_queued(std::span<const std::int32_t> tok
   const MemoryStats after = memory_stats(device_);
   last_activation_peak_ = after.peak > base ? after.peak - base : 0;
   return st.loss;
+}
+
+std::array<Tensor, 2> NsaTransformer::forward_backward_pair_queued(const std::array<MicroBatchIds, 2>& micro_batches,
+                                                                  std::int64_t B, std::int64_t T, double grad_scale,
+                                                                  const std::function<void(int)>& before_backward) {
+  if (chunks() != 1 || !first_stage() || !last_stage())
+    throw std::logic_error("forward_backward_pair_queued runs the whole model; a pipeline stage uses stage_forward/backward");
+  if (row_parts(B) > 1)
+    throw std::logic_error("forward_backward_pair_queued: not with row parts (tp_overlap)");
+  const std::size_t base = memory_stats(device_).current;
+  reset_peak_memory(device_);
+  if (device_ == Device::CUDA) reset_peak_memory(Device::CPU);
+  std::array<StageState, 2> st;
+  std::array<Stream, 2> s;
+  for (int i = 0; i < 2; ++i) s[i] = stage_begin(st[i], 0, micro_batches[i].tokens, nullptr, B, T, grad_scale);
+  // Layer by layer, the two micro-batches' halves in turn: each half's sum (tp_pass_on) waits
+  // for the one started before it, the other micro-batch's, which the half between had to hide.
+  for (std::int64_t l = 0; l < dims_.L; ++l) {
+    std::array<LayerInFlight, 2> f;
+    for (int i = 0; i < 2; ++i) {
+      f[i].pass_on = true;
+      layer_attention_forward(l, s[i], f[i], keep_mode(l), B, T);
+    }
+    for (int i = 0; i < 2; ++i) {
+      Stream out;
+      layer_mlp_forward(l, f[i], &out, &st[i].acts[std::size_t(l)], keep_mode(l), B, T);
+      s[i] = std::move(out);
+    }
+  }
+  tp_finish_sums();  // the second micro-batch's last w_out sum
+  for (int i = 0; i < 2; ++i) {
+    if (before_backward) before_backward(i);
+    stage_end(st[i], s[i], micro_batches[i].targets);
+    stage_backward(st[i], nullptr);
+  }
+  const MemoryStats after = memory_stats(device_);
+  last_activation_peak_ = after.peak > base ? after.peak - base : 0;
+  return {st[0].loss, st[1].loss};
 }
 
 Tensor NsaTransformer::stage_evaluate(int chunk, std::span<const std::int32_t> tokens,

@@ -81,6 +81,7 @@
 // `recompute.layers` layers and reruns the layer's forward in its backward. All three give
 // the same bits: the recomputation repeats the same operations on the same inputs.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -196,6 +197,24 @@ class NsaTransformer {
   // (the memory plan asks the same with the run's settings).
   static int row_parts(bool tp_overlap, int tp, std::int64_t B) { return tp_overlap && tp > 1 && B >= 2 ? 2 : 1; }
   int row_parts(std::int64_t B) const { return row_parts(tp_overlap_, tp_, B); }
+
+  // Two micro-batches in flight (parallel.tp_micro_batch_pairs): the forward of micro-batches
+  // k and k + 1 layer by layer in turn, k's attention half, k + 1's, k's MLP half, k + 1's, so
+  // that each row-parallel output's TP all-reduce (wo's, w_out's) runs while the other
+  // micro-batch computes (on GPUs on the communicator's stream); then k's head and backward,
+  // then k + 1's. Each micro-batch's operations are those of forward_backward_queued and the
+  // gradients accumulate in the same order (k's head, k's layers, k + 1's head, ...), so the
+  // same bits as two calls of it; the activations of both are held at once. The whole model
+  // only (pp = 1) and without row parts (tp_overlap); with tp = 1 it is the two calls in turn.
+  // before_backward(i), if set, runs before micro-batch i's (0: first, 1: second) head and
+  // backward (the trainer arms the gradient hook there for the step's last micro-batch).
+  // Returns the two mean losses, on the device as forward_backward_queued's.
+  struct MicroBatchIds {
+    std::span<const std::int32_t> tokens, targets;
+  };
+  std::array<Tensor, 2> forward_backward_pair_queued(const std::array<MicroBatchIds, 2>& micro_batches,
+                                                     std::int64_t B, std::int64_t T, double grad_scale = 1.0,
+                                                     const std::function<void(int)>& before_backward = {});
 
   // Forward and backward of one micro-batch of B sequences of T tokens (row-major [B, T]).
   // Gradients ACCUMULATE into params().flat_grads(), scaled by `grad_scale` (1 / number of
@@ -353,6 +372,34 @@ class NsaTransformer {
   // part may still be running: the next layer_forward, or tp_finish_sums(), completes it.
   void layer_forward(std::int64_t l, Stream& in, Stream* out, LayerActivations* acts, Keep keep, std::int64_t B,
                      std::int64_t T) const;
+  // layer_forward in its two halves, so that two micro-batches can take turns
+  // (forward_backward_pair_queued): the attention half ends with the sums of wo's output
+  // started (pass_on: tp_pass_on, the sum running while the next work is enqueued) or done;
+  // the MLP half reads them and ends with w_out's output's sums started or done. What the
+  // first half hands the second:
+  struct LayerInFlight {
+    LayerActivations a;
+    Tensor attn_out;
+    std::vector<RowPart> parts;
+    bool pass_on = false;  // every row-parallel output's sum by tp_pass_on (row parts, pairs)
+    // A row-parallel output (wo's, w_out's, or a row part of it) summed over the TP ranks.
+    void sum(const NsaTransformer& model, Tensor t) const {
+      if (pass_on)
+        model.tp_pass_on(t);
+      else
+        model.tp_sum(t);
+    }
+  };
+  void layer_attention_forward(std::int64_t l, Stream& in, LayerInFlight& f, Keep keep, std::int64_t B,
+                               std::int64_t T) const;
+  void layer_mlp_forward(std::int64_t l, LayerInFlight& f, Stream* out, LayerActivations* acts, Keep keep,
+                         std::int64_t B, std::int64_t T) const;
+  // stage_forward's parts for the whole model's chunk 0 or a pipeline chunk: the start (ids,
+  // embedding or input: st set up, the first layer's input returned), and the end after the
+  // layers (the last chunk's final norm, loss, head gradients and st.d_last, else st.output).
+  Stream stage_begin(StageState& st, int chunk, std::span<const std::int32_t> tokens, const Tensor* input,
+                     std::int64_t B, std::int64_t T, double grad_scale);
+  void stage_end(StageState& st, Stream& s, std::span<const std::int32_t> targets);
   void complete_for_backward(std::int64_t l, LayerActivations& a, std::int64_t B, std::int64_t T) const;
   void layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in, std::int64_t B,
                       std::int64_t T);

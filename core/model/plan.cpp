@@ -131,11 +131,39 @@ class StageReplay {
   // already live and becomes its first layer's a.x. Not the last stage: returns with the
   // last layer's output live (st.output, the message to send).
   void forward() {
+    begin();
+    for (std::int64_t l = begin_; l < end_; ++l) layer_forward(keep(l), /*x_out=*/true);
+    end();
+  }
+
+  // forward_backward_pair_queued (tensor parallelism's micro-batch pairs, pp = 1): two
+  // micro-batches' replays on one ledger, their layers' halves in turn, then each one's head
+  // and backward.
+  static void forward_backward_pair(StageReplay& first, StageReplay& second) {
+    first.begin();
+    second.begin();
+    for (std::int64_t l = first.begin_; l < first.end_; ++l) {
+      first.layer_attention_forward(first.keep(l));
+      second.layer_attention_forward(second.keep(l));
+      first.layer_mlp_forward(first.keep(l), /*x_out=*/true);
+      second.layer_mlp_forward(second.keep(l), /*x_out=*/true);
+    }
+    first.end();
+    first.backward();
+    second.end();
+    second.backward();
+  }
+
+  // stage_begin: a later stage's input is already live.
+  void begin() {
     if (first_) {
       led_.alloc(z_.ids);  // st.ids (kept to the embedding's backward)
       led_.alloc(z_.x);    // x = embed(...): layer begin's a.x
     }
-    for (std::int64_t l = begin_; l < end_; ++l) layer_forward(keep(l), /*x_out=*/true);
+  }
+
+  // stage_end: the last stage's head, or the output to send.
+  void end() {
     if (!last_) {  // sum_stream: x (the last layer's output, its residual added) becomes st.output
       release_h();
       return;
@@ -224,6 +252,12 @@ class StageReplay {
   // parts (model.cpp) a tensor is allocated by the first part that writes it and freed after
   // the last that reads it; the core runs once, over both.
   void layer_forward(Keep k, bool x_out) {
+    layer_attention_forward(k);
+    layer_mlp_forward(k, x_out);
+  }
+
+  // layer_attention_forward, then layer_mlp_forward (model.cpp's halves).
+  void layer_attention_forward(Keep k) {
     const bool two = z_.parts == 2;
     led_.alloc(z_.row);   // a.rstd1
     led_.alloc(z_.x);     // a.xn
@@ -241,6 +275,11 @@ class StageReplay {
     const bool save = k == Keep::All;
     core_forward(save);
     led_.alloc(z_.x);     // attn_out
+  }
+
+  void layer_mlp_forward(Keep k, bool x_out) {
+    const bool two = z_.parts == 2;
+    const bool save = k == Keep::All;
     led_.alloc(z_.x);     // a.h
     led_.alloc(z_.x);     // a.hn
     led_.alloc(z_.row);   // a.rstd2
@@ -249,7 +288,7 @@ class StageReplay {
     led_.alloc(z_.f);     // a.act
     if (x_out) led_.alloc(z_.x);  // out->x: the next layer's a.x (once its norm has added out->h)
     if (two) led_.free(z_.x);     // attn_out = Tensor() (part 1's norm)
-    // What is not kept goes with the local LayerActivations; a.h stays while out->h holds it.
+    // What is not kept goes at the half's end (a = LayerActivations()); a.h stays while out->h holds it.
     const std::int64_t made = 2 * z_.row + 3 * z_.x + z_.proj + z_.o + (save ? z_.saved : 0) + z_.u + z_.f;
     h_held_ = x_out && k == Keep::Input;  // Selective and All keep a.h anyway
     led_.free(made - kept(k) - (h_held_ ? z_.x : 0));
@@ -342,6 +381,25 @@ std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPl
   // its messages included: an input received becomes its chunk's first layer's a.x; an output
   // lives until its send completes; a received output gradient until its backward returns; an
   // input gradient until its send completes.
+  const bool pairs = p.pp == 1 && p.tp > 1 && p.micro_batch_pairs && p.micro_batches >= 2;
+  if (pairs) {
+    // The step's last pair (with the losses before it held), and an odd last micro-batch alone.
+    const std::int64_t odd = p.micro_batches % 2, earlier = p.micro_batches - 2 - odd;
+    for (std::int64_t i = 0; i < earlier; ++i) led.alloc(z.loss);
+    StageReplay second(z, p, true, true, chunks[0].first, chunks[0].second, led);
+    StageReplay::forward_backward_pair(stage[0], second);
+    if (odd) {
+      StageReplay alone(z, p, true, true, chunks[0].first, chunks[0].second, led);
+      alone.forward();
+      alone.backward();
+      alone.end_of_step();
+    }
+    second.end_of_step();
+    stage[0].end_of_step();
+    for (std::int64_t i = 0; i < earlier; ++i) led.free(z.loss);
+    if (led.live() != 0) throw std::logic_error("estimate_activation_bytes: the replay does not free what it allocates");
+    return led.peak();
+  }
   const std::int64_t A = p.pp == 1 ? std::min<std::int64_t>(p.micro_batches, 1) : p.micro_batches;
   const std::int64_t earlier_losses = p.pp == 1 ? std::max<std::int64_t>(p.micro_batches - 1, 0) : 0;
   for (std::int64_t i = 0; i < earlier_losses; ++i) led.alloc(z.loss);
@@ -421,6 +479,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std
   plan.head_chunk = head_chunk;
   plan.projection_in_place = projection_in_place;
   plan.tp_overlap = cfg.parallel.tp_overlap;
+  plan.micro_batch_pairs = cfg.parallel.tp_micro_batch_pairs;
   // MPI between CPU ranks posts ahead, and so do the copy engines between GPUs; NCCL does not.
   const bool copy_engines = plan.device == Device::CUDA && pp > 1 && cfg.parallel.pp_transport != "nccl";
   plan.pipeline_posts_ahead = plan.device == Device::CPU || copy_engines;

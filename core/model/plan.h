@@ -62,6 +62,10 @@ struct ActivationPlan {
   // tp > 1 and micro_batch >= 2 the ops around each layer's core run in two parts
   // (NsaTransformer::row_parts).
   bool tp_overlap = false;
+  // Tensor parallelism's micro-batch pairs (parallel.tp_micro_batch_pairs,
+  // NsaTransformer::forward_backward_pair_queued): with tp > 1, pp = 1 and micro_batches >= 2
+  // the micro-batches two at a time, both forwards' activations held at once.
+  bool micro_batch_pairs = false;
   // pp > 1: whether the PP communicator posts receives ahead and completes sends late
   // (parallel::pipeline_events; the MPI backend, CPU ranks) or runs each transfer blocking at
   // its step (NCCL, GPU ranks). estimate_memory sets it from the device.

@@ -2,10 +2,12 @@
 // forward and backward (one stage, or the 1F1B pipeline schedule over the stages), the
 // reduction over data parallelism, the gradient norm, and the update (clipping and AdamW) or
 // the skip of a non-finite step.
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <deque>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -60,14 +62,29 @@ class LastMicroBatchHook {
 // The whole model on this rank (pp = 1): forward and backward of each micro-batch in turn,
 // the gradients accumulating. Sets the loss (this rank's share) and the activation peak: from
 // the step's start, so the earlier micro-batches' losses, held until read, count.
+// With parallel.tp_micro_batch_pairs (tp > 1) two micro-batches at a time
+// (NsaTransformer::forward_backward_pair_queued: the same bits), an odd last one alone.
 void forward_backward(Run& run, StepResult& r) {
   const std::int64_t A = run.micro_batches();
   const double scale = micro_batch_scale(run);
-  data::TokenBatch batch;
+  const bool pairs = run.cfg.parallel.tp_micro_batch_pairs && run.cfg.parallel.tp > 1;
+  data::TokenBatch batch, second;
   std::vector<Tensor> losses;
   const std::size_t base = memory_stats(run.device).current;
   for (std::int64_t m = 0; m < A; ++m) {
     run.data.sampler->next(run.data.layout, m, batch);
+    if (pairs && m + 1 < A) {
+      run.data.sampler->next(run.data.layout, m + 1, second);
+      std::optional<LastMicroBatchHook> hook;
+      const auto before_backward = [&](int i) { hook.emplace(run, m + i); };
+      const std::array<Tensor, 2> pair = run.model->forward_backward_pair_queued(
+          {{{batch.inputs, batch.targets}, {second.inputs, second.targets}}}, batch.rows, batch.seq_len, scale,
+          before_backward);
+      losses.insert(losses.end(), pair.begin(), pair.end());
+      r.activation_peak_bytes = std::max(r.activation_peak_bytes, memory_stats(run.device).peak - base);
+      ++m;
+      continue;
+    }
     // (the model resets the peak at the micro-batch's start, when the earlier losses are live)
     const LastMicroBatchHook hook(run, m);
     losses.push_back(run.model->forward_backward_queued(batch.inputs, batch.targets, batch.rows, batch.seq_len, scale));

@@ -289,6 +289,32 @@ TEST(Config, TensorParallelOverlap) {
   EXPECT_TRUE(parse_config("[parallel]\ntp_overlap = true\n", "run.toml").parallel.tp_overlap);
 }
 
+TEST(Config, TensorParallelMicroBatchPairs) {
+  // Off by default; a boolean, round-tripping; not with pp > 1 or tp_overlap (under tp > 1).
+  EXPECT_FALSE(parse_config("", "run.toml").parallel.tp_micro_batch_pairs);
+  RunConfig c = parse_config("[parallel]\ntp = 2\ntp_micro_batch_pairs = true\n", "run.toml", {}, 2);
+  EXPECT_TRUE(c.parallel.tp_micro_batch_pairs);
+  EXPECT_TRUE(parse_config(to_toml(c), "resolved.toml", {}, 2).parallel.tp_micro_batch_pairs);
+  std::string e = errors_of("[parallel]\ntp = 2\ntp_micro_batch_pairs = 1\n");
+  EXPECT_NE(e.find("run.toml:3:1: parallel.tp_micro_batch_pairs: expected a boolean, got an integer"),
+            std::string::npos)
+      << e;
+  e = errors_of("[parallel]\ntp = 2\npp = 2\ntp_micro_batch_pairs = true\n[model]\nn_layers = 4\n");
+  EXPECT_NE(e.find("run.toml:4:1: parallel.tp_micro_batch_pairs: tp_micro_batch_pairs runs the whole model's "
+                   "forward for two micro-batches in turn and is built for pp = 1 (it is 2"),
+            std::string::npos)
+      << e;
+  e = errors_of("[parallel]\ntp = 2\ntp_overlap = true\ntp_micro_batch_pairs = true\n[train]\nmicro_batch = 2\n");
+  EXPECT_NE(e.find("run.toml:4:1: parallel.tp_micro_batch_pairs: tp_micro_batch_pairs and tp_overlap are two ways "
+                   "to hide the TP all-reduces and cannot be combined"),
+            std::string::npos)
+      << e;
+  // No effect (and no error) without tensor parallelism, with a pipeline too.
+  EXPECT_TRUE(parse_config("[parallel]\npp = 2\ntp_micro_batch_pairs = true\n[model]\nn_layers = 4\n", "run.toml",
+                           {}, 2)
+                  .parallel.tp_micro_batch_pairs);
+}
+
 TEST(Config, CommTimeout) {
   // 600 s by default, a number of seconds >= 0 (0: no watchdog), round-tripping.
   EXPECT_EQ(parse_config("", "run.toml").parallel.comm_timeout_s, 600);

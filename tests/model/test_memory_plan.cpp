@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
@@ -214,6 +216,57 @@ TEST(MemoryPlan, ActivationsMatchATensorParallelRankInRowParts) {
       SCOPED_TRACE("B = " + std::to_string(B));
       for (int r = 0; r < 2; ++r) expect_model_peak(c, 2, r, true);
     }
+}
+
+// parallel.tp_micro_batch_pairs: a step of A micro-batches on a tensor-parallel rank, two at
+// a time (forward_backward_pair_queued, both forwards' activations held at once; an odd last
+// one alone), every loss held to the step's end as the trainer holds them. The plan's peak is
+// the step's, and above one micro-batch's at a time.
+TEST(MemoryPlan, ActivationsMatchATensorParallelRankInMicroBatchPairs) {
+  ModelDims d = mid_dims();
+  d.V = 255;
+  for (std::int64_t A : {2, 3, 4})
+    for (const Case& c : {Case{d, RecomputePolicy::None, 0, 2, 128, 100, "nsa, none"},
+                          Case{d, RecomputePolicy::Selective, 0, 1, 128, 1024, "nsa, selective"},
+                          Case{d, RecomputePolicy::Full, 2, 2, 128, 1024, "nsa, full 2"},
+                          Case{dense(d), RecomputePolicy::Full, 1, 2, 128, 100, "dense, full 1"}})
+      for (int r = 0; r < 2; ++r) {
+        SCOPED_TRACE(c.what + ", " + std::to_string(A) + " micro-batches, tp rank " + std::to_string(r));
+        ModelShard shard;
+        shard.tp = 2;
+        shard.tp_rank = r;
+        shard.tp_group = std::make_shared<FakeGroup>(r, 2);
+        NsaTransformer model(c.dims, DType::F32, Device::CPU, shard);
+        model.params().initialize(7);
+        model.set_recompute(c.policy, c.layers);
+        model.set_head_chunk(c.chunk);
+        const Batch b = random_batch(c.dims.V, c.B, c.T, 11);
+        std::vector<Tensor> losses;
+        const std::size_t base = memory_stats(Device::CPU).current;
+        reset_peak_memory(Device::CPU);
+        std::size_t peak = 0;
+        for (std::int64_t m = 0; m < A; ++m) {
+          if (m + 1 < A) {
+            const std::array<Tensor, 2> two =
+                model.forward_backward_pair_queued({{{b.tokens, b.targets}, {b.tokens, b.targets}}}, c.B, c.T);
+            losses.insert(losses.end(), two.begin(), two.end());
+            ++m;
+          } else {
+            losses.push_back(model.forward_backward_queued(b.tokens, b.targets, c.B, c.T));
+          }
+          peak = std::max(peak, memory_stats(Device::CPU).peak);  // (each call resets the peak)
+        }
+        const std::int64_t measured = std::int64_t(peak - base);
+        ActivationPlan p = plan_of(c);
+        p.micro_batches = A;
+        p.tp = 2;
+        p.tp_rank = r;
+        p.micro_batch_pairs = true;
+        const std::int64_t estimated = estimate_activation_bytes(c.dims, p);
+        EXPECT_EQ(estimated, measured) << in_activations(estimated - measured, c.dims, c.B * c.T);
+        p.micro_batch_pairs = false;
+        EXPECT_GT(estimated, estimate_activation_bytes(c.dims, p));
+      }
 }
 
 // Runs one optimizer step's micro-batches of pipeline stage s of pp under the trainer's 1F1B

@@ -93,6 +93,26 @@ TEST_F(GpuTrain, OverlappedReductionGivesTheSameBits) {
   expect_overlap_same_bits(2, "dp2_bf16_a2", kModel + kGpu + " --set train.dtype=bf16", kTensors);
 }
 
+// parallel.tp_micro_batch_pairs on GPUs: the two micro-batches' sums on the NCCL communicator's
+// stream, each waited for by the compute stream where the other micro-batch's half ends: the
+// same bits as without, in fp32 and bf16 compute (tp2; two and three micro-batches per step).
+TEST_F(GpuTrain, TensorParallelMicroBatchPairsGiveTheSameBits) {
+  REQUIRE_GPUS(2);
+  for (const std::string dtype : {"fp32", "bf16"})
+    for (const std::string batch : {"", " --set train.global_batch=6"}) {
+      const std::string name = "tp2_" + dtype + (batch.empty() ? "_a4" : "_a3");
+      SCOPED_TRACE(name);
+      const std::string settings = kModel + kGpu + " --set parallel.tp=2 --set train.dtype=" + dtype + batch;
+      CommandResult off = train(2, name + "_off", settings);
+      ASSERT_EQ(off.code, 0) << off.out << off.err;
+      CommandResult on = train(2, name + "_on", settings + " --set parallel.tp_micro_batch_pairs=true");
+      ASSERT_EQ(on.code, 0) << on.out << on.err;
+      EXPECT_NE(on.out.find("(tp_micro_batch_pairs) on a communication stream"), std::string::npos) << on.out;
+      expect_same_curve(name + "_off", name + "_on", 0.0, 5);
+      expect_same_tensors(name + "_off", name + "_on", 0.0, kTensors);
+    }
+}
+
 // parallel.pp_transport: the pipeline's messages on the copy engines (CUDA IPC slots, stream
 // memory operations; parallel/copy_engine_communicator.h) give the same bits as NCCL's send and
 // receive, in 1F1B and the interleaved schedule, fp32 and bf16 compute; the log names each.

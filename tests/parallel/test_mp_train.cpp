@@ -253,6 +253,56 @@ TEST_F(MpTrain, TensorParallelOverlapMatchesOneRank) {
   stop_and_resume("ref", "tp2_overlap_to_1", ten, 2, " --set parallel.tp=2" + on, 0, "", 1e-5, kTensors);
 }
 
+// parallel.tp_micro_batch_pairs: two micro-batches' forwards layer by layer in turn, each
+// row-parallel output's sum (MPI_Iallreduce here) waited for only where the other micro-batch's
+// half ends. The same operations and gradient order as without: the same bits, for NSA and
+// dense attention, with full recompute, with data parallelism and its gradient hook on the
+// step's last micro-batch (the second of a pair), and with an odd number of micro-batches per
+// step (the last alone).
+TEST_F(MpTrain, TensorParallelMicroBatchPairsGiveTheSameBits) {
+  const std::string on = " --set parallel.tp_micro_batch_pairs=true";
+  const std::string three = " --set train.global_batch=6";  // 3 micro-batches of 2
+  struct Case {
+    std::string name;
+    int np;
+    std::string settings;
+    int tensors;
+  };
+  const std::string dense = kModel + " --set model.attention=dense";
+  for (const Case& c : {Case{"tp2_nsa", 2, kModel + " --set parallel.tp=2", kTensors},
+                        Case{"tp2_dense_full", 2, dense + " --set parallel.tp=2 --set recompute.policy=full", 4 * 7 + 2},
+                        Case{"tp2_dp2_overlap", 4,
+                             kModel + " --set parallel.tp=2 --set parallel.overlap_grad_reduce=true "
+                                      "--set parallel.grad_bucket_kib=1",
+                             kTensors},
+                        Case{"tp2_odd", 2, kModel + " --set parallel.tp=2" + three, kTensors}}) {
+    SCOPED_TRACE(c.name);
+    CommandResult off = train(c.np, c.name + "_off", c.settings);
+    ASSERT_EQ(off.code, 0) << off.out << off.err;
+    CommandResult r = train(c.np, c.name + "_on", c.settings + on);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("micro-batches two at a time, their forwards layer by layer in turn, one's all-reduces "
+                         "beside the other's compute (tp_micro_batch_pairs)"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.err, "");
+    expect_same_curve(c.name + "_off", c.name + "_on", 0.0, 5);
+    expect_same_tensors(c.name + "_off", c.name + "_on", 0.0, c.tensors);
+  }
+  // Not with a pipeline, nor with tp_overlap.
+  CommandResult r = train(4, "pairs_pp2", kModel + " --set parallel.tp=2 --set parallel.pp=2" + on);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("parallel.tp_micro_batch_pairs: tp_micro_batch_pairs runs the whole model's forward for two "
+                       "micro-batches in turn and is built for pp = 1 (it is 2"),
+            std::string::npos)
+      << r.err;
+  r = train(2, "pairs_overlap", kModel + " --set parallel.tp=2 --set parallel.tp_overlap=true" + on);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("tp_micro_batch_pairs and tp_overlap are two ways to hide the TP all-reduces"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(MpTrain, UntiedHeadUnderTensorAndPipelineParallelism) {
   const std::string untied = kModel + " --set model.tie_embeddings=false";
   ASSERT_EQ(train(0, "one", untied).code, 0);
