@@ -10,7 +10,10 @@
 # Prints the mean tokens/s,
 # ms/step and MFU of steps 3..N of each run (the first steps warm up), and its speed-up over
 # one GPU of the same micro-batch run earlier in the same call (`one`, or `one_m32` for the
-# rows at micro-batch 32; absent where that row did not run).
+# rows at micro-batch 32; absent where that row did not run). Each run takes one step more,
+# N + 1, profiled (log.profile_step) and left out of the means: the row ends with each
+# group's communication busy time on the GPU and the fraction of it hidden behind computation
+# (rank 0's, launch/train/step.cpp's profile).
 #
 #   bash bench/parallel_gpu.sh BUILD_DIR DATA_DIR [STEPS [LAYOUT...]]
 # DATA_DIR: prepared shards, e.g. runs/kjv/data; LAYOUTs: the names of the rows to run (one,
@@ -25,7 +28,8 @@ NSATRON=$BUILD/launch/nsatron
 GPUS=$(nvidia-smi -L | wc -l)
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-common=(--set "data.train=$DATA/train_*.bin" --set "data.val=[]" --set train.steps="$STEPS" --set log.every=1000
+common=(--set "data.train=$DATA/train_*.bin" --set "data.val=[]" --set train.steps="$((STEPS + 1))"
+        --set log.profile_step="$((STEPS + 1))" --set log.every=1000
         --set checkpoint.resume=never --overwrite)
 ONLY=("${@:4}")  # layout names to run (default: all)
 run() {  # name ranks settings...
@@ -38,7 +42,7 @@ run() {  # name ranks settings...
     || { tail -20 "$OUT/$name.log"; return 1; }
   local base=one
   [[ "$name" == *m32* ]] && base=one_m32
-  python3 bench/parallel_rows.py "$OUT/$name.jsonl" "$name" "$np" "$OUT/$base.tok"
+  python3 bench/parallel_rows.py "$OUT/$name.jsonl" "$name" "$np" "$OUT/$base.tok" "$OUT/$name.log"
 }
 echo "$(nvidia-smi -L | head -1), $GPUS GPUs; 125M model, bf16, 256 x 2048 tokens per step, $STEPS steps"
 run one 1

@@ -12,6 +12,7 @@
 
 #include "core/comm/watchdog.h"
 #include "core/util/error.h"
+#include "core/util/op_timer.h"
 #include "parallel/cuda_watch.h"
 #include "parallel/pipeline.h"
 
@@ -311,6 +312,7 @@ CopyEngineCommunicator::Request CopyEngineCommunicator::do_start_send(const Tens
   check(cudaStreamWaitEvent(link->copies, ready_, 0), "cudaStreamWaitEvent");
   check(ops.wait(copies, link->flag(link->mine, link->layout.empty, s), use, CU_STREAM_WAIT_VALUE_GEQ),
         "cuStreamWaitValue32 (a free slot)");
+  const op_timer::BusyScope busy(name(), link->copies);  // (the wait for a free slot not counted)
   check(cudaMemcpyAsync(link->theirs + std::size_t(s) * link->layout.slot_bytes, t.raw(), t.nbytes(),
                         cudaMemcpyDefault, link->copies),
         "cudaMemcpyAsync (to the peer's slot)");
@@ -365,6 +367,7 @@ void CopyEngineCommunicator::do_wait(Request request) {
   // The message in slot s, out into the tensor, then the slot back to the sender.
   check(ops.wait(compute, link->flag(link->mine, link->layout.full, s), use + 1, CU_STREAM_WAIT_VALUE_GEQ),
         "cuStreamWaitValue32 (full)");
+  const op_timer::BusyScope busy(name(), kStream);  // (in line, after the wait for the message)
   check(cudaMemcpyAsync(p->tensor.raw(), link->mine + std::size_t(s) * link->layout.slot_bytes, p->tensor.nbytes(),
                         cudaMemcpyDeviceToDevice, kStream),
         "cudaMemcpyAsync (from the slot)");

@@ -5,6 +5,7 @@
 
 #include "core/ops/grad_norm.h"
 #include "core/util/error.h"
+#include "core/util/op_timer.h"
 
 namespace nsatron::parallel {
 
@@ -111,6 +112,8 @@ void DataParallelOptimizer::grads_ready(std::int64_t begin, std::int64_t end) {
 
 void DataParallelOptimizer::reduce_gradients() {
   if (dp_->size() == 1) return;
+  // The compute stream's time here (log.profile_step): the DP communication not hidden.
+  const op_timer::Scope timed("dp all-reduce", grads_.device());
   if (!zero1_) {
     if (!armed_) started_.assign(std::size_t(buckets()), false);
     last_overlapped_ = std::int64_t(std::count(started_.begin(), started_.end(), true));
@@ -198,7 +201,10 @@ void DataParallelOptimizer::step(const AdamWHyper& hp, std::int64_t t, double gr
   const int me = dp_->rank();
   if (end_ > begin_) padded_.slice0(me * block_, me * block_ + (end_ - begin_)).copy_from(weights_.slice0(begin_, end_));
   Tensor own_block = padded_.slice0(me * block_, (me + 1) * block_);
-  dp_->all_gather(own_block, padded_);
+  {
+    const op_timer::Scope timed("dp all-gather", grads_.device());
+    dp_->all_gather(own_block, padded_);
+  }
   for (int r = 0; r < dp_->size(); ++r) {
     const std::int64_t b = ranges_[std::size_t(r)], e = ranges_[std::size_t(r) + 1];
     if (r != me && e > b) weights_.slice0(b, e).copy_from(padded_.slice0(r * block_, r * block_ + (e - b)));

@@ -9,6 +9,7 @@
 
 #include "core/comm/watchdog.h"
 #include "core/util/error.h"
+#include "core/util/op_timer.h"
 #include "parallel/cuda_watch.h"
 
 namespace nsatron::parallel {
@@ -139,12 +140,14 @@ void NcclCommunicator::check(int code, const char* what) const {
 }
 
 void NcclCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
+  const op_timer::BusyScope busy(name_, kStream);  // (in line: waited for by the compute stream)
   check(ncclAllReduce(t.raw(), t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op), comm_, kStream),
         "ncclAllReduce");
   watch_enqueued("all_reduce", kStream);
 }
 
 void NcclCommunicator::do_all_gather(const Tensor& in, Tensor& out, bool /*in_place*/) {
+  const op_timer::BusyScope busy(name_, kStream);
   // In place (in is out's block of this rank) is NCCL's own in-place case: the same call.
   check(ncclAllGather(in.raw(), out.raw(), std::size_t(in.numel()), nccl_type(in.dtype()), comm_, kStream),
         "ncclAllGather");
@@ -152,6 +155,7 @@ void NcclCommunicator::do_all_gather(const Tensor& in, Tensor& out, bool /*in_pl
 }
 
 void NcclCommunicator::do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+  const op_timer::BusyScope busy(name_, kStream);
   check(ncclReduceScatter(in.raw(), out.raw(), std::size_t(out.numel()), nccl_type(in.dtype()), nccl_op(op), comm_,
                           kStream),
         "ncclReduceScatter");
@@ -159,22 +163,26 @@ void NcclCommunicator::do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp
 }
 
 void NcclCommunicator::do_broadcast(Tensor& t, int root) {
+  const op_timer::BusyScope busy(name_, kStream);
   check(ncclBroadcast(t.raw(), t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), root, comm_, kStream),
         "ncclBroadcast");
   watch_enqueued("broadcast", kStream);
 }
 
 void NcclCommunicator::do_send(const Tensor& t, int peer) {
+  const op_timer::BusyScope busy(name_, kStream);
   check(ncclSend(t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), peer, comm_, kStream), "ncclSend");
   watch_enqueued("send", kStream);
 }
 
 void NcclCommunicator::do_recv(Tensor& t, int peer) {
+  const op_timer::BusyScope busy(name_, kStream);
   check(ncclRecv(t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), peer, comm_, kStream), "ncclRecv");
   watch_enqueued("recv", kStream);
 }
 
 void NcclCommunicator::do_send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) {
+  const op_timer::BusyScope busy(name_, kStream);
   if (send_peer == rank_) {  // with itself (then recv_peer is too): a copy on the stream
     check_cuda(cudaMemcpyAsync(recv.raw(), send.raw(), send.nbytes(), cudaMemcpyDeviceToDevice, kStream),
                "send_recv to itself on", name_, rank_, size_, "cudaMemcpyAsync");
@@ -199,6 +207,7 @@ void NcclCommunicator::do_start_all_reduce(Tensor& t, ReduceOp op) {
   // After the kernels enqueued so far on the compute stream (the gradients' last writers).
   cuda(cudaEventRecord(started_, kStream), "cudaEventRecord");
   cuda(cudaStreamWaitEvent(overlap_stream_, started_, 0), "cudaStreamWaitEvent");
+  const op_timer::BusyScope busy(name_, overlap_stream_);
   check(ncclAllReduce(t.raw(), t.raw(), std::size_t(t.numel()), nccl_type(t.dtype()), nccl_op(op), comm_,
                       overlap_stream_),
         "ncclAllReduce (started)");

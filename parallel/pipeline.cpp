@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <exception>
 #include <map>
+#include <memory>
 
 #include "core/util/error.h"
+#include "core/util/op_timer.h"
 
 namespace nsatron::parallel {
 
@@ -85,8 +87,12 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
   // reads it (not at its transfer step: a rank then waits for a neighbour's message only when it
   // needs it, not at every exchange of the lockstep schedule).
   std::map<const Tensor*, Communicator::Request> receives;
+  // The time the compute stream spends in transfers and waits for them (log.profile_step's
+  // "pp transfer": the communication not hidden, core/util/op_timer.h).
+  auto transfer_scope = [&] { return std::make_unique<op_timer::Scope>("pp transfer", stage.device); };
   auto wait_received = [&](const Tensor* t) {
     if (auto it = receives.find(t); it != receives.end()) {
+      const auto timed = transfer_scope();
       pp.wait(it->second);
       receives.erase(it);
     }
@@ -97,6 +103,7 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
   KeepBuffersOnThrow keep{{&input, &output, &d_output, &d_input, &sent}, ahead};
   for (const PipelineEvent& event : pipeline_events(steps, ahead)) {
     if (event.kind == PipelineEvent::Kind::WaitSends) {
+      const auto timed = transfer_scope();
       for (Communicator::Request request : sends) pp.wait(request);
       sends.clear();
       sent.clear();
@@ -111,6 +118,7 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
       continue;
     }
     if (!is_computation(step.op)) {
+      const auto timed = transfer_scope();
       const End in = recv_end(step), out = send_end(step);
       if (in.t && !event.recv_posted) *in.t = fresh();
       if (ahead) {
@@ -149,6 +157,7 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
       check_message(out, shape, dtype, stage.device, fwd ? "output" : "input gradient", mb, s);
   }
   // (Every received buffer is read by a computation; none is left.)
+  const auto timed = transfer_scope();
   for (const auto& [t, request] : receives) pp.wait(request);
   return posted_ahead;
 }

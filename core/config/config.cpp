@@ -295,7 +295,10 @@ const std::vector<Key>& keys() {
       key("log", "profile_step", &R::log, &LogConfig::profile_step,
           "Time the op families of this step (1-based; 0: none) and print their split on rank 0 "
           "(the model's scopes: CUDA events on GPUs, a steady clock on CPUs; the time outside them "
-          "is the rest of the step, e.g. the wait for the device or for other ranks).")
+          "is the rest of the step, e.g. the wait for the device or for other ranks). On GPU ranks "
+          "also each group's communication (tp, dp, pp): its collectives' and transfers' busy time "
+          "on the GPU, the compute stream's time in that group's scopes (its in-line collectives "
+          "and its waits), and the fraction hidden, 1 - waited / busy.")
           .at_least(0),
   };
   return table;

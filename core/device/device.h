@@ -34,9 +34,10 @@ void memset_device(void* dst, int value, std::size_t bytes);
 void copy_to_device_async(void* dst, const void* src, std::size_t bytes);
 void cuda_synchronize();
 
-// CUDA events on the default stream, for timing (op_timer); opaque handles.
+// CUDA events, for timing (op_timer); opaque handles. record_event records on `stream` (a
+// cudaStream_t; nullptr: the default stream, the one every kernel of this project runs on).
 void* create_event();
-void record_event(void* event);
+void record_event(void* event, void* stream = nullptr);
 double event_elapsed_ms(void* start, void* stop);  // waits for stop
 void destroy_event(void* event);
 

@@ -179,7 +179,9 @@ void* create_event() {
   CUDA_CHECK(cudaEventCreate(&e));
   return e;
 }
-void record_event(void* event) { CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), 0)); }
+void record_event(void* event, void* stream) {
+  CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
+}
 double event_elapsed_ms(void* start, void* stop) {
   CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop)));
   float ms = 0;

@@ -14,7 +14,7 @@ void* cuda_alloc(std::size_t) { throw std::runtime_error("this build of nsatron 
 void cuda_free(void*) {}
 void cuda_release_cached() {}
 void* create_event() { throw std::runtime_error("this build of nsatron has no CUDA"); }
-void record_event(void*) {}
+void record_event(void*, void*) {}
 double event_elapsed_ms(void*, void*) { return 0.0; }
 void destroy_event(void*) {}
 void memcpy_any(void* dst, const void* src, std::size_t bytes, CopyKind kind) {

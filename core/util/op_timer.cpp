@@ -20,10 +20,17 @@ struct Record {
   void* stop = nullptr;
 };
 
+struct BusyRecord {
+  std::string group;
+  void* start = nullptr;  // CUDA events on the communication's stream
+  void* stop = nullptr;
+};
+
 struct State {
   bool on = false;
   std::mutex mutex;
   std::vector<Record> records;
+  std::vector<BusyRecord> busy;
 };
 
 State& state() {
@@ -44,6 +51,56 @@ void reset() {
     if (r.stop) destroy_event(r.stop);
   }
   s.records.clear();
+  for (auto& r : s.busy) {
+    destroy_event(r.start);
+    destroy_event(r.stop);
+  }
+  s.busy.clear();
+}
+
+std::vector<std::pair<std::string, double>> busy_totals_ms() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  std::map<std::string, double> sum;
+  for (const auto& r : s.busy) sum[r.group] += event_elapsed_ms(r.start, r.stop);
+  return {sum.begin(), sum.end()};
+}
+
+std::vector<std::string> hidden_lines(const std::vector<std::pair<std::string, double>>& busy,
+                                      const std::vector<std::pair<std::string, double>>& totals) {
+  std::vector<std::string> lines;
+  for (const auto& [group, busy_ms] : busy) {
+    double waited = 0;
+    std::string families;
+    for (const auto& [family, ms] : totals)
+      if (family.rfind(group + " ", 0) == 0) {
+        waited += ms;
+        families += (families.empty() ? "" : ", ") + family;
+      }
+    char line[256];
+    std::snprintf(line, sizeof line, "%s communication: %.1f ms busy on the GPU, %.1f ms waited for by the compute stream (%s): %.0f%% hidden",
+                  group.c_str(), busy_ms, waited, families.empty() ? "no scope" : families.c_str(),
+                  busy_ms > 0 ? 100 * std::max(0.0, 1 - waited / busy_ms) : 0.0);
+    lines.emplace_back(line);
+  }
+  return lines;
+}
+
+BusyScope::BusyScope(const std::string& group, void* stream) : stream_(stream) {
+  State& s = state();
+  if (!s.on) return;
+  BusyRecord r{group, create_event(), create_event()};
+  record_event(r.start, stream);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  slot_ = int(s.busy.size());
+  s.busy.push_back(std::move(r));
+}
+
+BusyScope::~BusyScope() {
+  if (slot_ < 0) return;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  record_event(s.busy[std::size_t(slot_)].stop, stream_);
 }
 
 std::vector<std::pair<std::string, double>> totals_ms() {

@@ -21,6 +21,30 @@ std::vector<std::pair<std::string, double>> totals_ms();
 // then "(outside the scopes)" with the rest of the step; no prefix, no newline.
 std::vector<std::string> split_lines(const std::vector<std::pair<std::string, double>>& totals, double step_ms);
 
+// Communication's busy time on the GPU, for the fraction of it hidden behind computation: a
+// BusyScope records CUDA events on `stream` (a cudaStream_t; nullptr: the compute stream)
+// around one collective or transfer the communicators enqueue there, summed per group ("tp",
+// "dp", "pp") by busy_totals_ms(). Kept apart from the scopes' families, which the work may
+// overlap; only while enabled.
+std::vector<std::pair<std::string, double>> busy_totals_ms();
+// Per group of `busy`: its busy time, the time the compute stream spent in the families named
+// "<group> ..." of `totals` (the collectives it ran in line and its waits for the others: the
+// communication not hidden), and the fraction hidden, 1 - waited / busy. No prefix, no newline.
+std::vector<std::string> hidden_lines(const std::vector<std::pair<std::string, double>>& busy,
+                                      const std::vector<std::pair<std::string, double>>& totals);
+
+class BusyScope {
+ public:
+  BusyScope(const std::string& group, void* stream);
+  ~BusyScope();
+  BusyScope(const BusyScope&) = delete;
+  BusyScope& operator=(const BusyScope&) = delete;
+
+ private:
+  int slot_ = -1;
+  void* stream_ = nullptr;
+};
+
 class Scope {
  public:
   Scope(const char* family, Device device);

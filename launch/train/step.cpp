@@ -137,6 +137,7 @@ void forward_backward_pipeline(Run& run, StepResult& r) {
   r.loss = parallel::all_reduce_value(*run.groups.pp, model.last_stage() ? r.loss : 0.0, parallel::ReduceOp::Sum);
   if (run.dims.tie_embeddings && (model.first_stage() || model.last_stage())) {
     Tensor g = model.params().grad("model/embedding");
+    const op_timer::Scope timed("embedding all-reduce", run.device);  // (log.profile_step: not hidden)
     run.tensor_groups.embedding->all_reduce(g);
   }
 }
@@ -185,6 +186,7 @@ void update(Run& run, const StepResult& r) {
 // by rank 0 with the time outside the scopes.
 void print_profile(Run& run, std::int64_t step_done, Clock::time_point t0) {
   const std::vector<std::pair<std::string, double>> totals = op_timer::totals_ms();
+  const std::vector<std::pair<std::string, double>> busy = op_timer::busy_totals_ms();
   op_timer::enable(false);
   op_timer::reset();
   const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -195,6 +197,9 @@ void print_profile(Run& run, std::int64_t step_done, Clock::time_point t0) {
                 static_cast<long long>(step_done), step_ms);
   run.out << head;
   for (const std::string& line : op_timer::split_lines(totals, step_ms)) run.out << "#   " << line << "\n";
+  // GPUs: each group's collectives and transfers, and how much of them the compute stream did
+  // not wait for.
+  for (const std::string& line : op_timer::hidden_lines(busy, totals)) run.out << "#   " << line << "\n";
 }
 
 }  // namespace

@@ -44,3 +44,25 @@ TEST(OpTimer, SplitLinesAddTheTimeOutsideTheScopes) {
   EXPECT_NE(lines[2].find("6.0 ms"), std::string::npos) << lines[2];
   EXPECT_NE(lines[2].find("60.0%"), std::string::npos) << lines[2];
 }
+
+// hidden_lines: per group with busy time, the compute stream's time in that group's families
+// ("dp all-reduce" and "dp all-gather" both count for dp; "tp" does not take "tpx ..."), and
+// the fraction hidden, never below zero.
+TEST(OpTimer, HiddenLinesSetTheWaitsAgainstTheBusyTime) {
+  const std::vector<std::string> lines = op_timer::hidden_lines(
+      {{"dp", 40.0}, {"pp", 10.0}, {"tp", 100.0}},
+      {{"matmul", 300.0}, {"tp all-reduce", 25.0}, {"dp all-reduce", 8.0}, {"dp all-gather", 2.0},
+       {"tpx other", 5.0}, {"pp transfer", 12.0}});
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "dp communication: 40.0 ms busy on the GPU, 10.0 ms waited for by the compute stream "
+                      "(dp all-reduce, dp all-gather): 75% hidden");
+  EXPECT_EQ(lines[1], "pp communication: 10.0 ms busy on the GPU, 12.0 ms waited for by the compute stream "
+                      "(pp transfer): 0% hidden");
+  EXPECT_EQ(lines[2], "tp communication: 100.0 ms busy on the GPU, 25.0 ms waited for by the compute stream "
+                      "(tp all-reduce): 75% hidden");
+  EXPECT_EQ(op_timer::hidden_lines({{"tp", 5.0}}, {{"matmul", 1.0}})[0],
+            "tp communication: 5.0 ms busy on the GPU, 0.0 ms waited for by the compute stream (no scope): 100% "
+            "hidden");
+  // Without CUDA work (CPU ranks) there is no busy time and no line.
+  EXPECT_TRUE(op_timer::hidden_lines({}, {{"tp all-reduce", 3.0}}).empty());
+}

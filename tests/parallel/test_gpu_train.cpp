@@ -9,6 +9,7 @@
 // on the GPU machine).
 #include <gtest/gtest.h>
 
+#include <regex>
 #include <string>
 
 #include "core/device/device.h"
@@ -111,6 +112,35 @@ TEST_F(GpuTrain, TensorParallelMicroBatchPairsGiveTheSameBits) {
       expect_same_curve(name + "_off", name + "_on", 0.0, 5);
       expect_same_tensors(name + "_off", name + "_on", 0.0, kTensors);
     }
+}
+
+// log.profile_step on GPU ranks: besides the op families, each group's communication busy
+// time on the GPU (events around every collective and transfer on its stream), the compute
+// stream's time in that group's scopes, and the fraction hidden; for dp2 with the overlapped
+// reduction, tp2 with micro-batch pairs and pp2 on the copy engines.
+TEST_F(GpuTrain, ProfileReportsTheCommunicationHidden) {
+  REQUIRE_GPUS(2);
+  const std::string base = kModel + kGpu + " --set train.dtype=bf16 --set log.profile_step=3";
+  struct Case {
+    std::string name;
+    int np;
+    std::string settings, group, scopes;
+  };
+  for (const Case& l :
+       {Case{"dp2_overlap", 2, " --set parallel.overlap_grad_reduce=true", "dp", "dp all-reduce"},
+        Case{"tp2_pairs", 2, " --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true", "tp", "tp all-reduce"},
+        Case{"pp2", 2, " --set parallel.pp=2", "pp", "pp transfer"}}) {
+    SCOPED_TRACE(l.name);
+    CommandResult r = train(l.np, l.name, base + l.settings);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    const std::regex line("# +" + l.group + " communication: ([0-9.]+) ms busy on the GPU, ([0-9.]+) ms waited for "
+                          "by the compute stream \\(" + l.scopes + "[^)]*\\): ([0-9]+)% hidden");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, line)) << r.out;
+    EXPECT_GE(std::stod(m[1]), 0.0);  // (the test model's messages take microseconds: 0.0 ms)
+    EXPECT_GE(std::stod(m[2]), 0.0);
+    EXPECT_LE(std::stoi(m[3]), 100);
+  }
 }
 
 // parallel.pp_transport: the pipeline's messages on the copy engines (CUDA IPC slots, stream

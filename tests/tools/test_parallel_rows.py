@@ -42,6 +42,28 @@ class ParallelRows(unittest.TestCase):
             row = parallel_rows.summarise(path, "tp2_m32_dp1", 2, os.path.join(d, "one_m32.tok"))
             self.assertNotIn("x one GPU", row)
 
+    def test_profiled_last_step(self):
+        with tempfile.TemporaryDirectory() as d:
+            path, log = os.path.join(d, "tp2_dp1.jsonl"), os.path.join(d, "tp2_dp1.log")
+            write_metrics(path, [1.0, 1.0, 400000.0, 600000.0, 1000.0])  # the profiled last step left out
+            with open(log, "w") as f:
+                f.write("# step 5: time per op family on rank 0 (log.profile_step), 1016.3 ms\n"
+                        "#   tp all-reduce                   39.2 ms    4.1%\n"
+                        "#   dp communication: 12.0 ms busy on the GPU, 12.0 ms waited for by the compute stream "
+                        "(dp all-reduce): 0% hidden\n"
+                        "#   tp communication: 150.4 ms busy on the GPU, 39.2 ms waited for by the compute stream "
+                        "(tp all-reduce): 74% hidden\n")
+            row = parallel_rows.summarise(path, "tp2_dp1", 2, os.path.join(d, "one.tok"), log)
+            self.assertIn("500000 tok/s", row)
+            self.assertTrue(row.endswith("peak 3.0 GiB  dp 12 ms busy, 12 ms waited, 0% hidden  "
+                                         "tp 150 ms busy, 39 ms waited, 74% hidden"), row)
+            with open(log, "w") as f:
+                f.write("no profile\n")  # (a CPU run: no busy time, no line)
+            self.assertTrue(parallel_rows.summarise(path, "tp2_dp1", 2, "", log).endswith("GiB"))
+            write_metrics(path, [1.0, 1.0, 1000.0])
+            with self.assertRaises(SystemExit):
+                parallel_rows.summarise(path, "tp2_dp1", 2, "", log)
+
     def test_cpu_row(self):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "dp2.jsonl")
