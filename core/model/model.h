@@ -57,6 +57,9 @@
 // gradients of the products and norms are computed over the whole micro-batch as without
 // parts; products over half the rows may take other kernels, so the bits differ from the run
 // without parts (to rounding: the tensor-parallel tests).
+// With parallel.tp_micro_batch_pairs (forward_backward_pair_queued) the row-parallel sums hide
+// behind a second micro-batch instead: two micro-batches' forwards layer by layer in turn,
+// each one's sums beside the other's half of the layer, the same bits as without.
 // Pipeline parallelism: the model holds the layers [layer_begin, layer_end) only, the
 // embedding on the first stage, the final norm and head on the last (with tied embeddings,
 // the last stage holds a replica of the embedding; the trainer adds the two stages' gradients). With an interleaved pipeline (virtual stages) a

@@ -376,14 +376,10 @@ std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPl
   std::vector<StageReplay> stage;  // one per model chunk
   for (const auto& [begin, end] : chunks) stage.emplace_back(z, p, begin == 0, end == dims.L, begin, end, led);
 
-  // pp = 1: forward_backward per micro-batch (each starts from the earlier ones' losses, held
-  // until the step reads them, so the last is the step's peak). pp > 1: run_1f1b (parallel/pipeline.cpp) executing the schedule's steps,
-  // its messages included: an input received becomes its chunk's first layer's a.x; an output
-  // lives until its send completes; a received output gradient until its backward returns; an
-  // input gradient until its send completes.
+  // pp = 1 with tensor parallelism's micro-batch pairs: the step's last pair (with the losses
+  // before it held), and an odd last micro-batch alone after it.
   const bool pairs = p.pp == 1 && p.tp > 1 && p.micro_batch_pairs && p.micro_batches >= 2;
   if (pairs) {
-    // The step's last pair (with the losses before it held), and an odd last micro-batch alone.
     const std::int64_t odd = p.micro_batches % 2, earlier = p.micro_batches - 2 - odd;
     for (std::int64_t i = 0; i < earlier; ++i) led.alloc(z.loss);
     StageReplay second(z, p, true, true, chunks[0].first, chunks[0].second, led);
@@ -400,6 +396,12 @@ std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPl
     if (led.live() != 0) throw std::logic_error("estimate_activation_bytes: the replay does not free what it allocates");
     return led.peak();
   }
+  // pp = 1: forward_backward per micro-batch (each starts from the earlier ones' losses, held
+  // until the step reads them, so the last is the step's peak). pp > 1: run_1f1b
+  // (parallel/pipeline.cpp) executing the schedule's steps, its messages included: an input
+  // received becomes its chunk's first layer's a.x; an output lives until its send completes; a
+  // received output gradient until its backward returns; an input gradient until its send
+  // completes.
   const std::int64_t A = p.pp == 1 ? std::min<std::int64_t>(p.micro_batches, 1) : p.micro_batches;
   const std::int64_t earlier_losses = p.pp == 1 ? std::max<std::int64_t>(p.micro_batches - 1, 0) : 0;
   for (std::int64_t i = 0; i < earlier_losses; ++i) led.alloc(z.loss);
