@@ -7,7 +7,7 @@
 //                 [--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
 //                 [--sel-loop auto|union|inverted|both] [--inputs random|local]
 //                 [--row-fwd auto|plain|wide|both] [--layout split|projection|both]
-//                 [--row-late auto|one|two|both|l2]
+//                 [--row-late auto|one|two|both|l2] [--key-sides beside|in-turn|both]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
 // "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); "125m_tp2", a
@@ -35,6 +35,11 @@
 // 2026-11-29), one barrier everywhere (suffix /1b), two everywhere (/2b), both, or l2 (/l2, the
 // former default: one where the keys and values the resident blocks stream take at most half
 // the L2, two above). The same bits either way.
+//
+// --key-sides: the backward's window key side on a second stream beside the selection's and
+// the compression's (nsa/cuda/selection_loop.h, window_key_side_beside): beside (default, as
+// the trainer runs it), in-turn (the three on one stream, suffix /kt), or both (/kb and /kt).
+// The same bits either way.
 //
 // --inputs: random (default): every input independent, so neighbouring positions choose
 // unrelated blocks (the selection's union loop at its worst: a block of positions streams the
@@ -333,7 +338,8 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> Ts = {8192, 32768, 65536}, Ds = {128}, hs = {1, 2, 4, 6, 8, 16}, Bs = {16};
   int reps = 0;
   bool dense = true;
-  std::string sel_loop = "auto", inputs = "random", row_fwd = "auto", layout = "split", row_late = "auto";
+  std::string sel_loop = "auto", inputs = "random", row_fwd = "auto", layout = "split", row_late = "auto",
+              key_sides = "beside";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -356,13 +362,14 @@ int main(int argc, char** argv) {
     else if (a == "--row-fwd") row_fwd = val();
     else if (a == "--layout") layout = val();
     else if (a == "--row-late") row_late = val();
+    else if (a == "--key-sides") key_sides = val();
     else {
       std::fprintf(stderr,
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,125m_tp2,groups] "
                    "[--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
                    "[--sel-loop auto|union|inverted|both] [--inputs random|local] "
                    "[--row-fwd auto|plain|wide|both] [--layout split|projection|both] "
-                   "[--row-late auto|one|two|both|l2]\n");
+                   "[--row-late auto|one|two|both|l2] [--key-sides beside|in-turn|both]\n");
       return 2;
     }
   }
@@ -442,17 +449,24 @@ int main(int argc, char** argv) {
                                                  {"two", {{0, "/2b"}}},
                                                  {"both", {{kOneBarrier, "/1b"}, {0, "/2b"}}},
                                                  {"l2", {{-1, "/l2"}}}});
+  const auto key_side_variants = variants<bool>("--key-sides", key_sides,
+                                                {{"beside", {{true, ""}}},
+                                                 {"in-turn", {{false, "/kt"}}},
+                                                 {"both", {{true, "/kb"}, {false, "/kt"}}}});
   for (const auto& s : shapes)
     for (const auto& [loop, suffix] : loops)
       for (const auto& [rf, rsuffix] : row_fwds)
         for (const auto& [late_bytes, bsuffix] : row_lates)
-          for (const auto& [projection, lsuffix] : layouts) {
-            cuda::set_selection_row_loop(loop);
-            cuda::set_row_forward(rf);
-            cuda::set_row_late_issue_bytes(late_bytes);
-            const Shape named{s.name + suffix + rsuffix + bsuffix + lsuffix + (local_inputs ? "/L" : ""), s.dims};
-            if (dtype == "fp32") run<float>(named, reps, dense, local_inputs, projection);
-            else run<cuda::bf16>(named, reps, dense, local_inputs, projection);
-          }
+          for (const auto& [beside, ksuffix] : key_side_variants)
+            for (const auto& [projection, lsuffix] : layouts) {
+              cuda::set_selection_row_loop(loop);
+              cuda::set_row_forward(rf);
+              cuda::set_row_late_issue_bytes(late_bytes);
+              cuda::set_window_key_side_beside(beside);
+              const Shape named{s.name + suffix + rsuffix + bsuffix + ksuffix + lsuffix + (local_inputs ? "/L" : ""),
+                                s.dims};
+              if (dtype == "fp32") run<float>(named, reps, dense, local_inputs, projection);
+              else run<cuda::bf16>(named, reps, dense, local_inputs, projection);
+            }
   return 0;
 }

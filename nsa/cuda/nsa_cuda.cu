@@ -224,6 +224,30 @@ class Workspace {
   ~Workspace() {
     for (auto& b : bufs_)
       if (b.p) cudaFree(b.p);  // errors ignored: the runtime may be gone at exit
+    if (fork_) cudaEventDestroy(fork_);
+    if (join_) cudaEventDestroy(join_);
+    if (side_) cudaStreamDestroy(side_);
+  }
+  // The backward's second stream (non-blocking: no implicit order with the legacy default
+  // stream) and the events that order it against the caller's stream, made on first use.
+  // fork(s): work then put on side() runs after everything queued on s so far; join(s): work
+  // queued on s afterwards runs after everything put on side() before.
+  cudaStream_t side() {
+    if (!side_) {
+      CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+      CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+    }
+    return side_;
+  }
+  void fork(cudaStream_t s) {
+    cudaStream_t to = side();
+    CUDA_CHECK(cudaEventRecord(fork_, s));
+    CUDA_CHECK(cudaStreamWaitEvent(to, fork_, 0));
+  }
+  void join(cudaStream_t s) {
+    CUDA_CHECK(cudaEventRecord(join_, side_));
+    CUDA_CHECK(cudaStreamWaitEvent(s, join_, 0));
   }
   void* get(Slot slot, std::size_t bytes, cudaStream_t s) {
     Buf& b = bufs_[slot];
@@ -262,6 +286,8 @@ class Workspace {
   Buf bufs_[kNumSlots];
   std::int64_t rope_T_ = -1, rope_D_ = -1;
   double rope_theta_ = 0;
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
 };
 
 Workspace& workspace() {
@@ -754,7 +780,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       CUDA_CHECK(cudaMemsetAsync(ka.slc_ticket, 0, tb, stream));
     }
   }
-  auto key_pass = [&](int br, const void* k, const void* v, void* dk, void* dv) {
+  auto key_pass = [&](int br, const void* k, const void* v, void* dk, void* dv, cudaStream_t on) {
     ka.k = k;
     ka.v = v;
     ka.lse = br == kCmp && lse_tc ? lse_tc : saved.lse + br * BTH;
@@ -762,22 +788,27 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
     ka.delta = delta + br * BTH;
     ka.dk = dk;
     ka.dv = dv;
-    launch_keys<T>(g, br, ka, stream);
+    launch_keys<T>(g, br, ka, on);
   };
   auto tok_or_scratch = [&](T* p, Workspace::Slot slot) -> void* {
     return p ? static_cast<void*>(p) : ws.get(slot, tokn * sizeof(T), stream);
   };
+  // The window's key side on the workspace's second stream, beside the other two
+  // (window_key_side_beside, selection_loop.h): it reads only what the row side wrote before the
+  // fork, buffers nothing below touches, and writes its own gradients; joined at the end.
+  const bool beside = window_key_side_beside() && need_win && grads.k_win && grads.v_win && (need_slc || need_k || need_v);
   if (need_win) {
     ka.tck = win_tck;  // still the window's copies (the row side did the window last)
     ka.tcv = win_tcv;
+    if (beside) ws.fork(stream);
     key_pass(kWin, in.k_win, in.v_win, tok_or_scratch(grads.k_win, Workspace::kTokK),
-             tok_or_scratch(grads.v_win, Workspace::kTokV));
+             tok_or_scratch(grads.v_win, Workspace::kTokV), beside ? ws.side() : stream);
   }
   if (need_slc) {
     ka.tck = slc_tck;  // the row side's copies (bf16; null for fp32)
     ka.tcv = slc_tcv;
     key_pass(kSlc, in.k_slc, in.v_slc, tok_or_scratch(grads.k_slc, Workspace::kTokK),
-             tok_or_scratch(grads.v_slc, Workspace::kTokV));
+             tok_or_scratch(grads.v_slc, Workspace::kTokV), stream);
   }
   ka.tck = ka.tcv = nullptr;
 
@@ -801,7 +832,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       ka.split_dk = part;
       ka.split_dv = part + std::size_t(nsplit) * kvn;
     }
-    key_pass(kCmp, saved.k_cmp_blocks, saved.v_cmp_blocks, dkc, dvc);  // lse: see key_pass
+    key_pass(kCmp, saved.k_cmp_blocks, saved.v_cmp_blocks, dkc, dvc, stream);  // lse: see key_pass
     void* scratch = ws.get(Workspace::kCmpScratch, compress_scratch_bytes(g, sizeof(T)), stream);
     if (need_k)
       launch_compress_backward<T>(g, in.k_cmp, in.cmp_wk, in.cmp_pk, dkc, grads.k_cmp,
@@ -810,6 +841,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
       launch_compress_backward<T>(g, in.v_cmp, in.cmp_wv, in.cmp_pv, dvc, grads.v_cmp,
                                   grads.cmp_wv, grads.cmp_pv, scratch, stream);
   }
+  if (beside) ws.join(stream);
 }
 
 template void nsa_forward<float>(const NsaDims&, const NsaInputs<float>&, float*, NsaSavedCuda*,

@@ -42,6 +42,7 @@ namespace {
 using test::make_dims;
 using test::Problem;
 using test::FusedPipelineScope;
+using test::KeySideBesideScope;
 using test::LateIssueScope;
 using test::LoopScope;
 using test::RowForwardScope;
@@ -587,6 +588,32 @@ TEST(NsaCuda, WideWindowForwardMatchesCpu) {
 // the ring, 8 with the full scores, on an H100's 227 KB). (That streamed shape is not a parity
 // case: in bf16 its grad_q error against the CPU reached 1.04e-2 on one of five seeds, with
 // 1000 compressed keys per late row; docs/performance.md, 2026-11-27, sixth session.)
+// The backward's window key side on a second stream, beside the selection's and the
+// compression's (window_key_side_beside), gives the same bits as the three in turn on one
+// stream: fp32 and bf16, both selection row loops, at D = 64 (125M-like, split selection lists)
+// and 128, ragged T.
+TEST(NsaCuda, WindowKeySideBesideGivesTheSameBits) {
+  if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
+  for (const NsaDims& dm : {make_dims(2, 1300, 12, 2, 64, 32, 16, 64, 16, 512), make_dims(1, 1500, 8, 1, 128, 32, 16, 64, 16, 300)}) {
+    const Problem<float> p = test::random_problem<float>(dm, base_seed() + 37);
+    GpuResult in_turn, beside;
+    {
+      const KeySideBesideScope scope(false);
+      in_turn = run_gpu<float>(p);
+    }
+    EXPECT_EQ(first_difference(in_turn, run_gpu<float>(p)), "") << dm.str() << " fp32";
+    for (auto loop : {cuda::SelectionRowLoop::kUnion, cuda::SelectionRowLoop::kInverted}) {
+      const LoopScope loop_scope(loop);
+      {
+        const KeySideBesideScope scope(false);
+        in_turn = run_gpu<bf16>(p);
+      }
+      beside = run_gpu<bf16>(p);
+      EXPECT_EQ(first_difference(in_turn, beside), "") << dm.str() << " bf16, loop " << int(loop);
+    }
+  }
+}
+
 TEST(NsaCuda, FusedPipelineGivesTheSameBits) {
   if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
   for (const NsaDims& dm : {make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 256), make_dims(1, 8000, 8, 1, 72, 8, 8, 8, 8, 64)}) {
