@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdio>
 #include <regex>
+#include <string>
+#include <tuple>
 
 #include "checkpoint/checkpoint.h"
 #include "tests/train/train_fixture.h"
@@ -101,6 +103,22 @@ class ParallelTrain : public TrainRun {
     }
     expect_same_curve(name + "_off", name + "_on", 0.0, 5);
     expect_same_tensors(name + "_off", name + "_on", 0.0, tensors);
+  }
+
+  // Two runs of the same settings on np ranks, with `first` and with `second` appended, whose
+  // logs say `first_says` and `second_says` ("": not checked): the losses, validation losses,
+  // gradient norms and every final weight and moment are the same bits.
+  void expect_same_bits(int np, const std::string& name, const std::string& settings, const std::string& first,
+                        const std::string& first_says, const std::string& second, const std::string& second_says,
+                        int tensors) {
+    SCOPED_TRACE(name);
+    for (const auto& [suffix, extra, says] : {std::tuple{"_1", first, first_says}, std::tuple{"_2", second, second_says}}) {
+      CommandResult r = train(np, name + suffix, settings + extra);
+      ASSERT_EQ(r.code, 0) << r.out << r.err;
+      if (!says.empty()) EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
+    }
+    expect_same_curve(name + "_1", name + "_2", 0.0, 5);
+    expect_same_tensors(name + "_1", name + "_2", 0.0, tensors);
   }
 
   // One layout to another: run `name` with `first` (np ranks: first_np) to train.stop_at=5 of

@@ -100,18 +100,11 @@ TEST_F(GpuTrain, OverlappedReductionGivesTheSameBits) {
 TEST_F(GpuTrain, TensorParallelMicroBatchPairsGiveTheSameBits) {
   REQUIRE_GPUS(2);
   for (const std::string dtype : {"fp32", "bf16"})
-    for (const std::string batch : {"", " --set train.global_batch=6"}) {
-      const std::string name = "tp2_" + dtype + (batch.empty() ? "_a4" : "_a3");
-      SCOPED_TRACE(name);
-      const std::string settings = kModel + kGpu + " --set parallel.tp=2 --set train.dtype=" + dtype + batch;
-      CommandResult off = train(2, name + "_off", settings);
-      ASSERT_EQ(off.code, 0) << off.out << off.err;
-      CommandResult on = train(2, name + "_on", settings + " --set parallel.tp_micro_batch_pairs=true");
-      ASSERT_EQ(on.code, 0) << on.out << on.err;
-      EXPECT_NE(on.out.find("(tp_micro_batch_pairs) on a communication stream"), std::string::npos) << on.out;
-      expect_same_curve(name + "_off", name + "_on", 0.0, 5);
-      expect_same_tensors(name + "_off", name + "_on", 0.0, kTensors);
-    }
+    for (const std::string batch : {"", " --set train.global_batch=6"})
+      expect_same_bits(2, "tp2_" + dtype + (batch.empty() ? "_a4" : "_a3"),
+                       kModel + kGpu + " --set parallel.tp=2 --set train.dtype=" + dtype + batch, "",
+                       "the forward's all-reduces in line", " --set parallel.tp_micro_batch_pairs=true",
+                       "(tp_micro_batch_pairs) on a communication stream", kTensors);
 }
 
 // log.profile_step on GPU ranks: besides the op families, each group's communication busy
@@ -152,16 +145,9 @@ TEST_F(GpuTrain, PipelineTransportsGiveTheSameBits) {
     for (const Layout& l : {Layout{"pp2", 2, " --set parallel.pp=2"},
                             Layout{"pp2_v2", 2, " --set parallel.pp=2 --set parallel.virtual_stages=2"}}) {
       const std::string name = l.name + "_" + dtype;
-      SCOPED_TRACE(name);
-      const std::string settings = kModel + kGpu + " --set train.dtype=" + dtype + l.settings;
-      CommandResult nccl = train(l.np, name + "_nccl", settings + " --set parallel.pp_transport=nccl");
-      ASSERT_EQ(nccl.code, 0) << nccl.out << nccl.err;
-      EXPECT_NE(nccl.out.find("pipeline messages: NCCL send/recv"), std::string::npos) << nccl.out;
-      CommandResult ce = train(l.np, name + "_ce", settings + " --set parallel.pp_transport=copy_engine");
-      ASSERT_EQ(ce.code, 0) << ce.out << ce.err;
-      EXPECT_NE(ce.out.find("pipeline messages: copy engines"), std::string::npos) << ce.out;
-      expect_same_curve(name + "_nccl", name + "_ce", 0.0, 5);
-      expect_same_tensors(name + "_nccl", name + "_ce", 0.0, kTensors);
+      expect_same_bits(l.np, name, kModel + kGpu + " --set train.dtype=" + dtype + l.settings,
+                       " --set parallel.pp_transport=nccl", "pipeline messages: NCCL send/recv",
+                       " --set parallel.pp_transport=copy_engine", "pipeline messages: copy engines", kTensors);
     }
 }
 

@@ -276,18 +276,10 @@ TEST_F(MpTrain, TensorParallelMicroBatchPairsGiveTheSameBits) {
                                       "--set parallel.grad_bucket_kib=1",
                              kTensors},
                         Case{"tp2_odd", 2, kModel + " --set parallel.tp=2" + three, kTensors}}) {
-    SCOPED_TRACE(c.name);
-    CommandResult off = train(c.np, c.name + "_off", c.settings);
-    ASSERT_EQ(off.code, 0) << off.out << off.err;
-    CommandResult r = train(c.np, c.name + "_on", c.settings + on);
-    ASSERT_EQ(r.code, 0) << r.out << r.err;
-    EXPECT_NE(r.out.find("micro-batches two at a time, their forwards layer by layer in turn, one's all-reduces "
-                         "beside the other's compute (tp_micro_batch_pairs)"),
-              std::string::npos)
-        << r.out;
-    EXPECT_EQ(r.err, "");
-    expect_same_curve(c.name + "_off", c.name + "_on", 0.0, 5);
-    expect_same_tensors(c.name + "_off", c.name + "_on", 0.0, c.tensors);
+    expect_same_bits(c.np, c.name, c.settings, "", "the forward's all-reduces in line", on,
+                     "micro-batches two at a time, their forwards layer by layer in turn, one's all-reduces "
+                     "beside the other's compute (tp_micro_batch_pairs)",
+                     c.tensors);
   }
   // Not with a pipeline, nor with tp_overlap.
   CommandResult r = train(4, "pairs_pp2", kModel + " --set parallel.tp=2 --set parallel.pp=2" + on);
