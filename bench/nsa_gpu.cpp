@@ -7,7 +7,7 @@
 //                 [--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense]
 //                 [--sel-loop auto|union|inverted|both] [--inputs random|local]
 //                 [--row-fwd auto|plain|wide|both] [--layout split|projection|both]
-//                 [--row-late auto|one|two|both|l2] [--key-sides beside|in-turn|both]
+//                 [--row-late auto|one|two|both|l2] [--key-streams 1,2,3]
 //
 // Shapes: "paper", the NSA paper's kernel study (B=1, H=64, G=4, D=128) at the --T lengths;
 // "125m", configs/nsa_125m.toml's core (B=16, T=2048, H=12, G=2, D=64); "125m_tp2", a
@@ -36,10 +36,10 @@
 // former default: one where the keys and values the resident blocks stream take at most half
 // the L2, two above). The same bits either way.
 //
-// --key-sides: the backward's window key side on a second stream beside the selection's and
-// the compression's (nsa/cuda/selection_loop.h, window_key_side_beside): beside (default, as
-// the trainer runs it), in-turn (the three on one stream, suffix /kt), or both (/kb and /kt).
-// The same bits either way.
+// --key-streams: the backward's key sides on these numbers of streams (nsa/cuda/selection_loop.h,
+// key_side_streams): 1 (the three in turn), 2 (the window's beside the others: the default, as
+// the trainer runs it), 3 (the compression's on a third too); with more than one value each
+// shape runs once per value, its name suffixed /k1, /k2, /k3. The same bits at every count.
 //
 // --inputs: random (default): every input independent, so neighbouring positions choose
 // unrelated blocks (the selection's union loop at its worst: a block of positions streams the
@@ -339,7 +339,7 @@ int main(int argc, char** argv) {
   int reps = 0;
   bool dense = true;
   std::string sel_loop = "auto", inputs = "random", row_fwd = "auto", layout = "split", row_late = "auto",
-              key_sides = "beside";
+              key_streams = "";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -362,14 +362,14 @@ int main(int argc, char** argv) {
     else if (a == "--row-fwd") row_fwd = val();
     else if (a == "--layout") layout = val();
     else if (a == "--row-late") row_late = val();
-    else if (a == "--key-sides") key_sides = val();
+    else if (a == "--key-streams") key_streams = val();
     else {
       std::fprintf(stderr,
                    "usage: bench_nsa_gpu [--dtype bf16|fp32] [--reps R] [--shapes paper,125m,125m_tp2,groups] "
                    "[--B 16] [--T 8192,32768,65536] [--D 128] [--h 1,2,4,6,8,16] [--no-dense] "
                    "[--sel-loop auto|union|inverted|both] [--inputs random|local] "
                    "[--row-fwd auto|plain|wide|both] [--layout split|projection|both] "
-                   "[--row-late auto|one|two|both|l2] [--key-sides beside|in-turn|both]\n");
+                   "[--row-late auto|one|two|both|l2] [--key-streams 1,2,3]\n");
       return 2;
     }
   }
@@ -449,20 +449,25 @@ int main(int argc, char** argv) {
                                                  {"two", {{0, "/2b"}}},
                                                  {"both", {{kOneBarrier, "/1b"}, {0, "/2b"}}},
                                                  {"l2", {{-1, "/l2"}}}});
-  const auto key_side_variants = variants<bool>("--key-sides", key_sides,
-                                                {{"beside", {{true, ""}}},
-                                                 {"in-turn", {{false, "/kt"}}},
-                                                 {"both", {{true, "/kb"}, {false, "/kt"}}}});
+  std::vector<std::pair<int, std::string>> key_side_variants;  // (streams, suffix)
+  if (key_streams.empty()) key_side_variants.push_back({cuda::key_side_streams(), ""});
+  for (const std::int64_t n : key_streams.empty() ? std::vector<std::int64_t>{} : parse_list(key_streams)) {
+    if (n < 1 || n > 3) {
+      std::fprintf(stderr, "--key-streams: 1, 2 or 3, not %lld\n", static_cast<long long>(n));
+      return 2;
+    }
+    key_side_variants.push_back({int(n), key_streams.find(',') == std::string::npos ? "" : "/k" + std::to_string(n)});
+  }
   for (const auto& s : shapes)
     for (const auto& [loop, suffix] : loops)
       for (const auto& [rf, rsuffix] : row_fwds)
         for (const auto& [late_bytes, bsuffix] : row_lates)
-          for (const auto& [beside, ksuffix] : key_side_variants)
+          for (const auto& [streams, ksuffix] : key_side_variants)
             for (const auto& [projection, lsuffix] : layouts) {
               cuda::set_selection_row_loop(loop);
               cuda::set_row_forward(rf);
               cuda::set_row_late_issue_bytes(late_bytes);
-              cuda::set_window_key_side_beside(beside);
+              cuda::set_key_side_streams(streams);
               const Shape named{s.name + suffix + rsuffix + bsuffix + ksuffix + lsuffix + (local_inputs ? "/L" : ""),
                                 s.dims};
               if (dtype == "fp32") run<float>(named, reps, dense, local_inputs, projection);

@@ -224,30 +224,34 @@ class Workspace {
   ~Workspace() {
     for (auto& b : bufs_)
       if (b.p) cudaFree(b.p);  // errors ignored: the runtime may be gone at exit
-    if (fork_) cudaEventDestroy(fork_);
-    if (join_) cudaEventDestroy(join_);
-    if (side_) cudaStreamDestroy(side_);
-  }
-  // The backward's second stream (non-blocking: no implicit order with the legacy default
-  // stream) and the events that order it against the caller's stream, made on first use.
-  // fork(s): work then put on side() runs after everything queued on s so far; join(s): work
-  // queued on s afterwards runs after everything put on side() before.
-  cudaStream_t side() {
-    if (!side_) {
-      CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-      CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
-      CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
+    for (Side& d : sides_) {
+      if (d.fork) cudaEventDestroy(d.fork);
+      if (d.join) cudaEventDestroy(d.join);
+      if (d.stream) cudaStreamDestroy(d.stream);
     }
-    return side_;
   }
-  void fork(cudaStream_t s) {
-    cudaStream_t to = side();
-    CUDA_CHECK(cudaEventRecord(fork_, s));
-    CUDA_CHECK(cudaStreamWaitEvent(to, fork_, 0));
+  // The backward's side streams (non-blocking: no implicit order with the legacy default
+  // stream) and the events that order each against the caller's stream, made on first use.
+  // fork(s, i): work then put on side(i) runs after everything queued on s so far; join(s, i):
+  // work queued on s afterwards runs after everything put on side(i) before.
+  static constexpr int kSides = 2;
+  cudaStream_t side(int i) {
+    Side& d = sides_[i];
+    if (!d.stream) {
+      CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+      CUDA_CHECK(cudaEventCreateWithFlags(&d.fork, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&d.join, cudaEventDisableTiming));
+    }
+    return d.stream;
   }
-  void join(cudaStream_t s) {
-    CUDA_CHECK(cudaEventRecord(join_, side_));
-    CUDA_CHECK(cudaStreamWaitEvent(s, join_, 0));
+  void fork(cudaStream_t s, int i) {
+    cudaStream_t to = side(i);
+    CUDA_CHECK(cudaEventRecord(sides_[i].fork, s));
+    CUDA_CHECK(cudaStreamWaitEvent(to, sides_[i].fork, 0));
+  }
+  void join(cudaStream_t s, int i) {
+    CUDA_CHECK(cudaEventRecord(sides_[i].join, sides_[i].stream));
+    CUDA_CHECK(cudaStreamWaitEvent(s, sides_[i].join, 0));
   }
   void* get(Slot slot, std::size_t bytes, cudaStream_t s) {
     Buf& b = bufs_[slot];
@@ -286,8 +290,11 @@ class Workspace {
   Buf bufs_[kNumSlots];
   std::int64_t rope_T_ = -1, rope_D_ = -1;
   double rope_theta_ = 0;
-  cudaStream_t side_ = nullptr;
-  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  struct Side {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+  };
+  Side sides_[kSides];
 };
 
 Workspace& workspace() {
@@ -793,16 +800,20 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   auto tok_or_scratch = [&](T* p, Workspace::Slot slot) -> void* {
     return p ? static_cast<void*>(p) : ws.get(slot, tokn * sizeof(T), stream);
   };
-  // The window's key side on the workspace's second stream, beside the other two
-  // (window_key_side_beside, selection_loop.h): it reads only what the row side wrote before the
-  // fork, buffers nothing below touches, and writes its own gradients; joined at the end.
-  const bool beside = window_key_side_beside() && need_win && grads.k_win && grads.v_win && (need_slc || need_k || need_v);
+  // The window's key side on the workspace's side stream 0 and, with 3 streams, the
+  // compression's key side and backward products on side stream 1, beside the selection's on
+  // the caller's stream (key_side_streams, selection_loop.h): each reads only what the row side
+  // wrote before its fork, buffers nothing on the other streams touches, and writes its own
+  // gradients; joined at the end.
+  const bool need_cmp = need_k || need_v;
+  const bool win_beside = key_side_streams() >= 2 && need_win && grads.k_win && grads.v_win && (need_slc || need_cmp);
+  const bool cmp_beside = key_side_streams() >= 3 && need_cmp && need_slc;
   if (need_win) {
     ka.tck = win_tck;  // still the window's copies (the row side did the window last)
     ka.tcv = win_tcv;
-    if (beside) ws.fork(stream);
+    if (win_beside) ws.fork(stream, 0);
     key_pass(kWin, in.k_win, in.v_win, tok_or_scratch(grads.k_win, Workspace::kTokK),
-             tok_or_scratch(grads.v_win, Workspace::kTokV), beside ? ws.side() : stream);
+             tok_or_scratch(grads.v_win, Workspace::kTokV), win_beside ? ws.side(0) : stream);
   }
   if (need_slc) {
     ka.tck = slc_tck;  // the row side's copies (bf16; null for fp32)
@@ -812,9 +823,11 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
   }
   ka.tck = ka.tcv = nullptr;
 
-  if (need_k || need_v) {
+  if (need_cmp) {
+    // (the workspace's buffers taken before the fork: growing one synchronises)
     auto* dkc = static_cast<float*>(ws.get(Workspace::kDkc, kvn * 4 + 4, stream));
     auto* dvc = static_cast<float*>(ws.get(Workspace::kDvc, kvn * 4 + 4, stream));
+    void* scratch = ws.get(Workspace::kCmpScratch, compress_scratch_bytes(g, sizeof(T)), stream);
     const int nsplit = cmp_key_splits(g);
     if (std::is_same_v<T, bf16>) {  // tensor-core key side: its own split scratch and lse
       ka.tck = cmp_tck;
@@ -825,23 +838,28 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
           stream));
       const std::size_t tb = std::size_t(std::max<std::int64_t>(1, cmp_key_tickets(g))) * 4;
       ka.slc_ticket = static_cast<int*>(ws.get(Workspace::kCmpTicket, tb, stream));
-      CUDA_CHECK(cudaMemsetAsync(ka.slc_ticket, 0, tb, stream));
+      if (cmp_beside) ws.fork(stream, 1);
+      CUDA_CHECK(cudaMemsetAsync(ka.slc_ticket, 0, tb, cmp_beside ? ws.side(1) : stream));
     } else if (nsplit > 1) {
       auto* part = static_cast<float*>(
           ws.get(Workspace::kSplit, std::size_t(2 * nsplit) * kvn * 4 + 4, stream));
       ka.split_dk = part;
       ka.split_dv = part + std::size_t(nsplit) * kvn;
+      if (cmp_beside) ws.fork(stream, 1);
+    } else if (cmp_beside) {
+      ws.fork(stream, 1);
     }
-    key_pass(kCmp, saved.k_cmp_blocks, saved.v_cmp_blocks, dkc, dvc, stream);  // lse: see key_pass
-    void* scratch = ws.get(Workspace::kCmpScratch, compress_scratch_bytes(g, sizeof(T)), stream);
+    const cudaStream_t cs = cmp_beside ? ws.side(1) : stream;  // the compression's stream
+    key_pass(kCmp, saved.k_cmp_blocks, saved.v_cmp_blocks, dkc, dvc, cs);  // lse: see key_pass
     if (need_k)
       launch_compress_backward<T>(g, in.k_cmp, in.cmp_wk, in.cmp_pk, dkc, grads.k_cmp,
-                                  grads.cmp_wk, grads.cmp_pk, scratch, stream);
+                                  grads.cmp_wk, grads.cmp_pk, scratch, cs);
     if (need_v)
       launch_compress_backward<T>(g, in.v_cmp, in.cmp_wv, in.cmp_pv, dvc, grads.v_cmp,
-                                  grads.cmp_wv, grads.cmp_pv, scratch, stream);
+                                  grads.cmp_wv, grads.cmp_pv, scratch, cs);
   }
-  if (beside) ws.join(stream);
+  if (win_beside) ws.join(stream, 0);
+  if (cmp_beside) ws.join(stream, 1);
 }
 
 template void nsa_forward<float>(const NsaDims&, const NsaInputs<float>&, float*, NsaSavedCuda*,

@@ -151,19 +151,22 @@ inline bool window_forward_wide(bool past_half_l2) {
   }
 }
 
-// The backward's window key side on a second CUDA stream, beside the selection's and the
-// compression's key sides (nsa_backward): the three are independent (each reads the row
-// side's results and writes its own gradients), and each alone leaves SMs idle in its last
-// wave (docs/performance.md, twenty-sixth session: a block alone on an SM runs little faster
-// than three together), which the other kernels' blocks fill. The same kernels on the same
-// inputs: the same bits. On by default; tests turn it off to compare, benchmarks to measure.
-// (Only where the window's gradients are outputs of their own, not the workspace's scratch.)
-inline std::atomic<bool>& window_key_side_beside_setting() {
-  static std::atomic<bool> v{true};
+// The backward's key sides on several CUDA streams (nsa_backward): the three are independent
+// (each reads the row side's results and writes its own gradients), and each alone leaves SMs
+// idle in its last wave (docs/performance.md, twenty-sixth session: a block alone on an SM runs
+// little faster than three together), which the other kernels' blocks fill. 1: the three in
+// turn on the caller's stream; 2 (the default, measured: the 125M backward -9%, twenty-seventh
+// session): the window's on a second stream beside the selection's and the compression's; 3:
+// the compression's key side and its backward products on a third stream too (not yet measured
+// on a GPU). The same kernels on the same inputs: the same bits at every count; tests compare
+// them, benchmarks measure them. (A branch goes beside only where its gradients are outputs of
+// their own, not the workspace's scratch.)
+inline std::atomic<int>& key_side_streams_setting() {
+  static std::atomic<int> v{2};
   return v;
 }
-inline void set_window_key_side_beside(bool on) { window_key_side_beside_setting().store(on); }
-inline bool window_key_side_beside() { return window_key_side_beside_setting().load(); }
+inline void set_key_side_streams(int n) { key_side_streams_setting().store(n); }
+inline int key_side_streams() { return key_side_streams_setting().load(); }
 
 // For the run log: whether a window of w keys over T positions at head dimension D takes the
 // 128-key kernel (padded D = 128 only), and that kernel's name.

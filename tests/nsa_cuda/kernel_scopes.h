@@ -6,7 +6,7 @@
 //   LoopScope: the selection row side's loop (SelectionRowLoop);
 //   LateIssueScope: the row kernels' barriers per key tile (row_late_issue_bytes);
 //   FusedPipelineScope: the fused compression + selection kernel's pipelined pass 1;
-//   KeySideBesideScope: the backward's window key side on a second stream.
+//   KeySideStreamsScope: the backward's key sides on 1, 2 or 3 streams.
 #pragma once
 #include <cstdint>
 
@@ -26,6 +26,6 @@ using LoopScope =
     SettingScope<cuda::SelectionRowLoop, cuda::set_selection_row_loop, cuda::SelectionRowLoop::kAuto>;
 using LateIssueScope = SettingScope<std::int64_t, cuda::set_row_late_issue_bytes, cuda::kRowLateAlways>;
 using FusedPipelineScope = SettingScope<bool, cuda::set_cmp_select_pipeline, true>;
-using KeySideBesideScope = SettingScope<bool, cuda::set_window_key_side_beside, true>;
+using KeySideStreamsScope = SettingScope<int, cuda::set_key_side_streams, 2>;
 
 }  // namespace nsatron::nsa::test

@@ -42,7 +42,7 @@ namespace {
 using test::make_dims;
 using test::Problem;
 using test::FusedPipelineScope;
-using test::KeySideBesideScope;
+using test::KeySideStreamsScope;
 using test::LateIssueScope;
 using test::LoopScope;
 using test::RowForwardScope;
@@ -588,28 +588,28 @@ TEST(NsaCuda, WideWindowForwardMatchesCpu) {
 // the ring, 8 with the full scores, on an H100's 227 KB). (That streamed shape is not a parity
 // case: in bf16 its grad_q error against the CPU reached 1.04e-2 on one of five seeds, with
 // 1000 compressed keys per late row; docs/performance.md, 2026-11-27, sixth session.)
-// The backward's window key side on a second stream, beside the selection's and the
-// compression's (window_key_side_beside), gives the same bits as the three in turn on one
-// stream: fp32 and bf16, both selection row loops, at D = 64 (125M-like, split selection lists)
-// and 128, ragged T.
-TEST(NsaCuda, WindowKeySideBesideGivesTheSameBits) {
+// The backward's key sides on 2 streams (the window's beside the selection's and the
+// compression's: the default) and on 3 (the compression's and its products on a third) give
+// the same bits as the three in turn on one stream (key_side_streams): fp32 and bf16, both
+// selection row loops, at D = 64 (125M-like, split selection lists) and 128, ragged T.
+TEST(NsaCuda, KeySidesOnSeveralStreamsGiveTheSameBits) {
   if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
+  auto on_streams = [](int n, auto run) {
+    const KeySideStreamsScope scope(n);
+    return run();
+  };
   for (const NsaDims& dm : {make_dims(2, 1300, 12, 2, 64, 32, 16, 64, 16, 512), make_dims(1, 1500, 8, 1, 128, 32, 16, 64, 16, 300)}) {
     const Problem<float> p = test::random_problem<float>(dm, base_seed() + 37);
-    GpuResult in_turn, beside;
-    {
-      const KeySideBesideScope scope(false);
-      in_turn = run_gpu<float>(p);
-    }
-    EXPECT_EQ(first_difference(in_turn, run_gpu<float>(p)), "") << dm.str() << " fp32";
+    const GpuResult in_turn = on_streams(1, [&] { return run_gpu<float>(p); });
+    for (int n : {2, 3})
+      EXPECT_EQ(first_difference(in_turn, on_streams(n, [&] { return run_gpu<float>(p); })), "")
+          << dm.str() << " fp32, " << n << " streams";
     for (auto loop : {cuda::SelectionRowLoop::kUnion, cuda::SelectionRowLoop::kInverted}) {
       const LoopScope loop_scope(loop);
-      {
-        const KeySideBesideScope scope(false);
-        in_turn = run_gpu<bf16>(p);
-      }
-      beside = run_gpu<bf16>(p);
-      EXPECT_EQ(first_difference(in_turn, beside), "") << dm.str() << " bf16, loop " << int(loop);
+      const GpuResult one = on_streams(1, [&] { return run_gpu<bf16>(p); });
+      for (int n : {2, 3})
+        EXPECT_EQ(first_difference(one, on_streams(n, [&] { return run_gpu<bf16>(p); })), "")
+            << dm.str() << " bf16, loop " << int(loop) << ", " << n << " streams";
     }
   }
 }
