@@ -63,7 +63,7 @@ def summarise(metrics_path, name, ranks, base_path, log_path=None):
         with open(base_path) as f:
             speedup = f"  {tok / float(f.read()):.3f}x one GPU"
     hidden = hidden_of(log_path) if log_path else ""
-    return (f"{name:12s} {ranks:>3d} GPUs {tok:10.0f} tok/s {mean(rows, 'ms_per_step'):9.1f} ms/step  "
+    return (f"{name:20s} {ranks:>3d} GPUs {tok:10.0f} tok/s {mean(rows, 'ms_per_step'):9.1f} ms/step  "
             f"MFU {100 * mean(rows, 'mfu'):4.1f}%  peak {rows[-1]['peak_mem_bytes'] / 2**30:.1f} GiB{speedup}{hidden}")
 
 
