@@ -153,6 +153,24 @@ std::shared_ptr<void> hold_saved(std::unique_ptr<nsa::NsaSaved<Real>> saved) {
   });
 }
 
+// last_activation_peak_bytes()'s window: the peak of `device`'s memory from its construction on,
+// above what was live then (the CPU's peak is reset too on CUDA: the saved state noted there).
+class ActivationPeakWindow {
+ public:
+  explicit ActivationPeakWindow(Device device) : device_(device), base_(memory_stats(device).current) {
+    reset_peak_memory(device);
+    if (device == Device::CUDA) reset_peak_memory(Device::CPU);
+  }
+  std::size_t bytes() const {
+    const std::size_t peak = memory_stats(device_).peak;
+    return peak > base_ ? peak - base_ : 0;
+  }
+
+ private:
+  Device device_;
+  std::size_t base_;
+};
+
 }  // namespace
 
 NsaTransformer::Ids NsaTransformer::device_ids(std::span<const std::int32_t> host, bool vocab_local, bool keep_copy) const {
@@ -907,28 +925,23 @@ double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, st
 Tensor NsaTransformer::forward_backward_queued(std::span<const std::int32_t> tokens,
                                                std::span<const std::int32_t> targets, std::int64_t B, std::int64_t T,
                                                double grad_scale) {
-  if (chunks() != 1 || !first_stage() || !last_stage())
+  if (!whole_model())
     throw std::logic_error("forward_backward runs the whole model; a pipeline stage uses stage_forward/backward");
-  const std::size_t base = memory_stats(device_).current;
-  reset_peak_memory(device_);
-  if (device_ == Device::CUDA) reset_peak_memory(Device::CPU);
+  const ActivationPeakWindow peak(device_);
   StageState st = stage_forward(tokens, targets, nullptr, B, T, grad_scale);
   stage_backward(st, nullptr);
-  const MemoryStats after = memory_stats(device_);
-  last_activation_peak_ = after.peak > base ? after.peak - base : 0;
+  last_activation_peak_ = peak.bytes();
   return st.loss;
 }
 
 std::array<Tensor, 2> NsaTransformer::forward_backward_pair_queued(const std::array<MicroBatchIds, 2>& micro_batches,
                                                                   std::int64_t B, std::int64_t T, double grad_scale,
                                                                   const std::function<void(int)>& before_backward) {
-  if (chunks() != 1 || !first_stage() || !last_stage())
+  if (!whole_model())
     throw std::logic_error("forward_backward_pair_queued runs the whole model; a pipeline stage uses stage_forward/backward");
   if (row_parts(B) > 1)
     throw std::logic_error("forward_backward_pair_queued: not with row parts (tp_overlap)");
-  const std::size_t base = memory_stats(device_).current;
-  reset_peak_memory(device_);
-  if (device_ == Device::CUDA) reset_peak_memory(Device::CPU);
+  const ActivationPeakWindow peak(device_);
   std::array<StageState, 2> st;
   std::array<Stream, 2> s;
   for (int i = 0; i < 2; ++i) s[i] = stage_begin(st[i], 0, micro_batches[i].tokens, nullptr, B, T, grad_scale);
@@ -952,8 +965,7 @@ std::array<Tensor, 2> NsaTransformer::forward_backward_pair_queued(const std::ar
     stage_end(st[i], s[i], micro_batches[i].targets);
     stage_backward(st[i], nullptr);
   }
-  const MemoryStats after = memory_stats(device_);
-  last_activation_peak_ = after.peak > base ? after.peak - base : 0;
+  last_activation_peak_ = peak.bytes();
   return {st[0].loss, st[1].loss};
 }
 
@@ -978,8 +990,7 @@ Tensor NsaTransformer::stage_evaluate(int chunk, std::span<const std::int32_t> t
 
 double NsaTransformer::evaluate(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                                 std::int64_t B, std::int64_t T) {
-  if (chunks() != 1 || !first_stage() || !last_stage())
-    throw std::logic_error("evaluate runs the whole model; a stage uses stage_evaluate");
+  if (!whole_model()) throw std::logic_error("evaluate runs the whole model; a stage uses stage_evaluate");
   double loss = 0;
   stage_evaluate(tokens, targets, nullptr, B, T, &loss);
   return loss;
@@ -987,7 +998,7 @@ double NsaTransformer::evaluate(std::span<const std::int32_t> tokens, std::span<
 
 Tensor NsaTransformer::last_logits(std::span<const std::int32_t> tokens, std::int64_t B, std::int64_t T) {
   const ModelDims& m = dims_;
-  if (tp_ > 1 || chunks() != 1 || !first_stage() || !last_stage())
+  if (tp_ > 1 || !whole_model())
     throw std::logic_error("last_logits needs the whole model on one rank");
   const Ids ids = device_ids(tokens, false);
   Tensor x = forward_layers(0, ids, nullptr, B, T);

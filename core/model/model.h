@@ -175,6 +175,8 @@ class NsaTransformer {
   const LayerRange& chunk_layers(int chunk) const { return chunks_.at(std::size_t(chunk)); }
   bool chunk_first(int chunk) const { return chunk_layers(chunk).first == 0; }
   bool chunk_last(int chunk) const { return chunk_layers(chunk).second == dims_.L; }
+  // One chunk holding every layer, the embedding and the head (no pipeline stage).
+  bool whole_model() const { return chunks() == 1 && first_stage() && last_stage(); }
   std::int64_t layer_begin() const { return chunks_.front().first; }  // of the first chunk
   std::int64_t layer_end() const { return chunks_.back().second; }    // of the last chunk
   ParamStore& params() { return params_; }

@@ -376,12 +376,20 @@ std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPl
   std::vector<StageReplay> stage;  // one per model chunk
   for (const auto& [begin, end] : chunks) stage.emplace_back(z, p, begin == 0, end == dims.L, begin, end, led);
 
-  // pp = 1 with tensor parallelism's micro-batch pairs: the step's last pair (with the losses
-  // before it held), and an odd last micro-batch alone after it.
+  // pp = 1: forward_backward per micro-batch (each starts from the earlier ones' losses, held
+  // until the step reads them, so the last is the step's peak); with tensor parallelism's
+  // micro-batch pairs, the step's last pair and an odd last micro-batch alone after it. pp > 1:
+  // run_1f1b (parallel/pipeline.cpp) executing the schedule's steps, its messages included: an
+  // input received becomes its chunk's first layer's a.x; an output lives until its send
+  // completes; a received output gradient until its backward returns; an input gradient until
+  // its send completes.
   const bool pairs = p.pp == 1 && p.tp > 1 && p.micro_batch_pairs && p.micro_batches >= 2;
+  const std::int64_t odd = p.micro_batches % 2;
+  const std::int64_t A = p.pp == 1 ? std::min<std::int64_t>(p.micro_batches, 1) : p.micro_batches;
+  const std::int64_t earlier_losses =
+      p.pp > 1 ? 0 : (pairs ? p.micro_batches - 2 - odd : std::max<std::int64_t>(p.micro_batches - 1, 0));
+  for (std::int64_t i = 0; i < earlier_losses; ++i) led.alloc(z.loss);
   if (pairs) {
-    const std::int64_t odd = p.micro_batches % 2, earlier = p.micro_batches - 2 - odd;
-    for (std::int64_t i = 0; i < earlier; ++i) led.alloc(z.loss);
     StageReplay second(z, p, true, true, chunks[0].first, chunks[0].second, led);
     StageReplay::forward_backward_pair(stage[0], second);
     if (odd) {
@@ -391,43 +399,31 @@ std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPl
       alone.end_of_step();
     }
     second.end_of_step();
-    stage[0].end_of_step();
-    for (std::int64_t i = 0; i < earlier; ++i) led.free(z.loss);
-    if (led.live() != 0) throw std::logic_error("estimate_activation_bytes: the replay does not free what it allocates");
-    return led.peak();
-  }
-  // pp = 1: forward_backward per micro-batch (each starts from the earlier ones' losses, held
-  // until the step reads them, so the last is the step's peak). pp > 1: run_1f1b
-  // (parallel/pipeline.cpp) executing the schedule's steps, its messages included: an input
-  // received becomes its chunk's first layer's a.x; an output lives until its send completes; a
-  // received output gradient until its backward returns; an input gradient until its send
-  // completes.
-  const std::int64_t A = p.pp == 1 ? std::min<std::int64_t>(p.micro_batches, 1) : p.micro_batches;
-  const std::int64_t earlier_losses = p.pp == 1 ? std::max<std::int64_t>(p.micro_batches - 1, 0) : 0;
-  for (std::int64_t i = 0; i < earlier_losses; ++i) led.alloc(z.loss);
-  // The events of run_1f1b (parallel::pipeline_events): a receive's buffer from its post
-  // (posted ahead: before the computation ahead of it; else at its step), a sent message until
-  // the sends are completed (posted ahead: the next sending step, or the end; else at once).
-  using Op = parallel::PipelineOp;
-  using Kind = parallel::PipelineEvent::Kind;
-  const std::vector<parallel::PipelineStep> steps = parallel::schedule_pipeline(p.pp_stage, p.pp, A, V);
-  std::int64_t sending = 0;  // messages sent and not yet completed
-  for (const parallel::PipelineEvent& ev : parallel::pipeline_events(steps, p.pipeline_posts_ahead)) {
-    if (ev.kind == Kind::WaitSends) {
-      for (; sending > 0; --sending) led.free(z.x);
-      continue;
-    }
-    const parallel::PipelineStep& st = steps[ev.step];
-    if (ev.kind == Kind::PostRecv) {
-      led.alloc(z.x);  // input[f] or d_output[b]
-    } else if (st.op == Op::Forward) {
-      stage[std::size_t(st.fwd_chunk)].forward();  // not the last chunk: output[f] live
-    } else if (st.op == Op::Backward) {
-      stage[std::size_t(st.bwd_chunk)].backward();  // not the first chunk: d_input[b] live
-      if (!(st.bwd_chunk == V - 1 && p.pp_stage == p.pp - 1)) led.free(z.x);  // d_output[b] = Tensor()
-    } else {
-      if (parallel::has_recv(st.op) && !ev.recv_posted) led.alloc(z.x);
-      if (parallel::has_send(st.op)) ++sending;  // output[f] or d_input[b], held until completed
+  } else {
+    // The events of run_1f1b (parallel::pipeline_events): a receive's buffer from its post
+    // (posted ahead: before the computation ahead of it; else at its step), a sent message until
+    // the sends are completed (posted ahead: the next sending step, or the end; else at once).
+    using Op = parallel::PipelineOp;
+    using Kind = parallel::PipelineEvent::Kind;
+    const std::vector<parallel::PipelineStep> steps = parallel::schedule_pipeline(p.pp_stage, p.pp, A, V);
+    std::int64_t sending = 0;  // messages sent and not yet completed
+    for (const parallel::PipelineEvent& ev : parallel::pipeline_events(steps, p.pipeline_posts_ahead)) {
+      if (ev.kind == Kind::WaitSends) {
+        for (; sending > 0; --sending) led.free(z.x);
+        continue;
+      }
+      const parallel::PipelineStep& st = steps[ev.step];
+      if (ev.kind == Kind::PostRecv) {
+        led.alloc(z.x);  // input[f] or d_output[b]
+      } else if (st.op == Op::Forward) {
+        stage[std::size_t(st.fwd_chunk)].forward();  // not the last chunk: output[f] live
+      } else if (st.op == Op::Backward) {
+        stage[std::size_t(st.bwd_chunk)].backward();  // not the first chunk: d_input[b] live
+        if (!(st.bwd_chunk == V - 1 && p.pp_stage == p.pp - 1)) led.free(z.x);  // d_output[b] = Tensor()
+      } else {
+        if (parallel::has_recv(st.op) && !ev.recv_posted) led.alloc(z.x);
+        if (parallel::has_send(st.op)) ++sending;  // output[f] or d_input[b], held until completed
+      }
     }
   }
   for (StageReplay& s : stage) s.end_of_step();

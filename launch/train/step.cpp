@@ -73,21 +73,20 @@ void forward_backward(Run& run, StepResult& r) {
   const std::size_t base = memory_stats(run.device).current;
   for (std::int64_t m = 0; m < A; ++m) {
     run.data.sampler->next(run.data.layout, m, batch);
+    // (the model resets the peak at the call's start, when the earlier losses are live)
     if (pairs && m + 1 < A) {
-      run.data.sampler->next(run.data.layout, m + 1, second);
+      const std::int64_t first = m++;  // this pair: micro-batches first and m
+      run.data.sampler->next(run.data.layout, m, second);
       std::optional<LastMicroBatchHook> hook;
-      const auto before_backward = [&](int i) { hook.emplace(run, m + i); };
+      const auto before_backward = [&](int i) { hook.emplace(run, first + i); };
       const std::array<Tensor, 2> pair = run.model->forward_backward_pair_queued(
           {{{batch.inputs, batch.targets}, {second.inputs, second.targets}}}, batch.rows, batch.seq_len, scale,
           before_backward);
       losses.insert(losses.end(), pair.begin(), pair.end());
-      r.activation_peak_bytes = std::max(r.activation_peak_bytes, memory_stats(run.device).peak - base);
-      ++m;
-      continue;
+    } else {
+      const LastMicroBatchHook hook(run, m);
+      losses.push_back(run.model->forward_backward_queued(batch.inputs, batch.targets, batch.rows, batch.seq_len, scale));
     }
-    // (the model resets the peak at the micro-batch's start, when the earlier losses are live)
-    const LastMicroBatchHook hook(run, m);
-    losses.push_back(run.model->forward_backward_queued(batch.inputs, batch.targets, batch.rows, batch.seq_len, scale));
     r.activation_peak_bytes = std::max(r.activation_peak_bytes, memory_stats(run.device).peak - base);
   }
   r.loss = read_losses(run, losses);
