@@ -829,6 +829,7 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
     auto* dvc = static_cast<float*>(ws.get(Workspace::kDvc, kvn * 4 + 4, stream));
     void* scratch = ws.get(Workspace::kCmpScratch, compress_scratch_bytes(g, sizeof(T)), stream);
     const int nsplit = cmp_key_splits(g);
+    std::size_t ticket_bytes = 0;  // bf16: the split lists' tickets, zeroed on the compression's stream
     if (std::is_same_v<T, bf16>) {  // tensor-core key side: its own split scratch and lse
       ka.tck = cmp_tck;
       ka.tcv = cmp_tcv;
@@ -836,20 +837,17 @@ void nsa_backward(const NsaDims& dims, const NsaInputs<T>& in, const NsaSavedCud
           Workspace::kCmpPart,
           std::size_t(std::max<std::int64_t>(1, cmp_key_split_floats(g, padded_dim(g.D)))) * 4,
           stream));
-      const std::size_t tb = std::size_t(std::max<std::int64_t>(1, cmp_key_tickets(g))) * 4;
-      ka.slc_ticket = static_cast<int*>(ws.get(Workspace::kCmpTicket, tb, stream));
-      if (cmp_beside) ws.fork(stream, 1);
-      CUDA_CHECK(cudaMemsetAsync(ka.slc_ticket, 0, tb, cmp_beside ? ws.side(1) : stream));
+      ticket_bytes = std::size_t(std::max<std::int64_t>(1, cmp_key_tickets(g))) * 4;
+      ka.slc_ticket = static_cast<int*>(ws.get(Workspace::kCmpTicket, ticket_bytes, stream));
     } else if (nsplit > 1) {
       auto* part = static_cast<float*>(
           ws.get(Workspace::kSplit, std::size_t(2 * nsplit) * kvn * 4 + 4, stream));
       ka.split_dk = part;
       ka.split_dv = part + std::size_t(nsplit) * kvn;
-      if (cmp_beside) ws.fork(stream, 1);
-    } else if (cmp_beside) {
-      ws.fork(stream, 1);
     }
+    if (cmp_beside) ws.fork(stream, 1);
     const cudaStream_t cs = cmp_beside ? ws.side(1) : stream;  // the compression's stream
+    if (ticket_bytes) CUDA_CHECK(cudaMemsetAsync(ka.slc_ticket, 0, ticket_bytes, cs));
     key_pass(kCmp, saved.k_cmp_blocks, saved.v_cmp_blocks, dkc, dvc, cs);  // lse: see key_pass
     if (need_k)
       launch_compress_backward<T>(g, in.k_cmp, in.cmp_wk, in.cmp_pk, dkc, grads.k_cmp,
