@@ -115,7 +115,9 @@ class ParallelTrain : public TrainRun {
     for (const auto& [suffix, extra, says] : {std::tuple{"_1", first, first_says}, std::tuple{"_2", second, second_says}}) {
       CommandResult r = train(np, name + suffix, settings + extra);
       ASSERT_EQ(r.code, 0) << r.out << r.err;
-      if (!says.empty()) EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
+      if (!says.empty()) {
+        EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
+      }
     }
     expect_same_curve(name + "_1", name + "_2", 0.0, 5);
     expect_same_tensors(name + "_1", name + "_2", 0.0, tensors);
