@@ -23,6 +23,20 @@ std::string errors_of(const std::string& text, const std::vector<std::string>& o
   return "";
 }
 
+// A boolean switch of [parallel] (`field`, named `key`): false by default; `enabled` (a config
+// turning it on, for `world` ranks) parses and round-trips through the resolved config; and
+// `key = 1` after the line `[parallel]` and `tp_line` is refused as a wrong type at its line, 3.
+void expect_parallel_switch(bool ParallelConfig::*field, const std::string& key, const std::string& enabled,
+                            std::int64_t world, const std::string& tp_line) {
+  SCOPED_TRACE(key);
+  EXPECT_FALSE(parse_config("", "run.toml").parallel.*field);
+  const RunConfig c = parse_config(enabled, "run.toml", {}, world);
+  EXPECT_TRUE(c.parallel.*field);
+  EXPECT_TRUE(parse_config(to_toml(c), "resolved.toml", {}, world).parallel.*field);
+  const std::string e = errors_of("[parallel]\n" + tp_line + "\n" + key + " = 1\n");
+  EXPECT_NE(e.find("run.toml:3:1: parallel." + key + ": expected a boolean, got an integer"), std::string::npos) << e;
+}
+
 }  // namespace
 
 TEST(Config, DefaultsAreValidAndDerived) {
@@ -239,16 +253,11 @@ TEST(Config, VirtualStagesCutTheLayersIntoInterleavedChunks) {
 }
 
 TEST(Config, OverlapGradReduce) {
-  // Off by default; a boolean, round-tripping through the resolved config.
-  EXPECT_FALSE(parse_config("", "run.toml").parallel.overlap_grad_reduce);
-  RunConfig c = parse_config("[parallel]\noverlap_grad_reduce = true\n[train]\nglobal_batch = 2\n", "run.toml", {}, 2);
-  EXPECT_TRUE(c.parallel.overlap_grad_reduce);
-  EXPECT_TRUE(parse_config(to_toml(c), "resolved.toml", {}, 2).parallel.overlap_grad_reduce);
-  // A wrong type names the key and the line (or the override).
-  std::string e = errors_of("[parallel]\ntp = 1\noverlap_grad_reduce = 1\n");
-  EXPECT_NE(e.find("run.toml:3:1: parallel.overlap_grad_reduce: expected a boolean, got an integer"), std::string::npos)
-      << e;
-  e = errors_of("", {"parallel.overlap_grad_reduce=yes"});
+  // Off by default; a boolean, round-tripping through the resolved config; a wrong type names
+  // the key and the line (or the override).
+  expect_parallel_switch(&ParallelConfig::overlap_grad_reduce, "overlap_grad_reduce",
+                         "[parallel]\noverlap_grad_reduce = true\n[train]\nglobal_batch = 2\n", 2, "tp = 1");
+  std::string e = errors_of("", {"parallel.overlap_grad_reduce=yes"});
   EXPECT_NE(e.find("--set parallel.overlap_grad_reduce=yes: parallel.overlap_grad_reduce:"), std::string::npos) << e;
   // On GPUs too (NCCL on a communication stream), with data parallelism alone.
   EXPECT_TRUE(parse_config("[train]\ndevice = \"cuda\"\nglobal_batch = 2\n[parallel]\noverlap_grad_reduce = true\n",
@@ -273,14 +282,10 @@ TEST(Config, OverlapGradReduce) {
 
 TEST(Config, TensorParallelOverlap) {
   // Off by default; a boolean, round-tripping; with tp > 1 it needs two sequences per micro-batch.
-  EXPECT_FALSE(parse_config("", "run.toml").parallel.tp_overlap);
-  RunConfig c = parse_config("[parallel]\ntp = 2\ntp_overlap = true\n[train]\nmicro_batch = 2\nglobal_batch = 2\n",
-                             "run.toml", {}, 2);
-  EXPECT_TRUE(c.parallel.tp_overlap);
-  EXPECT_TRUE(parse_config(to_toml(c), "resolved.toml", {}, 2).parallel.tp_overlap);
-  std::string e = errors_of("[parallel]\ntp = 1\ntp_overlap = 1\n");
-  EXPECT_NE(e.find("run.toml:3:1: parallel.tp_overlap: expected a boolean, got an integer"), std::string::npos) << e;
-  e = errors_of("[parallel]\ntp = 2\ntp_overlap = true\n");
+  expect_parallel_switch(&ParallelConfig::tp_overlap, "tp_overlap",
+                         "[parallel]\ntp = 2\ntp_overlap = true\n[train]\nmicro_batch = 2\nglobal_batch = 2\n", 2,
+                         "tp = 1");
+  std::string e = errors_of("[parallel]\ntp = 2\ntp_overlap = true\n");
   EXPECT_NE(e.find("run.toml:3:1: parallel.tp_overlap: tp_overlap runs each micro-batch in two halves of its "
                    "sequences and needs micro_batch >= 2 (it is 1)"),
             std::string::npos)
@@ -291,15 +296,9 @@ TEST(Config, TensorParallelOverlap) {
 
 TEST(Config, TensorParallelMicroBatchPairs) {
   // Off by default; a boolean, round-tripping; not with pp > 1 or tp_overlap (under tp > 1).
-  EXPECT_FALSE(parse_config("", "run.toml").parallel.tp_micro_batch_pairs);
-  RunConfig c = parse_config("[parallel]\ntp = 2\ntp_micro_batch_pairs = true\n", "run.toml", {}, 2);
-  EXPECT_TRUE(c.parallel.tp_micro_batch_pairs);
-  EXPECT_TRUE(parse_config(to_toml(c), "resolved.toml", {}, 2).parallel.tp_micro_batch_pairs);
-  std::string e = errors_of("[parallel]\ntp = 2\ntp_micro_batch_pairs = 1\n");
-  EXPECT_NE(e.find("run.toml:3:1: parallel.tp_micro_batch_pairs: expected a boolean, got an integer"),
-            std::string::npos)
-      << e;
-  e = errors_of("[parallel]\ntp = 2\npp = 2\ntp_micro_batch_pairs = true\n[model]\nn_layers = 4\n");
+  expect_parallel_switch(&ParallelConfig::tp_micro_batch_pairs, "tp_micro_batch_pairs",
+                         "[parallel]\ntp = 2\ntp_micro_batch_pairs = true\n", 2, "tp = 2");
+  std::string e = errors_of("[parallel]\ntp = 2\npp = 2\ntp_micro_batch_pairs = true\n[model]\nn_layers = 4\n");
   EXPECT_NE(e.find("run.toml:4:1: parallel.tp_micro_batch_pairs: tp_micro_batch_pairs runs the whole model's "
                    "forward for two micro-batches in turn and is built for pp = 1 (it is 2"),
             std::string::npos)
