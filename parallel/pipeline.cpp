@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <exception>
 #include <map>
-#include <memory>
 
 #include "core/util/error.h"
 #include "core/util/op_timer.h"
@@ -89,10 +88,10 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
   std::map<const Tensor*, Communicator::Request> receives;
   // The time the compute stream spends in transfers and waits for them (log.profile_step's
   // "pp transfer": the communication not hidden, core/util/op_timer.h).
-  auto transfer_scope = [&] { return std::make_unique<op_timer::Scope>("pp transfer", stage.device); };
+  constexpr const char* kTransfer = "pp transfer";
   auto wait_received = [&](const Tensor* t) {
     if (auto it = receives.find(t); it != receives.end()) {
-      const auto timed = transfer_scope();
+      const op_timer::Scope timed(kTransfer, stage.device);
       pp.wait(it->second);
       receives.erase(it);
     }
@@ -103,7 +102,7 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
   KeepBuffersOnThrow keep{{&input, &output, &d_output, &d_input, &sent}, ahead};
   for (const PipelineEvent& event : pipeline_events(steps, ahead)) {
     if (event.kind == PipelineEvent::Kind::WaitSends) {
-      const auto timed = transfer_scope();
+      const op_timer::Scope timed(kTransfer, stage.device);
       for (Communicator::Request request : sends) pp.wait(request);
       sends.clear();
       sent.clear();
@@ -118,7 +117,7 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
       continue;
     }
     if (!is_computation(step.op)) {
-      const auto timed = transfer_scope();
+      const op_timer::Scope timed(kTransfer, stage.device);
       const End in = recv_end(step), out = send_end(step);
       if (in.t && !event.recv_posted) *in.t = fresh();
       if (ahead) {
@@ -157,7 +156,7 @@ std::int64_t execute(Communicator& pp, std::int64_t micro_batches, const Pipelin
       check_message(out, shape, dtype, stage.device, fwd ? "output" : "input gradient", mb, s);
   }
   // (Every received buffer is read by a computation; none is left.)
-  const auto timed = transfer_scope();
+  const op_timer::Scope timed(kTransfer, stage.device);
   for (const auto& [t, request] : receives) pp.wait(request);
   return posted_ahead;
 }
