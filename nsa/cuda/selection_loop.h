@@ -158,9 +158,10 @@ inline bool window_forward_wide(bool past_half_l2) {
 // turn on the caller's stream; 2 (the default, measured: the 125M backward -9%, twenty-seventh
 // session): the window's on a second stream beside the selection's and the compression's; 3:
 // the compression's key side and its backward products on a third stream too (measured slower
-// than 2: the 125M backward 2.40 against 2.36 ms, twenty-eighth session; a benchmark variant). The same kernels on the same inputs: the same bits at every count; tests compare
-// them, benchmarks measure them. (A branch goes beside only where its gradients are outputs of
-// their own, not the workspace's scratch.)
+// than 2: the 125M backward 2.40 against 2.36 ms, twenty-eighth session; a benchmark variant).
+// The same kernels on the same inputs: the same bits at every count; tests compare them,
+// benchmarks measure them. (A branch goes beside only where its gradients are outputs of their
+// own, not the workspace's scratch.)
 inline std::atomic<int>& key_side_streams_setting() {
   static std::atomic<int> v{2};
   return v;

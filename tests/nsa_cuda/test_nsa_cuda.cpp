@@ -582,12 +582,6 @@ TEST(NsaCuda, WideWindowForwardMatchesCpu) {
   check_case<bf16>({"wide window D=128, h=16, w=T", make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 1111)}, 404);
 }
 
-// The fused compression + selection kernel's pipelined pass 1 (padded D = 128, h = 16 or 8)
-// gives the bits of its one-tile-at-a-time schedule, in the full layout (D = 128, h = 16, ragged
-// T) and the streamed one (1000 selection blocks at h = 8, D = 72: 16 positions per block with
-// the ring, 8 with the full scores, on an H100's 227 KB). (That streamed shape is not a parity
-// case: in bf16 its grad_q error against the CPU reached 1.04e-2 on one of five seeds, with
-// 1000 compressed keys per late row; docs/performance.md, 2026-11-27, sixth session.)
 // The backward's key sides on 2 streams (the window's beside the selection's and the
 // compression's: the default) and on 3 (the compression's and its products on a third) give
 // the same bits as the three in turn on one stream (key_side_streams): fp32 and bf16, both
@@ -614,6 +608,12 @@ TEST(NsaCuda, KeySidesOnSeveralStreamsGiveTheSameBits) {
   }
 }
 
+// The fused compression + selection kernel's pipelined pass 1 (padded D = 128, h = 16 or 8)
+// gives the bits of its one-tile-at-a-time schedule, in the full layout (D = 128, h = 16, ragged
+// T) and the streamed one (1000 selection blocks at h = 8, D = 72: 16 positions per block with
+// the ring, 8 with the full scores, on an H100's 227 KB). (That streamed shape is not a parity
+// case: in bf16 its grad_q error against the CPU reached 1.04e-2 on one of five seeds, with
+// 1000 compressed keys per late row; docs/performance.md, 2026-11-27, sixth session.)
 TEST(NsaCuda, FusedPipelineGivesTheSameBits) {
   if (!cuda_available()) GTEST_SKIP() << cuda_device_summary();
   for (const NsaDims& dm : {make_dims(1, 1111, 32, 2, 128, 32, 16, 64, 16, 256), make_dims(1, 8000, 8, 1, 72, 8, 8, 8, 8, 64)}) {
