@@ -1,8 +1,12 @@
 // CUDA cross entropy against the CPU: forward (loss, lse), backward, fused; vocabularies of
-// 1, odd sizes, 50257 and 50304; ignored targets, a custom ignore index, a given denominator,
-// loss accumulation, every target ignored (D = 0); fp32 and bf16 logits (loss and lse fp32).
-// On the GPU the fused and unfused paths give the same bits, the backward in place too; the
-// fused loss does not depend on what an earlier call left in the scratch.
+// 1, odd sizes, 50257, 50304 and 65536; ignored targets, a custom ignore index, a given
+// denominator, loss accumulation, every target ignored (D = 0); fp32 and bf16 logits (loss
+// and lse fp32).
+// On the GPU the fused and unfused paths give the same bits, the backward in place too (the
+// fused pass stages its row in shared memory where it fits: 50304 in either dtype, 65536 in
+// bf16; the 65536 fp32 row (256 KB) is beyond any device's block and takes the uncached
+// path, the odd widths the element-by-element one); the fused loss does not depend on what
+// an earlier call left in the scratch.
 #include "core/ops/cross_entropy.h"
 #include "tests/ops_cuda/cuda_test_util.h"
 
@@ -20,7 +24,8 @@ struct Case {
 const Case kCases[] = {{{1, 1}, -100, 0, false},    {{1, 5}, -100, 0, false},
                        {{7, 50304}, -100, 0, false}, {{3, 50257}, -100, 0, true},
                        {{5, 33}, 3, 0, false},       {{64, 1000}, -100, 517.0, false},
-                       {{2, 3, 77}, -100, 0, true},  {{9, 4099}, -100, 0, false}};
+                       {{2, 3, 77}, -100, 0, true},  {{9, 4099}, -100, 0, false},
+                       {{3, 65536}, -100, 0, false}};
 
 std::vector<std::int32_t> targets_for(Rng& rng, std::int64_t N, std::int64_t V,
                                       std::int32_t ignore) {

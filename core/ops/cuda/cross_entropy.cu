@@ -1,8 +1,14 @@
 // CUDA softmax cross entropy (see cross_entropy.h). One block per row works through the
 // vocabulary in 16-byte pieces: pass 1 keeps a running (max, sum of exponentials) per thread
-// (an online softmax, fp32), merged across the block in a fixed tree; pass 2 (backward and
-// fused) re-reads the row and writes dz = scale (exp(z - lse) - onehot) over it, in place
-// when asked. Logits stay in their dtype (bf16 or fp32); nothing of size [N, V] is allocated.
+// (an online softmax by pieces, fp32), merged across the block in a fixed tree; pass 2
+// (backward and fused) re-reads the row and writes dz = scale (exp(z - lse) - onehot) over
+// it, in place when asked. Logits stay in their dtype (bf16 or fp32); nothing of size [N, V]
+// is allocated.
+// The fused pass keeps its row in shared memory where it fits (the row's bytes within the
+// device's opt-in limit of a block, 16-byte pieces): each thread copies its own pieces there
+// with cp.async, all at once, and both passes read them back, so the row crosses DRAM once
+// each way instead of being read twice (2 R V e bytes, not 3). Each thread reads only the
+// pieces it copied, in the same order as from global memory: the same bits either way.
 // The loss: each row's lse - z_t is kept in fp64 scratch [N], then one block sums the rows
 // in a fixed order and divides by D. D (the number of counted targets, unless the caller
 // gives it) is counted on the device, so nothing waits for the host.
@@ -37,14 +43,31 @@ __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
   return {m, __fadd_rn(__fmul_rn(a.s, expf(__fsub_rn(a.m, m))),
                        __fmul_rn(b.s, expf(__fsub_rn(b.m, m))))};
 }
-__device__ __forceinline__ void push(MaxSum& st, float z) {
-  if (z > st.m) {
-    // st.m = -inf at first: 0 * 0 + 1
-    st.s = __fadd_rn(__fmul_rn(st.s, expf(__fsub_rn(st.m, z))), 1.f);
-    st.m = z;
-  } else if (z != -INFINITY) {
-    st.s = __fadd_rn(st.s, expf(__fsub_rn(z, st.m)));  // NaN z propagates
+// A piece of V logits into the running (max, sum): the piece's max first, the sum rescaled at
+// most once per piece, then the piece's exponentials added in order (one branch per piece,
+// not per logit). Exponentials here and in the gradient by __expf (ex2.approx of x log2 e):
+// its arguments are <= 0, where its error is a few ulp near 0 and grows with |x| only for
+// terms too small to show in the sum. fmaxf skips NaN: a NaN logit reaches the sum through
+// its own exponential, or directly in a piece otherwise all -inf.
+template <int V> __device__ __forceinline__ void push_piece(MaxSum& st, const float (&z)[V]) {
+  float m = z[0];
+#pragma unroll
+  for (int i = 1; i < V; ++i) m = fmaxf(m, z[i]);
+  if (m == -INFINITY) {  // nothing to add, unless a NaN hid among the -inf
+    bool nan = false;
+#pragma unroll
+    for (int i = 0; i < V; ++i) nan |= z[i] != z[i];
+    if (nan) st.s = __int_as_float(0x7fc00000);
+    return;
   }
+  if (m > st.m) {
+    st.s = __fmul_rn(st.s, __expf(__fsub_rn(st.m, m)));  // st.m = -inf at first: 0 * 0
+    st.m = m;
+  }
+  float add = 0.f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) add = __fadd_rn(add, __expf(__fsub_rn(z[i], st.m)));
+  st.s = __fadd_rn(st.s, add);
 }
 
 // Deterministic block merge (fixed tree), result in every thread.
@@ -71,19 +94,31 @@ __device__ __forceinline__ double denominator(double host, const double* dev) {
   return dev ? *dev : host;
 }
 
-template <class T, int V, int MODE>
+// Copies 16 bytes from global to shared memory without a register stop (sm_80+).
+__device__ __forceinline__ void copy16_async(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// CACHED (the fused mode with 16-byte pieces only): the row is staged in dynamic shared memory
+// of Vn elements, each thread's pieces at their column.
+template <class T, int V, int MODE, bool CACHED = false>
 __global__ void ce_row_kernel(T* dz, const T* z, float* lse_io, double* __restrict__ row_loss,
                               const std::int32_t* __restrict__ targets, std::int64_t Vn,
                               std::int32_t ignore_index, double dloss, double denom_host,
                               const double* denom_dev, IdError* err) {
+  static_assert(!CACHED || (MODE == kFused && V == kVec<T>), "only the fused pass caches its row");
   __shared__ MaxSum red[32];
+  extern __shared__ uint4 row_cache[];  // CACHED: the row, Vn elements
   const std::int64_t n = blockIdx.x;
-  const std::int64_t base = n * Vn;
-  const std::int64_t step = std::int64_t(blockDim.x) * V;
-  const std::int64_t first = std::int64_t(threadIdx.x) * V;
+  const T* z_row = z + n * Vn;
+  T* dz_row = dz + (MODE == kForward ? 0 : n * Vn);
+  // Columns in 32 bits (launch_per_row: Vn < 2^31), cheaper than 64-bit ones per piece.
+  const int cols = int(Vn), step = int(blockDim.x) * V, first = int(threadIdx.x) * V;
   const std::int32_t t = targets[n];
   const bool ignored = t == ignore_index;
-  const bool bad = !ignored && (t < 0 || t >= Vn);
+  const bool bad = !ignored && (t < 0 || t >= cols);
   if (bad && threadIdx.x == 0) {
     const int op = MODE == kForward ? kCrossEntropyForward
                                     : (MODE == kBackward ? kCrossEntropyBackward : kCrossEntropyFused);
@@ -93,19 +128,23 @@ __global__ void ce_row_kernel(T* dz, const T* z, float* lse_io, double* __restri
   if (MODE == kBackward) {
     lse = lse_io[n];
   } else if (MODE == kForward || !ignored) {
+    if constexpr (CACHED) {
+      for (int c = first; c < cols; c += step)
+        copy16_async(reinterpret_cast<T*>(row_cache) + c, z_row + c);
+      wait_copies();  // this thread's own pieces: no barrier needed before it reads them
+    }
     MaxSum st{-INFINITY, 0.f};
-    for (std::int64_t c = first; c < Vn; c += step) {
+    for (int c = first; c < cols; c += step) {
       float zv[V];
-      load<T, V>(z + base + c, zv);
-#pragma unroll
-      for (int i = 0; i < V; ++i) push(st, zv[i]);
+      load<T, V>((CACHED ? reinterpret_cast<const T*>(row_cache) : z_row) + c, zv);
+      push_piece(st, zv);
     }
     st = block_merge(st, red);
     lse = st.m == -INFINITY ? st.m : __fadd_rn(st.m, logf(st.s));
     if (threadIdx.x == 0) {
       if (MODE == kForward) lse_io[n] = lse;
       // z_t is read here, before pass 2 may overwrite it (the barrier below orders them).
-      row_loss[n] = ignored ? 0.0 : (bad ? double(NAN) : double(lse) - double(to_f(z[base + t])));
+      row_loss[n] = ignored ? 0.0 : (bad ? double(NAN) : double(lse) - double(to_f(z_row[t])));
     }
     __syncthreads();
   } else if (threadIdx.x == 0) {
@@ -115,20 +154,20 @@ __global__ void ce_row_kernel(T* dz, const T* z, float* lse_io, double* __restri
   const double d = denominator(denom_host, denom_dev);
   const float scale = (ignored || !(d > 0)) ? 0.f : float(dloss / d);
   const float fill = bad ? __int_as_float(0x7fc00000) : 0.f;
-  for (std::int64_t c = first; c < Vn; c += step) {
+  for (int c = first; c < cols; c += step) {
     float zv[V], g[V];
     if (ignored || bad) {
 #pragma unroll
       for (int i = 0; i < V; ++i) g[i] = fill;
     } else {
-      load<T, V>(z + base + c, zv);
+      load<T, V>((CACHED ? reinterpret_cast<const T*>(row_cache) : z_row) + c, zv);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        const float p = expf(__fsub_rn(zv[i], lse));
+        const float p = __expf(__fsub_rn(zv[i], lse));
         g[i] = __fmul_rn(scale, c + i == t ? __fsub_rn(p, 1.f) : p);
       }
     }
-    store<T, V>(dz + base + c, g);  // dz may be z: this thread read these elements above
+    store<T, V>(dz_row + c, g);  // dz may be z: this thread read these elements above
   }
 }
 
@@ -175,6 +214,8 @@ Scratch scratch(std::int64_t N, bool count) {
 template <class T, class F>
 void launch_per_row(bool aligned, std::int64_t N, std::int64_t V, const char* what, F&& launch) {
   if (N > 0x7fffffff) throw std::invalid_argument(std::string(what) + " (cuda): too many rows");
+  if (V > 0x7fffffff - 1024 * kVec<T>)
+    throw std::invalid_argument(std::string(what) + " (cuda): vocabulary too wide");
   if (N == 0) return;
   if (aligned && V % kVec<T> == 0)
     launch(std::integral_constant<int, kVec<T>>{}, row_threads(V / kVec<T>, 512));
@@ -183,13 +224,34 @@ void launch_per_row(bool aligned, std::int64_t N, std::int64_t V, const char* wh
   check_launch(what);
 }
 
+// The current device's opt-in shared memory of one block, bytes, less the kernel's static
+// reduction scratch.
+std::size_t row_cache_limit() {
+  int dev = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return std::size_t(optin) - sizeof(MaxSum) * 32;
+}
+
 template <class T, int MODE>
 void launch_rows(T* dz, const T* z, float* lse, double* row_loss, const std::int32_t* targets,
                  std::int64_t N, std::int64_t V, std::int32_t ignore_index, double dloss,
                  double denom_host, const double* denom_dev, const char* what) {
   IdError* err = id_error_slot();
   launch_per_row<T>(aligned16(z) && aligned16(dz ? dz : z), N, V, what, [&](auto vec, int threads) {
-    ce_row_kernel<T, decltype(vec)::value, MODE><<<unsigned(N), threads>>>(
+    constexpr int kPiece = decltype(vec)::value;
+    const std::size_t row_bytes = std::size_t(V) * sizeof(T);
+    if constexpr (MODE == kFused && kPiece == kVec<T>) {
+      if (row_bytes <= row_cache_limit()) {
+        auto kernel = ce_row_kernel<T, kPiece, MODE, true>;
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(row_bytes)));
+        kernel<<<unsigned(N), threads, row_bytes>>>(dz, z, lse, row_loss, targets, V, ignore_index,
+                                                    dloss, denom_host, denom_dev, err);
+        return;
+      }
+    }
+    ce_row_kernel<T, kPiece, MODE><<<unsigned(N), threads>>>(
         dz, z, lse, row_loss, targets, V, ignore_index, dloss, denom_host, denom_dev, err);
   });
 }
@@ -232,9 +294,10 @@ __device__ __forceinline__ bool bad_target(std::int32_t t, std::int32_t ignore_i
   return t != ignore_index && (t < 0 || (vocab_size > 0 && std::int64_t(t) >= vocab_size));
 }
 
-// sums[n] = sum exp(z - m_n) (exponentials in fp32 from m_n rounded to fp32, which a max of
-// fp32/bf16 logits is exactly; each thread accumulates in fp64 in column order, then the
-// fixed tree of block_sum), sums[N + n] = the target's logit if this slice holds it.
+// sums[n] = sum exp(z - m_n) (exponentials by __expf, as push_piece's, in fp32 from m_n
+// rounded to fp32, which a max of fp32/bf16 logits is exactly; each thread accumulates in
+// fp64 in column order, then the fixed tree of block_sum), sums[N + n] = the target's logit
+// if this slice holds it.
 template <class T, int V>
 __global__ void slice_sums_kernel(double* __restrict__ sums, const T* __restrict__ z,
                                   const std::int32_t* __restrict__ targets, std::int64_t N,
@@ -251,7 +314,7 @@ __global__ void slice_sums_kernel(double* __restrict__ sums, const T* __restrict
     float zv[V];
     load<T, V>(z + base + c, zv);
 #pragma unroll
-    for (int i = 0; i < V; ++i) acc += double(expf(__fsub_rn(zv[i], m)));
+    for (int i = 0; i < V; ++i) acc += double(__expf(__fsub_rn(zv[i], m)));
   }
   acc = block_sum(acc, red);
   if (threadIdx.x == 0) {
@@ -300,7 +363,7 @@ __global__ void slice_grad_kernel(T* z, double* __restrict__ row_loss,
       load<T, V>(z + base + c, zv);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        const float p = __fmul_rn(expf(__fsub_rn(zv[i], m)), inv_s);
+        const float p = __fmul_rn(__expf(__fsub_rn(zv[i], m)), inv_s);
         g[i] = __fmul_rn(scale, c + i == col ? __fsub_rn(p, 1.f) : p);
       }
     }
