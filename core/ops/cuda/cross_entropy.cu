@@ -244,6 +244,8 @@ void launch_rows(T* dz, const T* z, float* lse, double* row_loss, const std::int
     if constexpr (MODE == kFused && kPiece == kVec<T>) {
       if (row_bytes <= row_cache_limit()) {
         auto kernel = ce_row_kernel<T, kPiece, MODE, true>;
+        // Set per launch to this row's bytes: one host thread drives a device here (two that
+        // shared one could lower it under each other's launch).
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(row_bytes)));
         kernel<<<unsigned(N), threads, row_bytes>>>(dz, z, lse, row_loss, targets, V, ignore_index,
