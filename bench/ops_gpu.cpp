@@ -14,7 +14,9 @@
 // rmsnorm backward 3X (4X with the residual gradient), swiglu forward 3 N F e and backward
 // 5 N F e, the projection's split or join 2 N G group_width e (its padded rows as the model
 // lays them out), the fused cross entropy 2 R V e
-// per head chunk of R rows (read once into shared memory, the gradient written), and
+// per head chunk of R rows (read once into shared memory, the gradient written; the
+// vocab-parallel slice ops, printed apart: R V e for the row max and for the sums, 2 R V e
+// for the loss and gradient), and
 // AdamW 30 bytes per parameter (p, grad, m, v read in fp32; p, m, v written; the bf16
 // compute copy), once per step over the model's parameters (not per micro-batch).
 // Random inputs; the random targets of the cross entropy make its loss meaningless and its
@@ -187,6 +189,20 @@ int main(int argc, char** argv) {
     ce.accumulate_loss = true;
     t.memory("cross entropy (fused, a head chunk)", heads,
              time_ms([&] { cross_entropy_fused(logits, targets, loss, 1.0, ce); }, reps), 2.0 * double(R * V) * e);
+    // The vocab-parallel cross entropy's three passes over a rank's slice (tp > 1 runs them
+    // instead of the fused pass; a tp2 rank's slice: --set model.vocab_size=V/2), without the
+    // collectives between them: left out of the total.
+    Tensor row_max = dev({R}, DType::F64), sums = dev({2 * R}, DType::F64), row_loss = dev({R}, DType::F64);
+    const double slice = double(R * V) * e, saved = t.total_ms;
+    t.memory("  vocab slice: row max", heads, time_ms([&] { cross_entropy_slice_max(logits, row_max); }, reps),
+             slice);
+    t.memory("  vocab slice: sums", heads,
+             time_ms([&] { cross_entropy_slice_sums(logits, targets, 0, ce.ignore_index, row_max, sums, V); }, reps),
+             slice);
+    t.memory("  vocab slice: loss and gradient", heads, time_ms([&] {
+               cross_entropy_slice_grad(logits, targets, 0, ce.ignore_index, row_max, sums, 1.0 / double(N), row_loss);
+             }, reps), 2.0 * slice);
+    t.total_ms = saved;
     cuda_free(ids);
   }
   {  // The embedding's backward (the forward is a row copy): the gradient rows of each token id
