@@ -94,7 +94,7 @@ __device__ __forceinline__ double denominator(double host, const double* dev) {
   return dev ? *dev : host;
 }
 
-// Copies 16 bytes from global to shared memory without a register stop (sm_80+).
+// Copies 16 bytes from global to shared memory without passing through registers (sm_80+).
 __device__ __forceinline__ void copy16_async(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
