@@ -16,6 +16,9 @@ int cuda_device_count();
 // "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)" or why there is none.
 std::string cuda_device_summary();
 std::int64_t cuda_l2_cache_bytes();  // the current device's L2 cache; 0 without a device
+// The current device's opt-in shared memory of one block (a kernel's maximum dynamic shared
+// memory may be raised up to it, less its static shared memory); 0 without a device.
+std::int64_t cuda_block_shared_memory_optin_bytes();
 
 void* cpu_alloc(std::size_t bytes);  // 64-byte aligned, throws std::bad_alloc
 void cpu_free(void* p);

@@ -34,12 +34,21 @@ int cuda_device_count() {
   return n;
 }
 
-std::int64_t cuda_l2_cache_bytes() {
+namespace {
+// An attribute of the current device; 0 without a device.
+std::int64_t current_device_attribute(cudaDeviceAttr attribute) {
   if (!cuda_available()) return 0;
-  int dev = 0, bytes = 0;
+  int dev = 0, value = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, dev));
-  return bytes;
+  CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, dev));
+  return value;
+}
+}  // namespace
+
+std::int64_t cuda_l2_cache_bytes() { return current_device_attribute(cudaDevAttrL2CacheSize); }
+
+std::int64_t cuda_block_shared_memory_optin_bytes() {
+  return current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
 }
 
 std::string cuda_device_summary() {

@@ -10,6 +10,7 @@ bool cuda_available() { return false; }
 int cuda_device_count() { return 0; }
 std::string cuda_device_summary() { return "this build has no CUDA (NSATRON_CUDA=OFF)"; }
 std::int64_t cuda_l2_cache_bytes() { return 0; }
+std::int64_t cuda_block_shared_memory_optin_bytes() { return 0; }
 void* cuda_alloc(std::size_t) { throw std::runtime_error("this build of nsatron has no CUDA"); }
 void cuda_free(void*) {}
 void cuda_release_cached() {}

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "core/device/device.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/cuda/common.cuh"
 
@@ -114,6 +115,8 @@ __global__ void ce_row_kernel(T* dz, const T* z, float* lse_io, double* __restri
   const std::int64_t n = blockIdx.x;
   const T* z_row = z + n * Vn;
   T* dz_row = dz + (MODE == kForward ? 0 : n * Vn);
+  // Where both passes read the row: the staged copy, or the logits themselves.
+  const T* src_row = CACHED ? reinterpret_cast<const T*>(row_cache) : z_row;
   // Columns in 32 bits (launch_per_row: Vn < 2^31), cheaper than 64-bit ones per piece.
   const int cols = int(Vn), step = int(blockDim.x) * V, first = int(threadIdx.x) * V;
   const std::int32_t t = targets[n];
@@ -136,7 +139,7 @@ __global__ void ce_row_kernel(T* dz, const T* z, float* lse_io, double* __restri
     MaxSum st{-INFINITY, 0.f};
     for (int c = first; c < cols; c += step) {
       float zv[V];
-      load<T, V>((CACHED ? reinterpret_cast<const T*>(row_cache) : z_row) + c, zv);
+      load<T, V>(src_row + c, zv);
       push_piece(st, zv);
     }
     st = block_merge(st, red);
@@ -160,7 +163,7 @@ __global__ void ce_row_kernel(T* dz, const T* z, float* lse_io, double* __restri
 #pragma unroll
       for (int i = 0; i < V; ++i) g[i] = fill;
     } else {
-      load<T, V>((CACHED ? reinterpret_cast<const T*>(row_cache) : z_row) + c, zv);
+      load<T, V>(src_row + c, zv);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         const float p = __expf(__fsub_rn(zv[i], lse));
@@ -227,10 +230,7 @@ void launch_per_row(bool aligned, std::int64_t N, std::int64_t V, const char* wh
 // The current device's opt-in shared memory of one block, bytes, less the kernel's static
 // reduction scratch.
 std::size_t row_cache_limit() {
-  int dev = 0, optin = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return std::size_t(optin) - sizeof(MaxSum) * 32;
+  return std::size_t(cuda_block_shared_memory_optin_bytes()) - sizeof(MaxSum) * 32;
 }
 
 template <class T, int MODE>
