@@ -189,15 +189,16 @@ int main(int argc, char** argv) {
     ce.accumulate_loss = true;
     t.memory("cross entropy (fused, a head chunk)", heads,
              time_ms([&] { cross_entropy_fused(logits, targets, loss, 1.0, ce); }, reps), 2.0 * double(R * V) * e);
-    // The vocab-parallel cross entropy's three passes over a rank's slice (tp > 1 runs them
+    // The vocab-parallel cross entropy's two passes over a rank's slice (tp > 1 runs them
     // instead of the fused pass; a tp2 rank's slice: --set model.vocab_size=V/2), without the
-    // collectives between them: left out of the total.
-    Tensor row_max = dev({R}, DType::F64), sums = dev({2 * R}, DType::F64), row_loss = dev({R}, DType::F64);
+    // all-gather and the per-row combination between them: left out of the total.
+    Tensor stats = dev({3 * R}, DType::F64), row_max = dev({R}, DType::F64), sums = dev({2 * R}, DType::F64),
+           row_loss = dev({R}, DType::F64);
+    cross_entropy_slice_stats(logits, targets, 0, ce.ignore_index, stats, V);
+    cross_entropy_slice_combine(stats, row_max, sums);
     const double slice = double(R * V) * e, saved = t.total_ms;
-    t.memory("  vocab slice: row max", heads, time_ms([&] { cross_entropy_slice_max(logits, row_max); }, reps),
-             slice);
-    t.memory("  vocab slice: sums", heads,
-             time_ms([&] { cross_entropy_slice_sums(logits, targets, 0, ce.ignore_index, row_max, sums, V); }, reps),
+    t.memory("  vocab slice: statistics", heads,
+             time_ms([&] { cross_entropy_slice_stats(logits, targets, 0, ce.ignore_index, stats, V); }, reps),
              slice);
     t.memory("  vocab slice: loss and gradient", heads, time_ms([&] {
                cross_entropy_slice_grad(logits, targets, 0, ce.ignore_index, row_max, sums, 1.0 / double(N), row_loss);

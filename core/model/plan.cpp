@@ -63,7 +63,7 @@ struct Sizes {
   std::int64_t targets = 0;  // CUDA: tgt, the device copy of the targets
   std::int64_t loss = 0;     // head_loss's loss {1} (stat; fp64 with tp > 1), kept as st.loss to the step's end
   std::int64_t logits = 0;   // head_loss's first (largest) chunk of logits [min(N, chunk), V/tp]
-  std::int64_t ce_scratch = 0;  // tp > 1: vocab_parallel_cross_entropy's fp64 [4 * rows] scratch
+  std::int64_t ce_scratch = 0;  // tp > 1: vocab_parallel_cross_entropy's fp64 [(3 tp + 4) rows] scratch
 };
 
 Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_rows) {
@@ -113,7 +113,7 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
   const std::int64_t rows = std::min(N, p.head_chunk);
   z.loss = p.tp > 1 ? 8 : s;
   z.logits = rows * vocab_rows * e;
-  z.ce_scratch = p.tp > 1 ? 4 * rows * 8 : 0;
+  z.ce_scratch = p.tp > 1 ? (3 * p.tp + 4) * rows * 8 : 0;
   return z;
 }
 

@@ -182,13 +182,17 @@ void check_slice_targets(const std::string& op, const Tensor& logits,
 }
 }  // namespace
 
-void cross_entropy_slice_max(const Tensor& logits, Tensor& row_max) {
-  const std::string op = "cross_entropy_slice_max";
+void cross_entropy_slice_stats(const Tensor& logits, std::span<const std::int32_t> targets,
+                               std::int64_t vocab_start, std::int32_t ignore_index, Tensor& stats,
+                               std::int64_t vocab_size) {
+  const std::string op = "cross_entropy_slice_stats";
   const std::int64_t V = check_slice_logits(op, logits), N = rows_of(logits);
-  check_f64(op, logits, row_max, "row_max", N, "one value per row");
+  check_slice_targets(op, logits, targets, vocab_start, vocab_size);
+  check_f64(op, logits, stats, "stats", 3 * N, "three values per row");
   if (logits.device() == Device::CUDA) {
 #ifdef NSATRON_WITH_CUDA
-    cuda::cross_entropy_slice_max(logits.dtype(), row_max.data<double>(), logits.raw(), N, V);
+    cuda::cross_entropy_slice_stats(logits.dtype(), stats.data<double>(), logits.raw(),
+                                    targets.data(), N, V, vocab_start, ignore_index, vocab_size);
     return;
 #else
     no_cuda(op);
@@ -196,34 +200,32 @@ void cross_entropy_slice_max(const Tensor& logits, Tensor& row_max) {
   }
   dispatch_cpu(op, logits, [&](auto tag) {
     using T = decltype(tag);
-    cpu::cross_entropy_slice_max<T>(row_max.data<double>(), logits.data<T>(), N, V);
+    cpu::cross_entropy_slice_stats<T>(stats.data<double>(), logits.data<T>(), targets.data(), N,
+                                      V, vocab_start, ignore_index, vocab_size);
   });
 }
 
-void cross_entropy_slice_sums(const Tensor& logits, std::span<const std::int32_t> targets,
-                              std::int64_t vocab_start, std::int32_t ignore_index,
-                              const Tensor& row_max, Tensor& sums, std::int64_t vocab_size) {
-  const std::string op = "cross_entropy_slice_sums";
-  const std::int64_t V = check_slice_logits(op, logits), N = rows_of(logits);
-  check_slice_targets(op, logits, targets, vocab_start, vocab_size);
-  check_f64(op, logits, row_max, "row_max", N, "one value per row");
-  check_f64(op, logits, sums, "sums", 2 * N, "two values per row");
-  if (logits.device() == Device::CUDA) {
+void cross_entropy_slice_combine(const Tensor& gathered, Tensor& row_max, Tensor& sums) {
+  const std::string op = "cross_entropy_slice_combine";
+  const std::int64_t N = row_max.numel();
+  check_f64(op, gathered, gathered, "gathered", gathered.numel(), "the slices' statistics");
+  check_f64(op, gathered, row_max, "row_max", N, "one value per row");
+  check_f64(op, gathered, sums, "sums", 2 * N, "two values per row");
+  require(N > 0 ? gathered.numel() % (3 * N) == 0 && gathered.numel() > 0 : gathered.numel() == 0, op,
+          "gathered must hold P >= 1 slices' statistics of 3 x " + std::to_string(N) +
+              " values, got " + gathered.describe());
+  const std::int64_t parts = N > 0 ? gathered.numel() / (3 * N) : 0;
+  if (gathered.device() == Device::CUDA) {
 #ifdef NSATRON_WITH_CUDA
-    cuda::cross_entropy_slice_sums(logits.dtype(), sums.data<double>(), logits.raw(),
-                                   targets.data(), N, V, vocab_start, ignore_index,
-                                   row_max.data<double>(), vocab_size);
+    cuda::cross_entropy_slice_combine(row_max.data<double>(), sums.data<double>(),
+                                      gathered.data<double>(), N, parts);
     return;
 #else
     no_cuda(op);
 #endif
   }
-  dispatch_cpu(op, logits, [&](auto tag) {
-    using T = decltype(tag);
-    cpu::cross_entropy_slice_sums<T>(sums.data<double>(), logits.data<T>(), targets.data(), N, V,
-                                     vocab_start, ignore_index, row_max.data<double>(),
-                                     vocab_size);
-  });
+  cpu::cross_entropy_slice_combine(row_max.data<double>(), sums.data<double>(),
+                                   gathered.data<double>(), N, parts);
 }
 
 void cross_entropy_slice_grad(Tensor& logits, std::span<const std::int32_t> targets,

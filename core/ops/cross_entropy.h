@@ -31,28 +31,36 @@
 // Vocabulary slices (the vocab-parallel cross entropy,
 // core/ops/vocab_parallel_cross_entropy.h): logits z [N, V_r] hold the columns
 // [vocab_start, vocab_start + V_r) of every row of a vocabulary of V split over ranks;
-// targets t [N] are global ids. Three ops, between which the caller
-// combines the ranks' results (an all-reduce max after the first, an all-reduce sum after the
-// second):
-//   cross_entropy_slice_max:   row_max[n]  = max_{v in slice} z_nv
-//   cross_entropy_slice_sums:  with m_n the GLOBAL max (row_max after the all-reduce max)
-//                              sums[n]     = sum_{v in slice} exp(z_nv - m_n)
-//                              sums[N + n] = z_{n, t_n - vocab_start}  if the slice holds t_n,
-//                                            else 0 (and 0 on ignored rows)
-//   cross_entropy_slice_grad:  with m_n and s_n = sums[n], zt_n = sums[N + n] GLOBAL (after
-//                              the all-reduce sum; exactly one rank contributed zt_n)
-//                              row_loss[n] = log s_n + m_n - zt_n             (= lse_n - z_{n,t_n})
-//                              z_nv       <- scale (exp(z_nv - m_n) / s_n - [v == t_n - vocab_start])
-//                              both 0 on ignored rows; the gradient replaces the logits.
-//   cross_entropy_slice_loss:  loss += (sum_n row_loss[n]) / D (0 when D = 0), on the device:
-//                              the chunk's loss added to a running fp64 total without a host
-//                              read (CPU: rows in order; CUDA: ce's fixed-order block sum)
+// targets t [N] are global ids. Four ops; between the first two the caller lays every rank's
+// statistics end to end (an all-gather, in rank order):
+//   cross_entropy_slice_stats:   this slice's own row statistics, stats [3N]
+//                                stats[n]      = m_rn = max_{v in slice} z_nv
+//                                stats[N + n]  = s_rn = sum_{v in slice} exp(z_nv - m_rn)
+//                                stats[2N + n] = z_{n, t_n - vocab_start}  if the slice holds t_n,
+//                                                else 0 (and 0 on ignored rows)
+//   cross_entropy_slice_combine: the P slices' stats laid end to end, [P x 3N], into the global
+//                                row_max[n]  = m_n = max_r m_rn
+//                                sums[n]     = s_n = sum_r s_rn exp(m_rn - m_n)   (r in order; a
+//                                              slice with m_rn = -inf adds nothing)
+//                                sums[N + n] = zt_n = sum_r zt_rn   (exactly one slice holds t_n)
+//                                the same arithmetic in the same order on every rank, so every
+//                                rank gets the same bits
+//   cross_entropy_slice_grad:    with the global m_n, s_n = sums[n], zt_n = sums[N + n]
+//                                row_loss[n] = log s_n + m_n - zt_n           (= lse_n - z_{n,t_n})
+//                                z_nv       <- scale (exp(z_nv - m_n) / s_n - [v == t_n - vocab_start])
+//                                both 0 on ignored rows; the gradient replaces the logits.
+//   cross_entropy_slice_loss:    loss += (sum_n row_loss[n]) / D (0 when D = 0), on the device:
+//                                the chunk's loss added to a running fp64 total without a host
+//                                read (CPU: rows in order; CUDA: ce's fixed-order block sum)
+// So each slice's logits are read twice (the statistics, the gradient), with one collective of
+// 3N numbers per rank between the reads, whatever the vocabulary size.
 // With scale = dloss / D, the loss is sum_n row_loss[n] / D and the slices' gradients are
-// the columns of cross_entropy_fused's, to rounding. row_max, sums and row_loss are fp64
-// tensors on the logits' device (so that the communicator reduces them in fp64). Logits: fp32
-// or fp64 on the CPU (fp64 arithmetic), fp32 or bf16 on CUDA (exponentials in fp32, the sums
-// accumulated and the row results in fp64; one block per row, fixed-order reductions, the
-// same bits run to run). Deterministic on both devices.
+// the columns of cross_entropy_fused's, to rounding. stats, row_max, sums and row_loss are fp64
+// tensors on the logits' device (so that the communicator gathers them in fp64). Logits: fp32
+// or fp64 on the CPU (fp64 arithmetic), fp32 or bf16 on CUDA (a slice's (m_rn, s_rn) by the
+// fused kernel's online softmax by pieces in fp32, the combination and the row results in
+// fp64; one block per row, fixed-order reductions, the same bits run to run). Deterministic
+// on both devices.
 // Targets of a slice op: ignore_index or >= 0, and < vocab_size when the caller gives it
 // (vocab_size > 0; without it a target beyond the whole vocabulary is owned by no slice and
 // cannot be told from one owned by another rank). Any other value is an error, as above: the
@@ -86,12 +94,13 @@ void cross_entropy_backward(const Tensor& logits, std::span<const std::int32_t> 
 void cross_entropy_fused(Tensor& logits, std::span<const std::int32_t> targets, Tensor& loss,
                          double dloss, const CrossEntropyOptions& opt = {});
 
-// Vocabulary slices (see above). logits [.., V_r] (rows N = the leading dimensions); row_max
-// and row_loss: N fp64 elements, sums: 2N fp64 elements, all on the logits' device.
-void cross_entropy_slice_max(const Tensor& logits, Tensor& row_max);
-void cross_entropy_slice_sums(const Tensor& logits, std::span<const std::int32_t> targets,
-                              std::int64_t vocab_start, std::int32_t ignore_index,
-                              const Tensor& row_max, Tensor& sums, std::int64_t vocab_size = 0);
+// Vocabulary slices (see above). logits [.., V_r] (rows N = the leading dimensions); stats:
+// 3N fp64 elements; gathered: P x 3N (P >= 1); row_max and row_loss: N, sums: 2N; all fp64 on
+// the logits' device.
+void cross_entropy_slice_stats(const Tensor& logits, std::span<const std::int32_t> targets,
+                               std::int64_t vocab_start, std::int32_t ignore_index, Tensor& stats,
+                               std::int64_t vocab_size = 0);
+void cross_entropy_slice_combine(const Tensor& gathered, Tensor& row_max, Tensor& sums);
 void cross_entropy_slice_grad(Tensor& logits, std::span<const std::int32_t> targets,
                               std::int64_t vocab_start, std::int32_t ignore_index,
                               const Tensor& row_max, const Tensor& sums, double scale,
@@ -121,12 +130,11 @@ double cross_entropy_fused(T* logits, const std::int32_t* targets, std::int64_t 
 // Vocabulary slices: logits [N, V] (V = V_r), fp64 row results. Targets are checked
 // (ignore_index, or in [0, vocab_size) when vocab_size > 0, else >= 0).
 template <class T>
-void cross_entropy_slice_max(double* row_max, const T* logits, std::int64_t N, std::int64_t V);
-template <class T>
-void cross_entropy_slice_sums(double* sums, const T* logits, const std::int32_t* targets,
-                              std::int64_t N, std::int64_t V, std::int64_t vocab_start,
-                              std::int32_t ignore_index, const double* row_max,
-                              std::int64_t vocab_size);
+void cross_entropy_slice_stats(double* stats, const T* logits, const std::int32_t* targets,
+                               std::int64_t N, std::int64_t V, std::int64_t vocab_start,
+                               std::int32_t ignore_index, std::int64_t vocab_size);
+void cross_entropy_slice_combine(double* row_max, double* sums, const double* gathered,
+                                 std::int64_t N, std::int64_t parts);
 template <class T>
 void cross_entropy_slice_grad(T* logits, double* row_loss, const std::int32_t* targets,
                               std::int64_t N, std::int64_t V, std::int64_t vocab_start,
@@ -151,15 +159,16 @@ void cross_entropy_backward(DType dt, void* dlogits, const void* logits, const f
 void cross_entropy_fused(DType dt, void* logits, float* loss, const std::int32_t* targets,
                          std::int64_t N, std::int64_t V, std::int32_t ignore_index, double dloss,
                          double denominator, bool accumulate_loss);
-// Vocabulary slices: logits of dtype `dt` (fp32 or bf16), row_max / sums / row_loss fp64,
-// targets on the device; one block per row. A bad target (see above) is recorded and makes
-// the row NaN: sums[n] and sums[N + n] (slice_sums), the row's loss and gradient (slice_grad).
-void cross_entropy_slice_max(DType dt, double* row_max, const void* logits, std::int64_t N,
-                             std::int64_t V);
-void cross_entropy_slice_sums(DType dt, double* sums, const void* logits,
-                              const std::int32_t* targets, std::int64_t N, std::int64_t V,
-                              std::int64_t vocab_start, std::int32_t ignore_index,
-                              const double* row_max, std::int64_t vocab_size);
+// Vocabulary slices: logits of dtype `dt` (fp32 or bf16), stats / row_max / sums / row_loss
+// fp64, targets on the device; one block per row (combine: one thread per row). A bad target
+// (see above) is recorded and makes the row NaN: its s_rn and zt_rn (slice_stats), hence the
+// combined sums on every rank, the row's loss and gradient (slice_grad).
+void cross_entropy_slice_stats(DType dt, double* stats, const void* logits,
+                               const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                               std::int64_t vocab_start, std::int32_t ignore_index,
+                               std::int64_t vocab_size);
+void cross_entropy_slice_combine(double* row_max, double* sums, const double* gathered,
+                                 std::int64_t N, std::int64_t parts);
 void cross_entropy_slice_grad(DType dt, void* logits, double* row_loss,
                               const std::int32_t* targets, std::int64_t N, std::int64_t V,
                               std::int64_t vocab_start, std::int32_t ignore_index,

@@ -50,13 +50,19 @@ void vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<co
   const double D = opt.denominator > 0 ? opt.denominator : double(count_targets(targets, opt.ignore_index));
   const double scale = D > 0 ? dloss / D : 0.0;
 
-  // One fp64 buffer on the logits' device: row maxima [N], sums [2N], row losses [N].
-  Tensor scratch = Tensor::empty({4 * N}, DType::F64, dev);
-  Tensor row_max = scratch.slice0(0, N), sums = scratch.slice0(N, 3 * N), row_loss = scratch.slice0(3 * N, 4 * N);
-  cross_entropy_slice_max(logits, row_max);
-  tp.all_reduce(row_max, ReduceOp::Max);
-  cross_entropy_slice_sums(logits, targets, opt.vocab_start, opt.ignore_index, row_max, sums, opt.vocab_size);
-  tp.all_reduce(sums, ReduceOp::Sum);
+  // One fp64 buffer on the logits' device: every rank's row statistics [P x 3N] (this rank's
+  // block written in place, then gathered), the global row maxima [N] and sums [2N], the row
+  // losses [N].
+  const std::int64_t P = tp.size();
+  Tensor scratch = Tensor::empty({(3 * P + 4) * N}, DType::F64, dev);
+  Tensor gathered = scratch.slice0(0, 3 * P * N);
+  Tensor own = gathered.slice0(3 * tp.rank() * N, 3 * (tp.rank() + 1) * N);
+  Tensor row_max = scratch.slice0(3 * P * N, (3 * P + 1) * N);
+  Tensor sums = scratch.slice0((3 * P + 1) * N, (3 * P + 3) * N);
+  Tensor row_loss = scratch.slice0((3 * P + 3) * N, (3 * P + 4) * N);
+  cross_entropy_slice_stats(logits, targets, opt.vocab_start, opt.ignore_index, own, opt.vocab_size);
+  tp.all_gather(own, gathered);
+  cross_entropy_slice_combine(gathered, row_max, sums);
   cross_entropy_slice_grad(logits, targets, opt.vocab_start, opt.ignore_index, row_max, sums, scale, row_loss);
   cross_entropy_slice_loss(row_loss, D, loss);  // on the device: no host read
 }

@@ -3,22 +3,25 @@
 // them (Megatron's scheme). Rank r holds the columns [vocab_start, vocab_start + V_r) of the
 // logits of every row.
 //
-// Per row n, with z the logits across all ranks and t_n the target:
-//   m_n   = max_v z_nv                       all-reduce max of the ranks' row maxima
-//   s_n   = sum_v exp(z_nv - m_n)            all-reduce sum of the ranks' partial sums
-//   zt_n  = z_{n, t_n}                       the owning rank contributes it, the others 0
-//                                            (in the same all-reduce sum as s_n)
+// Per row n, with z the logits across all ranks, t_n the target, and each rank r's own
+// statistics over its columns (m_rn its row max, s_rn = sum exp(z_nv - m_rn), zt_rn the target's
+// logit if it holds it, else 0):
+//   m_n   = max_v z_nv                 = max_r m_rn
+//   s_n   = sum_v exp(z_nv - m_n)      = sum_r s_rn exp(m_rn - m_n)
+//   zt_n  = z_{n, t_n}                 = sum_r zt_rn   (one rank holds it)
 //   loss  = (1/D) sum_n (log s_n + m_n - zt_n)        over rows whose target is not ignored
 //   dz_nv = (dloss/D) (exp(z_nv - m_n)/s_n - [v == t_n])   on this rank's columns (0 on ignored rows)
 // Built from the vocabulary-slice ops of core/ops/cross_entropy.h, on the logits' device:
-//   cross_entropy_slice_max -> tp.all_reduce(Max) -> cross_entropy_slice_sums ->
-//   tp.all_reduce(Sum) -> cross_entropy_slice_grad (scale = dloss / D) ->
-//   cross_entropy_slice_loss (the row losses summed, / D, added to a running fp64 total on
-//   the device: no host read; the CPU sums the rows in order, CUDA by a fixed-order block sum).
-// Two all-reduces, of N and 2N fp64 numbers, whatever the vocabulary size. The tensors are
-// fp64 on the logits' device, so `tp` must take fp64 there: an MpiCommunicator for CPU logits,
-// an NcclCommunicator for CUDA logits (or a SingleCommunicator for a group of one). Equal, to
-// rounding, to cross_entropy_fused on the gathered logits (tested under mpirun, CPU and CUDA).
+//   cross_entropy_slice_stats -> tp.all_gather (every rank's 3N statistics, in rank order) ->
+//   cross_entropy_slice_combine (every rank the same arithmetic in rank order) ->
+//   cross_entropy_slice_grad (scale = dloss / D) -> cross_entropy_slice_loss (the row losses
+//   summed, / D, added to a running fp64 total on the device: no host read; the CPU sums the
+//   rows in order, CUDA by a fixed-order block sum).
+// Two reads of the rank's logits and one collective of 3N fp64 numbers per rank, whatever the
+// vocabulary size. The tensors are fp64 on the logits' device, so `tp` must take fp64 there:
+// an MpiCommunicator for CPU logits, an NcclCommunicator for CUDA logits (or a
+// SingleCommunicator for a group of one). Equal, to rounding, to cross_entropy_fused on the
+// gathered logits (tested under mpirun, CPU and CUDA).
 // The loss is the same bits on every rank (each gets the same reduced values).
 // It sits with the op families (it only needs the Communicator interface) so that the model
 // can use it without depending on parallel/; it keeps the namespace of tensor parallelism.

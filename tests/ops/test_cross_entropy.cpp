@@ -181,33 +181,44 @@ TEST(CrossEntropySlice, OpsMatchTheFormula) {
     if (c.N > 2) t[2] = std::int32_t(c.vocab_start);     // its first
     const auto zv = z.to_vector();
 
-    Tensor row_max = Tensor::empty({c.N}, DType::F64);
-    cross_entropy_slice_max(z, row_max);
-    const auto mv = row_max.to_vector();
-    // A larger global max, as another rank's slice would give (exact in fp64 either way).
-    std::vector<double> g(std::size_t(c.N));
+    Tensor stats = test::filled({3 * c.N}, 42.0);
+    cross_entropy_slice_stats(z, t, c.vocab_start, -100, stats, total);
+    const auto st = stats.to_vector();
+    // This slice's own statistics; then a second slice's, as another rank would give them, and
+    // the two combined in rank order.
+    std::vector<double> other(std::size_t(3 * c.N)), g(std::size_t(c.N)), s_global(std::size_t(2 * c.N));
     for (std::int64_t n = 0; n < c.N; ++n) {
       double m = -INFINITY;
       for (std::int64_t v = 0; v < c.V; ++v) m = std::max(m, zv[std::size_t(n * c.V + v)]);
-      EXPECT_EQ(mv[std::size_t(n)], m) << tag;
-      g[std::size_t(n)] = m + (n % 2 ? rng.uniform(0, 3) : 0.0);
-    }
-    Tensor gmax = Tensor::from_vector(g, {c.N}, DType::F64);
-    Tensor sums = test::filled({2 * c.N}, 42.0);
-    cross_entropy_slice_sums(z, t, c.vocab_start, -100, gmax, sums, total);
-    const auto sv = sums.to_vector();
-    std::vector<double> s_global(std::size_t(2 * c.N));
-    for (std::int64_t n = 0; n < c.N; ++n) {
+      EXPECT_EQ(st[std::size_t(n)], m) << tag;
       double s = 0;
-      for (std::int64_t v = 0; v < c.V; ++v) s += std::exp(zv[std::size_t(n * c.V + v)] - g[std::size_t(n)]);
-      EXPECT_NEAR(sv[std::size_t(n)], s, 1e-14 * s) << tag << " row " << n;
+      for (std::int64_t v = 0; v < c.V; ++v) s += std::exp(zv[std::size_t(n * c.V + v)] - m);
+      EXPECT_NEAR(st[std::size_t(c.N + n)], s, 1e-14 * s) << tag << " row " << n;
       const std::int64_t col = t[std::size_t(n)] == -100 ? -1 : t[std::size_t(n)] - c.vocab_start;
-      const double zt = col >= 0 && col < c.V ? zv[std::size_t(n * c.V + col)] : 0.0;
-      EXPECT_EQ(sv[std::size_t(c.N + n)], zt) << tag << " row " << n;
-      // As the all-reduce would give it: other ranks add to s, and one of them owns zt when
-      // this slice does not.
-      s_global[std::size_t(n)] = s + rng.uniform(0, 2);
-      s_global[std::size_t(c.N + n)] = col >= 0 && col < c.V ? zt : rng.normal(2.0);
+      const bool here = col >= 0 && col < c.V;
+      const double zt = here ? zv[std::size_t(n * c.V + col)] : 0.0;
+      EXPECT_EQ(st[std::size_t(2 * c.N + n)], zt) << tag << " row " << n;
+      // The other slice: a larger max on odd rows, and the target where this one lacks it.
+      const double mo = m + (n % 2 ? rng.uniform(0, 3) : -rng.uniform(0, 3));
+      const double so = rng.uniform(0.5, 4);
+      const double zto = here || t[std::size_t(n)] == -100 ? 0.0 : rng.normal(2.0);
+      other[std::size_t(n)] = mo;
+      other[std::size_t(c.N + n)] = so;
+      other[std::size_t(2 * c.N + n)] = zto;
+      g[std::size_t(n)] = std::max(m, mo);
+      s_global[std::size_t(n)] = s * std::exp(m - g[std::size_t(n)]) + so * std::exp(mo - g[std::size_t(n)]);
+      s_global[std::size_t(c.N + n)] = zt + zto;
+    }
+    std::vector<double> both = st;
+    both.insert(both.end(), other.begin(), other.end());
+    Tensor gathered = Tensor::from_vector(both, {2 * 3 * c.N}, DType::F64);
+    Tensor gmax = test::filled({c.N}, 42.0), combined = test::filled({2 * c.N}, 42.0);
+    cross_entropy_slice_combine(gathered, gmax, combined);
+    EXPECT_EQ(gmax.to_vector(), g) << tag;
+    const auto cv = combined.to_vector();
+    for (std::int64_t n = 0; n < c.N; ++n) {
+      EXPECT_NEAR(cv[std::size_t(n)], s_global[std::size_t(n)], 1e-14 * s_global[std::size_t(n)]) << tag << " row " << n;
+      EXPECT_EQ(cv[std::size_t(c.N + n)], s_global[std::size_t(c.N + n)]) << tag << " row " << n;
     }
     Tensor sg = Tensor::from_vector(s_global, {2 * c.N}, DType::F64);
     Tensor dz = z.clone(), row_loss = test::filled({c.N}, 42.0);
@@ -227,8 +238,8 @@ TEST(CrossEntropySlice, OpsMatchTheFormula) {
   }
 }
 
-// The slices' results combined by hand as the all-reduces would (max, then sum) give the
-// loss and, column by column, the gradient of cross_entropy_fused on the whole logits.
+// The slices' statistics laid end to end as the all-gather would and combined give the loss
+// and, column by column, the gradient of cross_entropy_fused on the whole logits.
 void compose(DType dt, std::int64_t N, std::int64_t V, double tol, std::uint64_t seed) {
   Rng rng(seed);
   const std::string tag = std::string(dtype_name(dt)) + " N=" + std::to_string(N) + " V=" + std::to_string(V);
@@ -242,22 +253,14 @@ void compose(DType dt, std::int64_t N, std::int64_t V, double tol, std::uint64_t
 
   const std::int64_t bounds[] = {0, V / 5, V / 5 + V / 2, V};  // uneven: 7, 18, 12 of 37
   std::vector<Tensor> parts;
-  std::vector<double> gmax(std::size_t(N), -INFINITY), gsums(std::size_t(2 * N), 0.0);
+  Tensor gathered = Tensor::empty({3 * 3 * N}, DType::F64);  // the all-gather's layout
   for (int r = 0; r < 3; ++r) {
     parts.push_back(test::columns(z, bounds[r], bounds[r + 1]));
-    Tensor m = Tensor::empty({N}, DType::F64);
-    cross_entropy_slice_max(parts.back(), m);
-    const auto mv = m.to_vector();
-    for (std::int64_t n = 0; n < N; ++n) gmax[std::size_t(n)] = std::max(gmax[std::size_t(n)], mv[std::size_t(n)]);
+    Tensor own = gathered.slice0(3 * N * r, 3 * N * (r + 1));
+    cross_entropy_slice_stats(parts.back(), t, bounds[r], -100, own, V);
   }
-  Tensor row_max = Tensor::from_vector(gmax, {N}, DType::F64);
-  for (int r = 0; r < 3; ++r) {
-    Tensor s = Tensor::empty({2 * N}, DType::F64);
-    cross_entropy_slice_sums(parts[std::size_t(r)], t, bounds[r], -100, row_max, s, V);
-    const auto sv = s.to_vector();
-    for (std::size_t i = 0; i < sv.size(); ++i) gsums[i] += sv[i];
-  }
-  Tensor sums = Tensor::from_vector(gsums, {2 * N}, DType::F64);
+  Tensor row_max = Tensor::empty({N}, DType::F64), sums = Tensor::empty({2 * N}, DType::F64);
+  cross_entropy_slice_combine(gathered, row_max, sums);
   double loss = 0;
   std::vector<double> grad(std::size_t(N * V));
   for (int r = 0; r < 3; ++r) {
@@ -290,14 +293,16 @@ TEST(CrossEntropySlice, IgnoredRowsAndTargetsOutsideTheSlice) {
   // Rows: target in the slice, in another slice, ignored (a custom ignore index).
   Tensor z = Tensor::from_vector({1, 2, 3, 4, 5, 6, 7, 8, 9}, {3, 3}, DType::F64);
   const std::vector<std::int32_t> t = {11, 3, 99};
-  Tensor m = Tensor::empty({3}, DType::F64), s = Tensor::empty({6}, DType::F64);
-  cross_entropy_slice_max(z, m);
+  Tensor st = Tensor::empty({9}, DType::F64), m = Tensor::empty({3}, DType::F64), s = Tensor::empty({6}, DType::F64);
+  cross_entropy_slice_stats(z, t, 10, 99, st);
+  const auto sv = st.to_vector();
+  EXPECT_EQ(std::vector<double>(sv.begin(), sv.begin() + 3), (std::vector<double>{3, 6, 9}));
+  EXPECT_EQ(sv[6], 2.0);  // column 1 of row 0
+  EXPECT_EQ(sv[7], 0.0);  // another slice's target
+  EXPECT_EQ(sv[8], 0.0);  // ignored
+  cross_entropy_slice_combine(st, m, s);  // one slice: its own statistics
   EXPECT_EQ(m.to_vector(), (std::vector<double>{3, 6, 9}));
-  cross_entropy_slice_sums(z, t, 10, 99, m, s);
-  const auto sv = s.to_vector();
-  EXPECT_EQ(sv[3], 2.0);  // column 1 of row 0
-  EXPECT_EQ(sv[4], 0.0);  // another slice's target
-  EXPECT_EQ(sv[5], 0.0);  // ignored
+  EXPECT_EQ(s.to_vector(), (std::vector<double>{sv[3], sv[4], sv[5], 2.0, 0.0, 0.0}));
   Tensor loss = Tensor::empty({3}, DType::F64);
   cross_entropy_slice_grad(z, t, 10, 99, m, s, 1.0, loss);
   const auto g = z.to_vector();
@@ -311,6 +316,7 @@ TEST(CrossEntropySlice, IgnoredRowsAndTargetsOutsideTheSlice) {
 TEST(CrossEntropySlice, RejectsBadTargetsAndArguments) {
   Tensor z = Tensor::zeros({3, 4}, DType::F32);
   Tensor m = Tensor::zeros({3}, DType::F64), s = Tensor::zeros({6}, DType::F64), l = Tensor::zeros({3}, DType::F64);
+  Tensor st = Tensor::zeros({9}, DType::F64);
   const std::vector<std::int32_t> ok = {0, -100, 9};
   const std::vector<std::int32_t> negative = {0, -5, 1};
   const std::vector<std::int32_t> beyond = {0, 1, 12};
@@ -322,27 +328,35 @@ TEST(CrossEntropySlice, RejectsBadTargetsAndArguments) {
     }
     return std::string("no throw");
   };
-  EXPECT_NE(message([&] { cross_entropy_slice_sums(z, negative, 4, -100, m, s); }).find("position 1"), std::string::npos);
+  EXPECT_NE(message([&] { cross_entropy_slice_stats(z, negative, 4, -100, st); }).find("position 1"), std::string::npos);
   EXPECT_NE(message([&] { cross_entropy_slice_grad(z, negative, 4, -100, m, s, 1.0, l); }).find("position 1"),
             std::string::npos);
-  EXPECT_NE(message([&] { cross_entropy_slice_sums(z, beyond, 4, -100, m, s, 12); }).find("position 2"),
+  EXPECT_NE(message([&] { cross_entropy_slice_stats(z, beyond, 4, -100, st, 12); }).find("position 2"),
             std::string::npos);
-  EXPECT_NO_THROW(cross_entropy_slice_sums(z, beyond, 4, -100, m, s));  // no vocab_size: unknown
-  EXPECT_NO_THROW(cross_entropy_slice_sums(z, ok, 4, -100, m, s, 12));
+  EXPECT_NO_THROW(cross_entropy_slice_stats(z, beyond, 4, -100, st));  // no vocab_size: unknown
+  EXPECT_NO_THROW(cross_entropy_slice_stats(z, ok, 4, -100, st, 12));
   // The slice must fit the vocabulary; fp64 row results of the right sizes; targets per row.
-  EXPECT_THROW(cross_entropy_slice_sums(z, ok, 9, -100, m, s, 12), std::invalid_argument);
-  EXPECT_THROW(cross_entropy_slice_sums(z, ok, -1, -100, m, s), std::invalid_argument);
-  Tensor m32 = Tensor::zeros({3}, DType::F32), s3 = Tensor::zeros({3}, DType::F64);
-  EXPECT_THROW(cross_entropy_slice_max(z, m32), std::invalid_argument);
-  EXPECT_THROW(cross_entropy_slice_max(z, s), std::invalid_argument);
-  EXPECT_THROW(cross_entropy_slice_sums(z, ok, 4, -100, m, s3), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_stats(z, ok, 9, -100, st, 12), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_stats(z, ok, -1, -100, st), std::invalid_argument);
+  Tensor st32 = Tensor::zeros({9}, DType::F32), m32 = Tensor::zeros({3}, DType::F32), s3 = Tensor::zeros({3}, DType::F64);
+  EXPECT_THROW(cross_entropy_slice_stats(z, ok, 4, -100, st32), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_stats(z, ok, 4, -100, s), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_grad(z, ok, 4, -100, m, s3, 1.0, l), std::invalid_argument);
   EXPECT_THROW(cross_entropy_slice_grad(z, ok, 4, -100, m, s, 1.0, s), std::invalid_argument);
   const std::vector<std::int32_t> two = {0, 1};
-  EXPECT_THROW(cross_entropy_slice_sums(z, two, 4, -100, m, s), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_stats(z, two, 4, -100, st), std::invalid_argument);
   Tensor bf = Tensor::zeros({3, 4}, DType::BF16);
-  EXPECT_THROW(cross_entropy_slice_max(bf, m), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_stats(bf, ok, 4, -100, st), std::invalid_argument);
   Tensor empty = Tensor::zeros({3, 0}, DType::F32);
-  EXPECT_THROW(cross_entropy_slice_max(empty, m), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_stats(empty, ok, 4, -100, st), std::invalid_argument);
+  // combine: whole slices' statistics (P x 3N, P >= 1), fp64 results of N and 2N.
+  Tensor st8 = Tensor::zeros({8}, DType::F64), st18 = Tensor::zeros({18}, DType::F64), none = Tensor::zeros({0}, DType::F64);
+  EXPECT_NO_THROW(cross_entropy_slice_combine(st18, m, s));
+  EXPECT_THROW(cross_entropy_slice_combine(st8, m, s), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_combine(none, m, s), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_combine(st, m32, s), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_combine(st, m, s3), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_combine(st32, m, s), std::invalid_argument);
 }
 
 TEST(CrossEntropySlice, LossAddsTheRowsInOrderOverTheDenominator) {
@@ -370,14 +384,14 @@ TEST(CrossEntropySlice, SameBitsForAnyThreadCount) {
   Tensor z = rng.randn({N, V}, DType::F32, 2.0);
   auto t = random_targets(rng, N, 3 * V, 0.1, -100);
   auto run = [&](int threads) {
-    Tensor m = Tensor::empty({N}, DType::F64), s = Tensor::empty({2 * N}, DType::F64);
-    Tensor l = Tensor::empty({N}, DType::F64), d = z.clone();
+    Tensor st = Tensor::empty({3 * N}, DType::F64), m = Tensor::empty({N}, DType::F64);
+    Tensor s = Tensor::empty({2 * N}, DType::F64), l = Tensor::empty({N}, DType::F64), d = z.clone();
     test::with_threads(threads, [&] {
-      cross_entropy_slice_max(d, m);
-      cross_entropy_slice_sums(d, t, V, -100, m, s);
+      cross_entropy_slice_stats(d, t, V, -100, st);
+      cross_entropy_slice_combine(st, m, s);
       cross_entropy_slice_grad(d, t, V, -100, m, s, 0.3, l);
     });
-    return std::vector<Tensor>{m, s, l, d};
+    return std::vector<Tensor>{st, m, s, l, d};
   };
   const auto a = run(1), b = run(3);
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(test::same_bits(a[i], b[i])) << i;

@@ -1,9 +1,9 @@
-// CUDA vocabulary-slice cross entropy (cross_entropy_slice_max / _sums / _grad) against the
-// CPU on fresh random inputs: fp32 and bf16 logits, one row, slices of width 1, 7, 1000 and
-// 16768, an unaligned view, a custom ignore index; a global max above the slice's and global
-// sums as the all-reduces would give them; the same bits on a second call. Then three uneven
-// slices composed by hand (max, sum, as the all-reduces) against cross_entropy_fused on the
-// whole logits on the GPU, and bad targets reported through cuda::check_id_errors().
+// CUDA vocabulary-slice cross entropy (cross_entropy_slice_stats / _combine / _grad) against
+// the CPU on fresh random inputs: fp32 and bf16 logits, one row, slices of width 1, 7, 1000 and
+// 16768, an unaligned view, a custom ignore index; the slice's statistics combined with
+// another slice's as the all-gather would lay them out; the same bits on a second call. Then
+// three uneven slices composed (stats, laid end to end, combined) against cross_entropy_fused
+// on the whole logits on the GPU, and bad targets reported through cuda::check_id_errors().
 // cross_entropy_slice_loss (the running fp64 loss total) against the CPU's ordered sum.
 // zero_rows on CUDA against the CPU (exact).
 #include "core/ops/cross_entropy.h"
@@ -74,46 +74,41 @@ TEST(CrossEntropySliceCuda, OpsMatchCpu) {
       Tensor zr = test::rounded_f32(z, dt);
       Tensor zd = device_logits(z, dt, c.unaligned);
 
-      // Row maxima: exact.
-      Tensor m_cpu = Tensor::empty({N}, DType::F64);
-      cross_entropy_slice_max(zr, m_cpu);
-      Tensor m_gpu = Tensor::empty({N}, DType::F64, Device::CUDA);
-      cross_entropy_slice_max(zd, m_gpu);
-      EXPECT_EQ(m_gpu.to_vector(), m_cpu.to_vector()) << "row_max " << tag;
-      Tensor m_gpu2 = Tensor::empty({N}, DType::F64, Device::CUDA);
-      cross_entropy_slice_max(zd, m_gpu2);
-      EXPECT_TRUE(test::same_bits_any(m_gpu, m_gpu2)) << "row_max bits " << tag;
+      // This slice's statistics: the row maxima and the target logits exact, the sums of fp32
+      // exponentials (the CPU's in fp64) to fp32 rounding.
+      Tensor st_cpu = Tensor::empty({3 * N}, DType::F64);
+      cross_entropy_slice_stats(zr, t, c.vocab_start, c.ignore_index, st_cpu, total);
+      Tensor st_gpu = Tensor::empty({3 * N}, DType::F64, Device::CUDA);
+      cross_entropy_slice_stats(zd, ids.span(), c.vocab_start, c.ignore_index, st_gpu, total);
+      const auto sc = st_cpu.to_vector(), sg = st_gpu.to_vector();
+      auto part = [N](const std::vector<double>& v, int k) {
+        return std::vector<double>(v.begin() + k * N, v.begin() + (k + 1) * N);
+      };
+      EXPECT_EQ(part(sg, 0), part(sc, 0)) << "row maxima " << tag;
+      expect_near_all(part(sg, 1), part(sc, 1), test::kRtolF32, 0.0, "sums " + tag);
+      EXPECT_EQ(part(sg, 2), part(sc, 2)) << "target logits " << tag;
+      Tensor st_gpu2 = Tensor::empty({3 * N}, DType::F64, Device::CUDA);
+      cross_entropy_slice_stats(zd, ids.span(), c.vocab_start, c.ignore_index, st_gpu2, total);
+      EXPECT_TRUE(test::same_bits_any(st_gpu, st_gpu2)) << "stats bits " << tag;
 
-      // A global max at or above the slice's (another rank's columns), an fp32 value as every
-      // maximum of fp32 / bf16 logits is.
-      std::vector<double> g = m_cpu.to_vector();
-      for (std::size_t n = 0; n < g.size(); ++n)
-        if (n % 2) g[n] = double(float(g[n] + rng.uniform(0, 3)));
-      Tensor gmax = Tensor::from_vector(g, {N}, DType::F64), gmax_d = f64_on_gpu(g);
-
-      // Sums: fp64 row results from fp32 exponentials; the target logits exact.
-      Tensor s_cpu = Tensor::empty({2 * N}, DType::F64);
-      cross_entropy_slice_sums(zr, t, c.vocab_start, c.ignore_index, gmax, s_cpu, total);
-      Tensor s_gpu = Tensor::empty({2 * N}, DType::F64, Device::CUDA);
-      cross_entropy_slice_sums(zd, ids.span(), c.vocab_start, c.ignore_index, gmax_d, s_gpu, total);
-      const auto sc = s_cpu.to_vector(), sg = s_gpu.to_vector();
-      expect_near_all(std::vector<double>(sg.begin(), sg.begin() + N),
-                      std::vector<double>(sc.begin(), sc.begin() + N), test::kRtolF32, 0.0, "sums " + tag);
-      EXPECT_EQ(std::vector<double>(sg.begin() + N, sg.end()), std::vector<double>(sc.begin() + N, sc.end()))
-          << "target logits " << tag;
-      Tensor s_gpu2 = Tensor::empty({2 * N}, DType::F64, Device::CUDA);
-      cross_entropy_slice_sums(zd, ids.span(), c.vocab_start, c.ignore_index, gmax_d, s_gpu2, total);
-      EXPECT_TRUE(test::same_bits_any(s_gpu, s_gpu2)) << "sums bits " << tag;
-
-      // Global sums as the all-reduce would give them: other ranks add to s_n, and one of
-      // them holds the target when this slice does not.
-      std::vector<double> gs = sc;
+      // Another rank's statistics (a max above or below this slice's, an fp32 value as every
+      // maximum of fp32 / bf16 logits is; the target where this slice lacks it), laid after
+      // this slice's as the all-gather would, combined on both devices from the same numbers.
+      std::vector<double> both = sg;
+      both.resize(std::size_t(6 * N));
       for (std::int64_t n = 0; n < N; ++n) {
-        gs[std::size_t(n)] += rng.uniform(0, 2);
+        both[std::size_t(3 * N + n)] = double(float(sc[std::size_t(n)] + rng.uniform(-3, 3)));
+        both[std::size_t(4 * N + n)] = rng.uniform(0.5, 4);
         const std::int64_t col = t[std::size_t(n)] - c.vocab_start;
-        if (t[std::size_t(n)] != c.ignore_index && (col < 0 || col >= V)) gs[std::size_t(N + n)] = rng.normal(2.0);
+        const bool elsewhere = t[std::size_t(n)] != c.ignore_index && (col < 0 || col >= V);
+        both[std::size_t(5 * N + n)] = elsewhere ? rng.normal(2.0) : 0.0;
       }
-      Tensor gsum = Tensor::from_vector(gs, {2 * N}, DType::F64), gsum_d = f64_on_gpu(gs);
+      Tensor gmax = Tensor::empty({N}, DType::F64), gsum = Tensor::empty({2 * N}, DType::F64);
+      cross_entropy_slice_combine(Tensor::from_vector(both, {6 * N}, DType::F64), gmax, gsum);
+      Tensor gmax_d = Tensor::empty({N}, DType::F64, Device::CUDA), gsum_d = Tensor::empty({2 * N}, DType::F64, Device::CUDA);
+      cross_entropy_slice_combine(f64_on_gpu(both), gmax_d, gsum_d);
+      EXPECT_EQ(gmax_d.to_vector(), gmax.to_vector()) << "combined maxima " << tag;
+      expect_near_all(gsum_d.to_vector(), gsum.to_vector(), 1e-14, 0.0, "combined sums " + tag);
 
       // Gradient (in place) and row losses.
       const double scale = 1.3 / double(N);
@@ -169,22 +164,14 @@ TEST(CrossEntropySliceCuda, SlicesComposeToTheFusedCrossEntropy) {
 
       const std::int64_t bounds[] = {0, V / 5, V / 5 + V / 2, V};  // uneven
       std::vector<Tensor> parts;
-      std::vector<double> gmax(std::size_t(N), -INFINITY), gsums(std::size_t(2 * N), 0.0);
+      Tensor gathered = Tensor::empty({3 * 3 * N}, DType::F64, Device::CUDA);  // the all-gather's layout
       for (int r = 0; r < 3; ++r) {
         parts.push_back(test::on_gpu(test::columns(z, bounds[r], bounds[r + 1]), dt));
-        Tensor m = Tensor::empty({N}, DType::F64, Device::CUDA);
-        cross_entropy_slice_max(parts.back(), m);
-        const auto mv = m.to_vector();
-        for (std::int64_t n = 0; n < N; ++n) gmax[std::size_t(n)] = std::max(gmax[std::size_t(n)], mv[std::size_t(n)]);
+        Tensor own = gathered.slice0(3 * N * r, 3 * N * (r + 1));
+        cross_entropy_slice_stats(parts.back(), ids.span(), bounds[r], -100, own, V);
       }
-      const Tensor row_max = f64_on_gpu(gmax);
-      for (int r = 0; r < 3; ++r) {
-        Tensor s = Tensor::empty({2 * N}, DType::F64, Device::CUDA);
-        cross_entropy_slice_sums(parts[std::size_t(r)], ids.span(), bounds[r], -100, row_max, s, V);
-        const auto sv = s.to_vector();
-        for (std::size_t i = 0; i < sv.size(); ++i) gsums[i] += sv[i];
-      }
-      const Tensor sums = f64_on_gpu(gsums);
+      Tensor row_max = Tensor::empty({N}, DType::F64, Device::CUDA), sums = Tensor::empty({2 * N}, DType::F64, Device::CUDA);
+      cross_entropy_slice_combine(gathered, row_max, sums);
       std::vector<double> grad(std::size_t(N * V)), first_loss;
       double loss = 0;
       for (int r = 0; r < 3; ++r) {
@@ -249,22 +236,26 @@ TEST(CrossEntropySliceCuda, ReportsBadTargets) {
     }
     return std::string("nothing reported");
   };
-  {  // A negative target: its row's sums become NaN.
+  Tensor st = Tensor::zeros({9}, DType::F64, Device::CUDA);
+  {  // A negative target: its row's sum and target logit become NaN, and so its combined sums.
     test::DeviceIds ids(std::vector<std::int32_t>{1, -7, 2});
-    cross_entropy_slice_max(z, m);
-    cross_entropy_slice_sums(z, ids.span(), 0, -100, m, s);
-    const auto sv = s.to_vector();
-    EXPECT_TRUE(std::isnan(sv[1]) && std::isnan(sv[4]));
-    EXPECT_FALSE(std::isnan(sv[0]) || std::isnan(sv[2]));
+    cross_entropy_slice_stats(z, ids.span(), 0, -100, st);
+    const auto sv = st.to_vector();
+    EXPECT_TRUE(std::isnan(sv[4]) && std::isnan(sv[7]));
+    EXPECT_FALSE(std::isnan(sv[3]) || std::isnan(sv[5]) || std::isnan(sv[1]));
+    cross_entropy_slice_combine(st, m, s);
+    const auto cv = s.to_vector();
+    EXPECT_TRUE(std::isnan(cv[1]) && std::isnan(cv[4]));
+    EXPECT_FALSE(std::isnan(cv[0]) || std::isnan(cv[2]));
     const std::string msg = message();
-    EXPECT_NE(msg.find("cross_entropy_slice_sums"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cross_entropy_slice_stats"), std::string::npos) << msg;
     EXPECT_NE(msg.find("target -7 at position 1"), std::string::npos) << msg;
     EXPECT_EQ(message(), "nothing reported");  // cleared
   }
   {  // Beyond the vocabulary, when its size is given.
     test::DeviceIds ids(std::vector<std::int32_t>{1, -100, 12});
-    cross_entropy_slice_sums(z, ids.span(), 5, -100, m, s, 10);
-    EXPECT_TRUE(std::isnan(s.to_vector()[2]));
+    cross_entropy_slice_stats(z, ids.span(), 5, -100, st, 10);
+    EXPECT_TRUE(std::isnan(st.to_vector()[5]));
     const std::string msg = message();
     EXPECT_NE(msg.find("target 12 at position 2"), std::string::npos) << msg;
     EXPECT_NE(msg.find("[0, 10)"), std::string::npos) << msg;
@@ -291,12 +282,18 @@ TEST(CrossEntropySliceCuda, ChecksDtypesAndDevices) {
   Tensor z = Tensor::zeros({2, 5}, DType::BF16, Device::CUDA);
   Tensor m32 = Tensor::zeros({2}, DType::F32, Device::CUDA);
   Tensor m_cpu = Tensor::zeros({2}, DType::F64);
-  Tensor m = Tensor::zeros({2}, DType::F64, Device::CUDA);
-  EXPECT_THROW(cross_entropy_slice_max(z, m32), std::invalid_argument);
-  EXPECT_THROW(cross_entropy_slice_max(z, m_cpu), std::invalid_argument);
-  EXPECT_NO_THROW(cross_entropy_slice_max(z, m));
+  Tensor st = Tensor::zeros({6}, DType::F64, Device::CUDA), st32 = Tensor::zeros({6}, DType::F32, Device::CUDA);
+  Tensor st_cpu = Tensor::zeros({6}, DType::F64), m = Tensor::zeros({2}, DType::F64, Device::CUDA);
+  Tensor s = Tensor::zeros({4}, DType::F64, Device::CUDA);
+  test::DeviceIds ids(std::vector<std::int32_t>{1, 2});
+  EXPECT_THROW(cross_entropy_slice_stats(z, ids.span(), 0, -100, st32), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_stats(z, ids.span(), 0, -100, st_cpu), std::invalid_argument);
+  EXPECT_NO_THROW(cross_entropy_slice_stats(z, ids.span(), 0, -100, st));
   Tensor z64 = Tensor::zeros({2, 5}, DType::F64, Device::CUDA);
-  EXPECT_THROW(cross_entropy_slice_max(z64, m), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_stats(z64, ids.span(), 0, -100, st), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_combine(st, m32, s), std::invalid_argument);
+  EXPECT_THROW(cross_entropy_slice_combine(st, m_cpu, s), std::invalid_argument);
+  EXPECT_NO_THROW(cross_entropy_slice_combine(st, m, s));
 }
 
 // ---- zero_rows ---------------------------------------------------------------------------

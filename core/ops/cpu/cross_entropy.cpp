@@ -126,31 +126,39 @@ inline std::int64_t slice_column(std::int32_t t, std::int32_t ignore_index,
 }  // namespace
 
 template <class T>
-void cross_entropy_slice_max(double* row_max, const T* logits, std::int64_t N, std::int64_t V) {
+void cross_entropy_slice_stats(double* stats, const T* logits, const std::int32_t* targets,
+                               std::int64_t N, std::int64_t V, std::int64_t vocab_start,
+                               std::int32_t ignore_index, std::int64_t vocab_size) {
+  check_slice_targets(targets, N, vocab_size, ignore_index, "cross_entropy_slice_stats");
 #pragma omp parallel for schedule(static)
   for (std::int64_t n = 0; n < N; ++n) {
     const T* z = logits + n * V;
     double m = -std::numeric_limits<double>::infinity();
     for (std::int64_t v = 0; v < V; ++v) m = std::max(m, double(z[v]));
-    row_max[n] = m;
+    double s = 0.0;
+    if (m != -std::numeric_limits<double>::infinity())
+      for (std::int64_t v = 0; v < V; ++v) s += std::exp(double(z[v]) - m);
+    stats[n] = m;
+    stats[N + n] = s;
+    const std::int64_t c = slice_column(targets[n], ignore_index, vocab_start, V);
+    stats[2 * N + n] = c >= 0 ? double(z[c]) : 0.0;
   }
 }
 
-template <class T>
-void cross_entropy_slice_sums(double* sums, const T* logits, const std::int32_t* targets,
-                              std::int64_t N, std::int64_t V, std::int64_t vocab_start,
-                              std::int32_t ignore_index, const double* row_max,
-                              std::int64_t vocab_size) {
-  check_slice_targets(targets, N, vocab_size, ignore_index, "cross_entropy_slice_sums");
-#pragma omp parallel for schedule(static)
+void cross_entropy_slice_combine(double* row_max, double* sums, const double* gathered,
+                                 std::int64_t N, std::int64_t parts) {
   for (std::int64_t n = 0; n < N; ++n) {
-    const T* z = logits + n * V;
-    const double m = row_max[n];
-    double s = 0.0;
-    for (std::int64_t v = 0; v < V; ++v) s += std::exp(double(z[v]) - m);
+    double m = -std::numeric_limits<double>::infinity();
+    for (std::int64_t r = 0; r < parts; ++r) m = std::max(m, gathered[r * 3 * N + n]);
+    double s = 0.0, zt = 0.0;
+    for (std::int64_t r = 0; r < parts; ++r) {
+      const double* part = gathered + r * 3 * N;
+      if (part[n] != -std::numeric_limits<double>::infinity()) s += part[N + n] * std::exp(part[n] - m);
+      zt += part[2 * N + n];
+    }
+    row_max[n] = m;
     sums[n] = s;
-    const std::int64_t c = slice_column(targets[n], ignore_index, vocab_start, V);
-    sums[N + n] = c >= 0 ? double(z[c]) : 0.0;
+    sums[N + n] = zt;
   }
 }
 
@@ -191,10 +199,9 @@ void cross_entropy_slice_loss(double* loss, const double* row_loss, std::int64_t
                                           std::int64_t, std::int64_t, std::int32_t, double);    \
   template double cross_entropy_fused<T>(T*, const std::int32_t*, std::int64_t, std::int64_t,  \
                                          std::int32_t, double);                                 \
-  template void cross_entropy_slice_max<T>(double*, const T*, std::int64_t, std::int64_t);      \
-  template void cross_entropy_slice_sums<T>(double*, const T*, const std::int32_t*,             \
-                                            std::int64_t, std::int64_t, std::int64_t,           \
-                                            std::int32_t, const double*, std::int64_t);         \
+  template void cross_entropy_slice_stats<T>(double*, const T*, const std::int32_t*,            \
+                                             std::int64_t, std::int64_t, std::int64_t,          \
+                                             std::int32_t, std::int64_t);                       \
   template void cross_entropy_slice_grad<T>(T*, double*, const std::int32_t*, std::int64_t,     \
                                             std::int64_t, std::int64_t, std::int32_t,           \
                                             const double*, const double*, double);

@@ -64,7 +64,7 @@ void check_id_errors() {
                          "cross_entropy_forward",
                          "cross_entropy_backward",
                          "cross_entropy_fused",
-                         "cross_entropy_slice_sums",
+                         "cross_entropy_slice_stats",
                          "cross_entropy_slice_grad"};
   const char* op = (e.op >= 1 && e.op <= kCrossEntropySliceGrad) ? names[e.op] : names[0];
   const bool ce = e.op >= kCrossEntropyForward;

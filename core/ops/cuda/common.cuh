@@ -187,7 +187,7 @@ struct IdError {
   long long limit; // the id range's end (vocabulary size / V); 0: not known (a negative id)
 };
 enum IdOp : int { kEmbeddingForward = 1, kEmbeddingBackward, kCrossEntropyForward,
-                  kCrossEntropyBackward, kCrossEntropyFused, kCrossEntropySliceSums,
+                  kCrossEntropyBackward, kCrossEntropyFused, kCrossEntropySliceStats,
                   kCrossEntropySliceGrad };
 IdError* id_error_slot();  // device memory, zeroed at first use
 

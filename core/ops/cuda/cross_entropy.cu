@@ -14,9 +14,10 @@
 // gives it) is counted on the device, so nothing waits for the host.
 // The forward and the fused pass run the same code for lse and the row loss, and the
 // backward reads the same fp32 lse, so fused and unfused give the same bits.
-// The vocabulary-slice ops (the vocab-parallel cross entropy) are three one-block-per-row
-// kernels: the row max; the sum of exp(z - m) with the target's logit; the loss and the
-// gradient in place. Their row results are fp64.
+// The vocabulary-slice ops (the vocab-parallel cross entropy) are two one-block-per-row
+// kernels, the slice's own (max, sum) by pass 1's online softmax with the target's logit, and
+// the loss and the gradient in place, with a one-thread-per-row combination of the ranks'
+// statistics between them. Their row results are fp64.
 #include <cmath>
 #include <type_traits>
 
@@ -261,76 +262,61 @@ void launch_rows(T* dz, const T* z, float* lse, double* row_loss, const std::int
 // ---- vocabulary slices (cross_entropy.h) ------------------------------------------------
 // One block per row, the row in 16-byte pieces where the width and the pointer allow.
 
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  v = warp_max(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float m = lane < nwarps ? scratch[lane] : -INFINITY;
-  m = warp_max(m);
-  __syncthreads();
-  return m;
-}
-
-// row_max[n] = max of the row. A max is exact whatever the order; fmaxf skips NaN, as the
-// CPU's std::max(m, z) does (a NaN shows in the sums instead).
-template <class T, int V>
-__global__ void slice_max_kernel(double* __restrict__ row_max, const T* __restrict__ z,
-                                 std::int64_t Vn) {
-  __shared__ float red[32];
-  const std::int64_t base = std::int64_t(blockIdx.x) * Vn;
-  const std::int64_t step = std::int64_t(blockDim.x) * V;
-  float m = -INFINITY;
-  for (std::int64_t c = std::int64_t(threadIdx.x) * V; c < Vn; c += step) {
-    float zv[V];
-    load<T, V>(z + base + c, zv);
-#pragma unroll
-    for (int i = 0; i < V; ++i) m = fmaxf(m, zv[i]);
-  }
-  m = block_max(m, red);
-  if (threadIdx.x == 0) row_max[blockIdx.x] = double(m);
-}
-
 __device__ __forceinline__ bool bad_target(std::int32_t t, std::int32_t ignore_index,
                                            std::int64_t vocab_size) {
   return t != ignore_index && (t < 0 || (vocab_size > 0 && std::int64_t(t) >= vocab_size));
 }
 
-// sums[n] = sum exp(z - m_n) (exponentials by __expf, as push_piece's, in fp32 from m_n
-// rounded to fp32, which a max of fp32/bf16 logits is exactly; each thread accumulates in
-// fp64 in column order, then the fixed tree of block_sum), sums[N + n] = the target's logit
-// if this slice holds it.
+// stats[n], stats[N + n] = this slice's (m_rn, s_rn): the fused kernel's pass 1 (push_piece,
+// block_merge) over the slice; stats[2N + n] = the target's logit if this slice holds it.
 template <class T, int V>
-__global__ void slice_sums_kernel(double* __restrict__ sums, const T* __restrict__ z,
-                                  const std::int32_t* __restrict__ targets, std::int64_t N,
-                                  std::int64_t Vn, std::int64_t vocab_start,
-                                  std::int32_t ignore_index, const double* __restrict__ row_max,
-                                  std::int64_t vocab_size, IdError* err) {
-  __shared__ double red[32];
+__global__ void slice_stats_kernel(double* __restrict__ stats, const T* __restrict__ z,
+                                   const std::int32_t* __restrict__ targets, std::int64_t N,
+                                   std::int64_t Vn, std::int64_t vocab_start,
+                                   std::int32_t ignore_index, std::int64_t vocab_size, IdError* err) {
+  __shared__ MaxSum red[32];
   const std::int64_t n = blockIdx.x;
-  const std::int64_t base = n * Vn;
-  const std::int64_t step = std::int64_t(blockDim.x) * V;
-  const float m = float(row_max[n]);
-  double acc = 0.0;
-  for (std::int64_t c = std::int64_t(threadIdx.x) * V; c < Vn; c += step) {
+  const T* z_row = z + n * Vn;
+  const int cols = int(Vn), step = int(blockDim.x) * V, first = int(threadIdx.x) * V;
+  MaxSum st{-INFINITY, 0.f};
+  for (int c = first; c < cols; c += step) {
     float zv[V];
-    load<T, V>(z + base + c, zv);
-#pragma unroll
-    for (int i = 0; i < V; ++i) acc += double(__expf(__fsub_rn(zv[i], m)));
+    load<T, V>(z_row + c, zv);
+    push_piece(st, zv);
   }
-  acc = block_sum(acc, red);
+  st = block_merge(st, red);
   if (threadIdx.x == 0) {
     const std::int32_t t = targets[n];
-    const bool ignored = t == ignore_index;
+    stats[n] = double(st.m);
     if (bad_target(t, ignore_index, vocab_size)) {
-      record_id_error(err, kCrossEntropySliceSums, n, t, vocab_size);
-      sums[n] = sums[N + n] = double(NAN);
+      record_id_error(err, kCrossEntropySliceStats, n, t, vocab_size);
+      stats[N + n] = stats[2 * N + n] = double(NAN);
       return;
     }
-    const std::int64_t col = ignored ? -1 : std::int64_t(t) - vocab_start;
-    sums[n] = acc;
-    sums[N + n] = col >= 0 && col < Vn ? double(to_f(z[base + col])) : 0.0;
+    const std::int64_t col = t == ignore_index ? -1 : std::int64_t(t) - vocab_start;
+    stats[N + n] = double(st.s);
+    stats[2 * N + n] = col >= 0 && col < Vn ? double(to_f(z_row[col])) : 0.0;
   }
+}
+
+// One thread per row: the slices' statistics, laid end to end, combined in slice order (the
+// CPU's arithmetic in the CPU's order).
+__global__ void slice_combine_kernel(double* __restrict__ row_max, double* __restrict__ sums,
+                                     const double* __restrict__ gathered, std::int64_t N,
+                                     std::int64_t parts) {
+  const std::int64_t n = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  double m = -INFINITY;
+  for (std::int64_t r = 0; r < parts; ++r) m = fmax(m, gathered[r * 3 * N + n]);
+  double s = 0.0, zt = 0.0;
+  for (std::int64_t r = 0; r < parts; ++r) {
+    const double* part = gathered + r * 3 * N;
+    if (part[n] != -INFINITY) s = __dadd_rn(s, __dmul_rn(part[N + n], exp(part[n] - m)));
+    zt += part[2 * N + n];
+  }
+  row_max[n] = m;
+  sums[n] = s;
+  sums[N + n] = zt;
 }
 
 // row_loss[n] = log s_n + m_n - zt_n (fp64); z <- scale (exp(z - m_n) / s_n - onehot) in fp32,
@@ -375,32 +361,29 @@ __global__ void slice_grad_kernel(T* z, double* __restrict__ row_loss,
 
 }  // namespace
 
-void cross_entropy_slice_max(DType dt, double* row_max, const void* logits, std::int64_t N,
-                             std::int64_t V) {
-  const char* what = "cross_entropy_slice_max";
-  dispatch(dt, what, [&](auto tag) {
-    using T = decltype(tag);
-    const T* z = static_cast<const T*>(logits);
-    launch_per_row<T>(aligned16(z), N, V, what, [&](auto vec, int threads) {
-      slice_max_kernel<T, decltype(vec)::value><<<unsigned(N), threads>>>(row_max, z, V);
-    });
-  });
-}
-
-void cross_entropy_slice_sums(DType dt, double* sums, const void* logits,
-                              const std::int32_t* targets, std::int64_t N, std::int64_t V,
-                              std::int64_t vocab_start, std::int32_t ignore_index,
-                              const double* row_max, std::int64_t vocab_size) {
-  const char* what = "cross_entropy_slice_sums";
+void cross_entropy_slice_stats(DType dt, double* stats, const void* logits,
+                               const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                               std::int64_t vocab_start, std::int32_t ignore_index,
+                               std::int64_t vocab_size) {
+  const char* what = "cross_entropy_slice_stats";
   IdError* err = id_error_slot();
   dispatch(dt, what, [&](auto tag) {
     using T = decltype(tag);
     const T* z = static_cast<const T*>(logits);
     launch_per_row<T>(aligned16(z), N, V, what, [&](auto vec, int threads) {
-      slice_sums_kernel<T, decltype(vec)::value><<<unsigned(N), threads>>>(
-          sums, z, targets, N, V, vocab_start, ignore_index, row_max, vocab_size, err);
+      slice_stats_kernel<T, decltype(vec)::value><<<unsigned(N), threads>>>(
+          stats, z, targets, N, V, vocab_start, ignore_index, vocab_size, err);
     });
   });
+}
+
+void cross_entropy_slice_combine(double* row_max, double* sums, const double* gathered,
+                                 std::int64_t N, std::int64_t parts) {
+  if (N == 0) return;
+  const int threads = 256;
+  slice_combine_kernel<<<unsigned((N + threads - 1) / threads), threads>>>(row_max, sums, gathered,
+                                                                          N, parts);
+  check_launch("cross_entropy_slice_combine");
 }
 
 void cross_entropy_slice_grad(DType dt, void* logits, double* row_loss,
