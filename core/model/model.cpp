@@ -797,33 +797,62 @@ Tensor NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t 
   ce.denominator = double(N);
   ce.accumulate_loss = true;
   // Row chunks: the chunk's logits, its loss and (training) the gradient in place, then the
-  // chunk's backward.
+  // chunk's backward. Vocab-parallel, a chunk's statistics travel over the TP group while the
+  // next chunk's product and statistics run, and the chunk is completed (gradient, loss,
+  // backward) while the next one's travel: two chunks' logits are live at a time.
+  parallel::VocabParallelCE opt;
+  opt.vocab_start = vocab_begin_;
+  opt.vocab_size = dims_.V;
+  opt.denominator = double(N);
+  struct Chunk {
+    std::int64_t r0 = 0, r1 = 0;
+    Tensor logits;
+    parallel::VocabParallelCEChunk ce;
+  };
+  auto backward = [&](Chunk& c) {
+    if (dxf) {
+      Tensor dxc = dxf->slice0(c.r0, c.r1);
+      TIMED("matmul");
+      linear_backward(c.logits, xf.slice0(c.r0, c.r1), E, {&dxc, &dE, nullptr});
+    }
+    c = Chunk();
+  };
+  auto complete = [&](Chunk& c) {  // vocab-parallel: once its statistics have been exchanged
+    {
+      TIMED("cross entropy");
+      parallel::vocab_parallel_ce_finish(c.ce, dxf ? grad_scale : 0.0, loss);
+    }
+    backward(c);
+  };
+  Chunk previous;
   for (std::int64_t r0 = 0; r0 < N; r0 += head_chunk_) {
-    const std::int64_t r1 = std::min(N, r0 + head_chunk_);
-    const Tensor xc = xf.slice0(r0, r1);
-    const auto targets = tgt.span.subspan(std::size_t(r0), std::size_t(r1 - r0));
-    Tensor logits = act({r1 - r0, Vl});
-    { TIMED("matmul"); linear_forward(xc, E, nullptr, logits); }
+    Chunk c{r0, std::min(N, r0 + head_chunk_), Tensor(), {}};
+    const Tensor xc = xf.slice0(c.r0, c.r1);
+    const auto targets = tgt.span.subspan(std::size_t(c.r0), std::size_t(c.r1 - c.r0));
+    c.logits = act({c.r1 - c.r0, Vl});
+    { TIMED("matmul"); linear_forward(xc, E, nullptr, c.logits); }
     if (tp_ > 1) {
-      TIMED("cross entropy");
-      parallel::VocabParallelCE opt;
-      opt.vocab_start = vocab_begin_;
-      opt.vocab_size = dims_.V;
-      opt.denominator = double(N);
-      parallel::vocab_parallel_cross_entropy(*tp_group_, logits, targets, dxf ? grad_scale : 0.0, opt, loss);
-    } else if (dxf) {
-      TIMED("cross entropy");
-      cross_entropy_fused(logits, targets, loss, grad_scale, ce);
-    } else {
-      TIMED("cross entropy");
-      Tensor lse = stat({r1 - r0});
-      cross_entropy_forward(logits, targets, loss, lse, ce);
+      {
+        TIMED("cross entropy");
+        c.ce = parallel::vocab_parallel_ce_start(*tp_group_, c.logits, targets, opt);  // ends previous's exchange
+      }
+      if (previous.logits.defined()) complete(previous);
+      previous = std::move(c);
+      continue;
     }
     if (dxf) {
-      Tensor dxc = dxf->slice0(r0, r1);
-      TIMED("matmul");
-      linear_backward(logits, xc, E, {&dxc, &dE, nullptr});
+      TIMED("cross entropy");
+      cross_entropy_fused(c.logits, targets, loss, grad_scale, ce);
+    } else {
+      TIMED("cross entropy");
+      Tensor lse = stat({c.r1 - c.r0});
+      cross_entropy_forward(c.logits, targets, loss, lse, ce);
     }
+    backward(c);
+  }
+  if (previous.logits.defined()) {
+    { TIMED("cross entropy"); tp_group_->wait_all(); }
+    complete(previous);
   }
   if (dxf) tp_sum(*dxf);  // vocab-parallel head: every rank's share of the gradient
   return loss;

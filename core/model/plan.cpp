@@ -63,7 +63,9 @@ struct Sizes {
   std::int64_t targets = 0;  // CUDA: tgt, the device copy of the targets
   std::int64_t loss = 0;     // head_loss's loss {1} (stat; fp64 with tp > 1), kept as st.loss to the step's end
   std::int64_t logits = 0;   // head_loss's first (largest) chunk of logits [min(N, chunk), V/tp]
-  std::int64_t ce_scratch = 0;  // tp > 1: vocab_parallel_cross_entropy's fp64 [(3 tp + 4) rows] scratch
+  std::int64_t ce_scratch = 0;  // tp > 1: vocab_parallel_ce_start's fp64 [(3 tp + 4) rows] scratch
+  std::int64_t next_logits = 0;      // tp > 1: the second chunk's logits and scratch, live beside
+  std::int64_t next_ce_scratch = 0;  //   the first's while the first's statistics travel
 };
 
 Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_rows) {
@@ -114,6 +116,9 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
   z.loss = p.tp > 1 ? 8 : s;
   z.logits = rows * vocab_rows * e;
   z.ce_scratch = p.tp > 1 ? (3 * p.tp + 4) * rows * 8 : 0;
+  const std::int64_t next_rows = p.tp > 1 ? std::min(N - rows, p.head_chunk) : 0;
+  z.next_logits = next_rows * vocab_rows * e;
+  z.next_ce_scratch = next_rows > 0 ? (3 * p.tp + 4) * next_rows * 8 : 0;
   return z;
 }
 
@@ -174,13 +179,19 @@ class StageReplay {
     release_h();             // norm_stream: the last layer's residual added
     led_.alloc(z_.x);        // dxf
     // head_loss: per row chunk the logits, their loss and gradient in place, the chunk's
-    // backward; the first chunk is the largest.
+    // backward; the first chunk is the largest. Vocab-parallel, the next chunk's logits and
+    // scratch come before the first's gradient (its statistics travel meanwhile): the first
+    // two chunks are the largest pair.
     led_.alloc(z_.loss);        // loss: returned as st.loss, read (and freed) at the step's end
     ++losses_;
     led_.alloc(z_.logits);      // logits
-    led_.alloc(z_.ce_scratch);  // tp > 1: vocab_parallel_cross_entropy's scratch
-    led_.free(z_.ce_scratch);
-    led_.free(z_.logits);
+    led_.alloc(z_.ce_scratch);  // tp > 1: vocab_parallel_ce_start's scratch
+    led_.alloc(z_.next_logits);
+    led_.alloc(z_.next_ce_scratch);
+    led_.free(z_.ce_scratch);   // vocab_parallel_ce_finish
+    led_.free(z_.logits);       // the first chunk's backward done
+    led_.free(z_.next_ce_scratch);
+    led_.free(z_.next_logits);
     led_.free(z_.x);        // xf = Tensor()
     led_.alloc(z_.x);       // st.d_last
     led_.free(z_.row);      // return: rstdf,

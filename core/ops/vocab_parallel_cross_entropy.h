@@ -17,8 +17,10 @@
 //   cross_entropy_slice_grad (scale = dloss / D) -> cross_entropy_slice_loss (the row losses
 //   summed, / D, added to a running fp64 total on the device: no host read; the CPU sums the
 //   rows in order, CUDA by a fixed-order block sum).
-// Two reads of the rank's logits and one collective of 3N fp64 numbers per rank, whatever the
-// vocabulary size. The tensors are fp64 on the logits' device, so `tp` must take fp64 there:
+// Two reads of the rank's logits and one collective per call, whatever the vocabulary size: the
+// statistics are gathered as a sum over `tp` of [P x 3N] blocks, each rank's own block filled
+// and the others zero (x + 0 = x: exactly the gather), so that the exchange can be started
+// and waited for later as any started all-reduce (Communicator::start_all_reduce / wait_all). The tensors are fp64 on the logits' device, so `tp` must take fp64 there:
 // an MpiCommunicator for CPU logits, an NcclCommunicator for CUDA logits (or a
 // SingleCommunicator for a group of one). Equal, to rounding, to cross_entropy_fused on the
 // gathered logits (tested under mpirun, CPU and CUDA).
@@ -56,5 +58,28 @@ void vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<co
 // The same, returning this call's loss (read on the host: on CUDA that waits for the device).
 double vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<const std::int32_t> targets,
                                     double dloss, const VocabParallelCE& opt);
+
+// The same in two halves, so that the exchange of one chunk's statistics runs beside other
+// work (the LM head's next chunk: its product and statistics; the previous chunk's gradient
+// and backward products):
+//   VocabParallelCEChunk c = vocab_parallel_ce_start(tp, logits, targets, opt);
+//   ... (no other collective on tp; a later vocab_parallel_ce_start or tp.wait_all() ends it)
+//   vocab_parallel_ce_finish(c, dloss, loss);
+// start checks the arguments (every error before any collective), computes this rank's
+// statistics, waits for every all-reduce started on `tp` before it (tp.wait_all(): the previous
+// chunk's exchange, as start_all_reduce requires), then starts this chunk's. finish runs after
+// that exchange has ended (the caller's tp.wait_all() or next start): the combination, the
+// gradient in place of the logits, the loss added. The chunk holds the logits (a view) and its
+// fp64 scratch until finish. vocab_parallel_cross_entropy is start, tp.wait_all(), finish.
+struct VocabParallelCEChunk {
+  Tensor logits;                              // the caller's, replaced by dlogits in finish
+  std::span<const std::int32_t> targets;
+  VocabParallelCE opt;
+  double denominator = 0;                     // D as resolved by start
+  Tensor gathered, row_max, sums, row_loss;   // views of one fp64 scratch
+};
+VocabParallelCEChunk vocab_parallel_ce_start(Communicator& tp, Tensor& logits, std::span<const std::int32_t> targets,
+                                             const VocabParallelCE& opt);
+void vocab_parallel_ce_finish(VocabParallelCEChunk& chunk, double dloss, Tensor& loss);
 
 }  // namespace nsatron::parallel

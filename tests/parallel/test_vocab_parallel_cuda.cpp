@@ -165,3 +165,44 @@ TEST_F(VocabParallelCuda, RefusesAMissingDenominatorBeforeAnyCollective) {
   tp().all_reduce(one);
   EXPECT_EQ(one.to_vector()[0], double(tp().size()));
 }
+
+// The LM head's order over NCCL: chunk k's exchange started (on the communicator's stream)
+// before chunk k-1 is finished. The loss and every rank's gradient are the blocking calls' bits.
+TEST_F(VocabParallelCuda, ChunksInFlightGiveTheBlockingBits) {
+  const int P = tp().size(), r = tp().rank();
+  const auto seed = shared_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  test::Rng rng(seed);
+  const std::int64_t V = 50304, chunks = 3, rows = 67;
+  const std::int64_t per = (V + P - 1) / P, start = std::min<std::int64_t>(V, r * per),
+                     end = std::min<std::int64_t>(V, start + per);
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(chunks * rows));
+  for (auto& t : targets) t = rng.uniform(0, 1) < 0.1 ? -100 : std::int32_t(rng.integer(0, V - 1));
+  test::DeviceIds ids(targets);
+  const Tensor z = test::columns(test::rounded_f32(rng.randn({chunks * rows, V}, DType::F32, 3.0), DType::BF16),
+                                 start, end);
+  VocabParallelCE opt;
+  opt.vocab_start = start;
+  opt.vocab_size = V;
+  opt.denominator = double(chunks * rows);
+  auto targets_of = [&](std::int64_t k) { return ids.span().subspan(std::size_t(k * rows), std::size_t(rows)); };
+
+  Tensor blocking = test::on_gpu(z, DType::BF16), blocking_loss = Tensor::zeros({1}, DType::F64, Device::CUDA);
+  for (std::int64_t k = 0; k < chunks; ++k) {
+    Tensor c = blocking.slice0(k * rows, (k + 1) * rows);
+    vocab_parallel_cross_entropy(tp(), c, targets_of(k), 1.3, opt, blocking_loss);
+  }
+  Tensor queued = test::on_gpu(z, DType::BF16), queued_loss = Tensor::zeros({1}, DType::F64, Device::CUDA);
+  VocabParallelCEChunk previous;
+  for (std::int64_t k = 0; k < chunks; ++k) {
+    Tensor c = queued.slice0(k * rows, (k + 1) * rows);
+    VocabParallelCEChunk next = vocab_parallel_ce_start(tp(), c, targets_of(k), opt);
+    if (k > 0) vocab_parallel_ce_finish(previous, 1.3, queued_loss);
+    previous = std::move(next);
+  }
+  tp().wait_all();
+  vocab_parallel_ce_finish(previous, 1.3, queued_loss);
+  EXPECT_TRUE(test::same_bits_any(queued_loss, blocking_loss)) << "loss, rank " << r;
+  EXPECT_TRUE(test::same_bits_any(queued, blocking)) << "dlogits, rank " << r;
+  EXPECT_TRUE(same_everywhere(queued_loss.to_vector()[0])) << "loss bits differ between ranks";
+}
