@@ -12,7 +12,7 @@
 //   loss  = (1/D) sum_n (log s_n + m_n - zt_n)        over rows whose target is not ignored
 //   dz_nv = (dloss/D) (exp(z_nv - m_n)/s_n - [v == t_n])   on this rank's columns (0 on ignored rows)
 // Built from the vocabulary-slice ops of core/ops/cross_entropy.h, on the logits' device:
-//   cross_entropy_slice_stats -> tp.all_gather (every rank's 3N statistics, in rank order) ->
+//   cross_entropy_slice_stats -> every rank's 3N statistics gathered over tp in rank order ->
 //   cross_entropy_slice_combine (every rank the same arithmetic in rank order) ->
 //   cross_entropy_slice_grad (scale = dloss / D) -> cross_entropy_slice_loss (the row losses
 //   summed, / D, added to a running fp64 total on the device: no host read; the CPU sums the
