@@ -15,8 +15,8 @@
 // 5 N F e, the projection's split or join 2 N G group_width e (its padded rows as the model
 // lays them out), the fused cross entropy 2 R V e
 // per head chunk of R rows (read once into shared memory, the gradient written; the
-// vocab-parallel slice ops, printed apart: R V e for the row max and for the sums, 2 R V e
-// for the loss and gradient), and
+// vocab-parallel slice ops, printed apart: R V e for the statistics, 2 R V e for the loss and
+// gradient), and
 // AdamW 30 bytes per parameter (p, grad, m, v read in fp32; p, m, v written; the bf16
 // compute copy), once per step over the model's parameters (not per micro-batch).
 // Random inputs; the random targets of the cross entropy make its loss meaningless and its
