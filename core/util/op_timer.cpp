@@ -86,6 +86,30 @@ std::vector<std::string> hidden_lines(const std::vector<std::pair<std::string, d
   return lines;
 }
 
+double compute_ms(const std::vector<std::pair<std::string, double>>& totals) {
+  double ms = 0;
+  for (const auto& [family, family_ms] : totals) {
+    bool communication = false;
+    for (const char* group : {"tp ", "dp ", "pp ", "embedding "})
+      communication = communication || family.rfind(group, 0) == 0;
+    if (!communication) ms += family_ms;
+  }
+  return ms;
+}
+
+std::string ranks_line(const std::vector<double>& compute_ms_per_rank) {
+  const auto& v = compute_ms_per_rank;
+  if (v.size() < 2) return "";
+  const auto fastest = std::min_element(v.begin(), v.end()), slowest = std::max_element(v.begin(), v.end());
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "ranks' compute (the families less communication): fastest rank %d %.1f ms, slowest rank %d "
+                "%.1f ms (+%.1f%%), which the others wait for at the collectives",
+                int(fastest - v.begin()), *fastest, int(slowest - v.begin()), *slowest,
+                *fastest > 0 ? 100 * (*slowest / *fastest - 1) : 0.0);
+  return line;
+}
+
 BusyScope::BusyScope(const std::string& group, void* stream) : stream_(stream) {
   State& s = state();
   if (!s.on) return;

@@ -33,6 +33,15 @@ std::vector<std::pair<std::string, double>> busy_totals_ms();
 std::vector<std::string> hidden_lines(const std::vector<std::pair<std::string, double>>& busy,
                                       const std::vector<std::pair<std::string, double>>& totals);
 
+// The time of `totals` a rank spent computing: every family but a communication group's
+// ("tp ...", "dp ...", "pp ...", "embedding ...": collectives run in line and the waits for
+// them, which include the waits for slower ranks).
+double compute_ms(const std::vector<std::pair<std::string, double>>& totals);
+// The ranks' compute times (rank r's at [r], two or more ranks): the fastest and the slowest
+// rank and how much longer the slowest computed, which the others wait for at the collectives.
+// No prefix, no newline.
+std::string ranks_line(const std::vector<double>& compute_ms_per_rank);
+
 class BusyScope {
  public:
   BusyScope(const std::string& group, void* stream);

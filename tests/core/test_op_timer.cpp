@@ -66,3 +66,16 @@ TEST(OpTimer, HiddenLinesSetTheWaitsAgainstTheBusyTime) {
   // Without CUDA work (CPU ranks) there is no busy time and no line.
   EXPECT_TRUE(op_timer::hidden_lines({}, {{"tp all-reduce", 3.0}}).empty());
 }
+
+// compute_ms leaves out the communication groups' families (a family named like a group
+// without the space, "embedding", is compute); ranks_line names the fastest and slowest rank.
+TEST(OpTimer, RanksComputeLeavesOutTheCommunication) {
+  const std::vector<std::pair<std::string, double>> totals = {
+      {"matmul", 5.0},   {"tp all-reduce", 2.0}, {"embedding", 0.5}, {"embedding all-reduce", 1.0},
+      {"pp wait", 3.0},  {"dp all-gather", 0.25}, {"rmsnorm", 1.5}};
+  EXPECT_EQ(op_timer::compute_ms(totals), 7.0);
+  EXPECT_EQ(op_timer::ranks_line({100.0}), "");
+  const std::string line = op_timer::ranks_line({101.0, 100.0, 102.0});
+  EXPECT_NE(line.find("fastest rank 1 100.0 ms"), std::string::npos) << line;
+  EXPECT_NE(line.find("slowest rank 2 102.0 ms (+2.0%)"), std::string::npos) << line;
+}

@@ -62,6 +62,17 @@ TEST_F(MpTrain, EveryLayoutMatchesOneRank) {
 // Virtual stages: pp2 with V = 2 (chunks [0, 1) + [2, 3) and [1, 2) + [3, 4)), pp2+dp2,
 // tp2+pp2 and full recompute, against one rank. (global_batch 8, micro_batch 2: A = 4
 // micro-batches with dp = 1, 2 with dp = 2: multiples of pp.)
+// log.profile_step under mpirun: rank 0 prints the ranks' compute times (a collective every
+// rank joins at the profiled step), and the run goes on to its end.
+TEST_F(MpTrain, ProfileNamesTheFastestAndSlowestRank) {
+  CommandResult r = train(2, "tp2_profile", kModel + " --set parallel.tp=2 --set log.profile_step=3");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("# step 3: time per op family on rank 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ranks' compute (the families less communication): fastest rank "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("step      5/5"), std::string::npos) << r.out;
+}
+
 TEST_F(MpTrain, VirtualStagesMatchOneRank) {
   ASSERT_EQ(train(0, "one", kModel).code, 0);
   const std::string v2 = " --set parallel.pp=2 --set parallel.virtual_stages=2";
