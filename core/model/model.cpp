@@ -832,9 +832,10 @@ Tensor NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t 
     c.logits = act({c.r1 - c.r0, Vl});
     { TIMED("matmul"); linear_forward(xc, E, nullptr, c.logits); }
     if (tp_ > 1) {
+      tp_finish_sums();  // the previous chunk's exchange, timed as the TP group's wait
       {
         TIMED("cross entropy");
-        c.ce = parallel::vocab_parallel_ce_start(*tp_group_, c.logits, targets, opt);  // ends previous's exchange
+        c.ce = parallel::vocab_parallel_ce_start(*tp_group_, c.logits, targets, opt);
       }
       if (previous.logits.defined()) complete(previous);
       previous = std::move(c);
@@ -851,7 +852,7 @@ Tensor NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t 
     backward(c);
   }
   if (previous.logits.defined()) {
-    { TIMED("cross entropy"); tp_group_->wait_all(); }
+    tp_finish_sums();
     complete(previous);
   }
   if (dxf) tp_sum(*dxf);  // vocab-parallel head: every rank's share of the gradient
