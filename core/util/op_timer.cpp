@@ -86,27 +86,61 @@ std::vector<std::string> hidden_lines(const std::vector<std::pair<std::string, d
   return lines;
 }
 
-double compute_ms(const std::vector<std::pair<std::string, double>>& totals) {
-  double ms = 0;
-  for (const auto& [family, family_ms] : totals) {
-    bool communication = false;
-    for (const char* group : {"tp ", "dp ", "pp ", "embedding "})
-      communication = communication || family.rfind(group, 0) == 0;
-    if (!communication) ms += family_ms;
-  }
-  return ms;
+const std::vector<std::string>& step_families() {
+  static const std::vector<std::string> families = {
+      "matmul", "nsa core forward", "nsa core backward", "dense attention forward", "dense attention backward",
+      "rmsnorm", "swiglu", "cross entropy", "embedding", "split/gather projection", "residual add", "adamw",
+      "gradient norm", "tp all-reduce", "dp all-reduce", "dp all-gather", "pp transfer", "embedding all-reduce",
+      "other"};
+  return families;
 }
 
-std::string ranks_line(const std::vector<double>& compute_ms_per_rank) {
-  const auto& v = compute_ms_per_rank;
-  if (v.size() < 2) return "";
-  const auto fastest = std::min_element(v.begin(), v.end()), slowest = std::max_element(v.begin(), v.end());
-  char line[256];
-  std::snprintf(line, sizeof line,
-                "ranks' compute (the families less communication): fastest rank %d %.1f ms, slowest rank %d "
-                "%.1f ms (+%.1f%%), which the others wait for at the collectives",
-                int(fastest - v.begin()), *fastest, int(slowest - v.begin()), *slowest,
-                *fastest > 0 ? 100 * (*slowest / *fastest - 1) : 0.0);
+std::vector<double> by_step_family(const std::vector<std::pair<std::string, double>>& totals) {
+  const std::vector<std::string>& families = step_families();
+  std::vector<double> laid(families.size(), 0.0);
+  for (const auto& [family, ms] : totals) {
+    const auto it = std::find(families.begin(), families.end() - 1, family);
+    laid[std::size_t(it - families.begin())] += ms;  // not listed: the last slot, "other"
+  }
+  return laid;
+}
+
+namespace {
+bool communication_family(const std::string& family) {
+  for (const char* group : {"tp ", "dp ", "pp ", "embedding "})
+    if (family.rfind(group, 0) == 0) return true;
+  return false;
+}
+}  // namespace
+
+std::string ranks_line(const std::vector<std::vector<double>>& per_rank) {
+  const std::vector<std::string>& families = step_families();
+  if (per_rank.size() < 2) return "";
+  std::vector<double> compute(per_rank.size(), 0.0);
+  for (std::size_t r = 0; r < per_rank.size(); ++r)
+    for (std::size_t f = 0; f < families.size() && f < per_rank[r].size(); ++f)
+      if (!communication_family(families[f])) compute[r] += per_rank[r][f];
+  const auto fastest = std::size_t(std::min_element(compute.begin(), compute.end()) - compute.begin());
+  const auto slowest = std::size_t(std::max_element(compute.begin(), compute.end()) - compute.begin());
+  char line[512];
+  int n = std::snprintf(line, sizeof line,
+                        "ranks' compute (the families less communication): fastest rank %zu %.1f ms, slowest rank "
+                        "%zu %.1f ms (+%.1f%%), which the others wait for at the collectives",
+                        fastest, compute[fastest], slowest, compute[slowest],
+                        compute[fastest] > 0 ? 100 * (compute[slowest] / compute[fastest] - 1) : 0.0);
+  // The families where the slowest rank spent the most over the fastest.
+  std::vector<std::pair<double, std::size_t>> excess;
+  for (std::size_t f = 0; f < families.size(); ++f)
+    if (!communication_family(families[f])) {
+      const double d = per_rank[slowest][f] - per_rank[fastest][f];
+      if (d > 0) excess.emplace_back(d, f);
+    }
+  std::sort(excess.begin(), excess.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);  // ties: the list's order
+  });
+  for (std::size_t i = 0; i < excess.size() && i < 3 && n > 0 && std::size_t(n) < sizeof line; ++i)
+    n += std::snprintf(line + n, sizeof line - std::size_t(n), "%s %s +%.1f ms", i == 0 ? "; the slowest's excess:" : ",",
+                       families[excess[i].second].c_str(), excess[i].first);
   return line;
 }
 

@@ -33,14 +33,18 @@ std::vector<std::pair<std::string, double>> busy_totals_ms();
 std::vector<std::string> hidden_lines(const std::vector<std::pair<std::string, double>>& busy,
                                       const std::vector<std::pair<std::string, double>>& totals);
 
-// The time of `totals` a rank spent computing: every family but a communication group's
-// ("tp ...", "dp ...", "pp ...", "embedding ...": collectives run in line and the waits for
-// them, which include the waits for slower ranks).
-double compute_ms(const std::vector<std::pair<std::string, double>>& totals);
-// The ranks' compute times (rank r's at [r], two or more ranks): the fastest and the slowest
-// rank and how much longer the slowest computed, which the others wait for at the collectives.
-// No prefix, no newline.
-std::string ranks_line(const std::vector<double>& compute_ms_per_rank);
+// The families a training step can have (the model's, the pipeline's, the data-parallel
+// optimizer's, the trainer's and the benchmarks' scopes) in a fixed order, then "other" for
+// any family not listed: every rank lays its totals out on it, so that ranks can be compared.
+const std::vector<std::string>& step_families();
+// totals laid out on step_families() (0 where a family is absent).
+std::vector<double> by_step_family(const std::vector<std::pair<std::string, double>>& totals);
+// Every rank's totals laid out by by_step_family (rank r's at [r]; two or more ranks): the
+// fastest and the slowest rank by compute (every family but a communication group's, "tp ...",
+// "dp ...", "pp ...", "embedding ...": those hold the waits for slower ranks), how much longer
+// the slowest computed, which every collective makes the others wait for, and the (up to
+// three) families where the slowest spent the most time over the fastest. No prefix, no newline.
+std::string ranks_line(const std::vector<std::vector<double>>& per_rank);
 
 class BusyScope {
  public:

@@ -183,15 +183,20 @@ void update(Run& run, const StepResult& r) {
 }
 
 // log.profile_step: the op families of the step on this rank (waits for its device), printed
-// by rank 0 with the time outside the scopes, then the ranks' compute times (fastest, slowest).
+// by rank 0 with the time outside the scopes, then the ranks' compute times (fastest, slowest,
+// the slowest's excess by family).
 void print_profile(Run& run, std::int64_t step_done, Clock::time_point t0) {
   const std::vector<std::pair<std::string, double>> totals = op_timer::totals_ms();
   const std::vector<std::pair<std::string, double>> busy = op_timer::busy_totals_ms();
   op_timer::enable(false);
   op_timer::reset();
   const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  // Every rank's compute time (a collective over the world, on every rank alike).
-  const std::vector<double> per_rank = all_gather_values(*run.groups.world, {op_timer::compute_ms(totals)});
+  // Every rank's families (a collective over the world, on every rank alike).
+  const std::vector<double> mine = op_timer::by_step_family(totals);
+  const std::vector<double> all = all_gather_values(*run.groups.world, mine);
+  std::vector<std::vector<double>> per_rank;
+  for (std::size_t r = 0; r < all.size() / mine.size(); ++r)
+    per_rank.emplace_back(all.begin() + std::ptrdiff_t(r * mine.size()), all.begin() + std::ptrdiff_t((r + 1) * mine.size()));
   if (!run.root) return;
   run.bar.clear();
   char head[120];
@@ -202,7 +207,8 @@ void print_profile(Run& run, std::int64_t step_done, Clock::time_point t0) {
   // GPUs: each group's collectives and transfers, and how much of them the compute stream did
   // not wait for.
   for (const std::string& line : op_timer::hidden_lines(busy, totals)) run.out << "#   " << line << "\n";
-  // Several ranks: the spread of their compute, which each collective makes the others wait for.
+  // Several ranks: the spread of their compute, which each collective makes the others wait
+  // for, and where the slowest rank spends it.
   if (per_rank.size() > 1) run.out << "#   " << op_timer::ranks_line(per_rank) << "\n";
 }
 

@@ -1,6 +1,7 @@
 // op_timer: off records nothing; on, a model step reports its op families.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "core/model/model.h"
@@ -67,15 +68,42 @@ TEST(OpTimer, HiddenLinesSetTheWaitsAgainstTheBusyTime) {
   EXPECT_TRUE(op_timer::hidden_lines({}, {{"tp all-reduce", 3.0}}).empty());
 }
 
-// compute_ms leaves out the communication groups' families (a family named like a group
-// without the space, "embedding", is compute); ranks_line names the fastest and slowest rank.
-TEST(OpTimer, RanksComputeLeavesOutTheCommunication) {
-  const std::vector<std::pair<std::string, double>> totals = {
-      {"matmul", 5.0},   {"tp all-reduce", 2.0}, {"embedding", 0.5}, {"embedding all-reduce", 1.0},
-      {"pp wait", 3.0},  {"dp all-gather", 0.25}, {"rmsnorm", 1.5}};
-  EXPECT_EQ(op_timer::compute_ms(totals), 7.0);
-  EXPECT_EQ(op_timer::ranks_line({100.0}), "");
-  const std::string line = op_timer::ranks_line({101.0, 100.0, 102.0});
-  EXPECT_NE(line.find("fastest rank 1 100.0 ms"), std::string::npos) << line;
-  EXPECT_NE(line.find("slowest rank 2 102.0 ms (+2.0%)"), std::string::npos) << line;
+// by_step_family lays totals out on the fixed family list ("other" for the unlisted);
+// ranks_line compares ranks by compute (every family but the communication groups': a family
+// named like a group without the space, "embedding", is compute) and names the slowest's excess.
+TEST(OpTimer, RanksLineComparesTheRanksCompute) {
+  const std::vector<std::string>& families = op_timer::step_families();
+  auto at = [&](const std::vector<double>& laid, const std::string& family) {
+    return laid[std::size_t(std::find(families.begin(), families.end(), family) - families.begin())];
+  };
+  const std::vector<double> a = op_timer::by_step_family(
+      {{"matmul", 5.0}, {"tp all-reduce", 2.0}, {"embedding", 0.5}, {"embedding all-reduce", 1.0},
+       {"pp transfer", 3.0}, {"dp all-gather", 0.25}, {"rmsnorm", 1.5}, {"a new family", 0.125}});
+  ASSERT_EQ(a.size(), families.size());
+  EXPECT_EQ(at(a, "matmul"), 5.0);
+  EXPECT_EQ(at(a, "other"), 0.125);
+  EXPECT_EQ(at(a, "swiglu"), 0.0);
+  const std::vector<double> b = op_timer::by_step_family(
+      {{"matmul", 6.0}, {"tp all-reduce", 0.5}, {"embedding", 0.5}, {"rmsnorm", 1.75}, {"swiglu", 1.0}});
+  EXPECT_EQ(op_timer::ranks_line({a}), "");
+  // Compute: a 5 + 0.5 + 1.5 + 0.125 = 7.125, b 6 + 0.5 + 1.75 + 1 = 9.25 (+29.8%).
+  const std::string line = op_timer::ranks_line({b, a});
+  EXPECT_NE(line.find("fastest rank 1 7.1 ms, slowest rank 0 9.2 ms (+29.8%)"), std::string::npos) << line;
+  EXPECT_NE(line.find("the slowest's excess: matmul +1.0 ms, swiglu +1.0 ms, rmsnorm +0.2 ms"), std::string::npos)
+      << line;
+}
+
+// Every family a model step times is on the fixed list (none falls into "other").
+TEST(OpTimer, AModelStepsFamiliesAreListed) {
+  NsaTransformer model(test::tiny_dims(), DType::F32);
+  model.params().initialize(3);
+  test::Batch b = test::random_batch(11, 2, 13, 4);
+  op_timer::reset();
+  op_timer::enable(true);
+  model.forward_backward(b.tokens, b.targets, b.B, b.T);
+  op_timer::enable(false);
+  const std::vector<std::string>& families = op_timer::step_families();
+  for (const auto& [family, ms] : op_timer::totals_ms())
+    EXPECT_NE(std::find(families.begin(), families.end() - 1, family), families.end() - 1) << family;
+  op_timer::reset();
 }
