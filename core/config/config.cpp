@@ -298,7 +298,11 @@ const std::vector<Key>& keys() {
           "is the rest of the step, e.g. the wait for the device or for other ranks). On GPU ranks "
           "also each group's communication (tp, dp, pp): its collectives' and transfers' busy time "
           "on the GPU, the compute stream's time in that group's scopes (its in-line collectives "
-          "and its waits), and the fraction hidden, 1 - waited / busy.")
+          "and its waits), and the fraction hidden, 1 - waited / busy. With several ranks, last, "
+          "the ranks' compute times (the families less the communication groups'): the fastest "
+          "and the slowest rank, how much longer the slowest computed, which every collective "
+          "makes the others wait for (a slower GPU of the same kind, or a pipeline stage with more "
+          "work), and the three families where the slowest spent most over the fastest.")
           .at_least(0),
   };
   return table;
