@@ -92,6 +92,21 @@ __device__ MaxSum block_merge(MaxSum v, MaxSum* scratch) {
   return t;
 }
 
+// Pass 1 over a row of `cols` logits at `row`: each thread's pieces (V logits, `first` = its
+// first column, then a block's width apart) into a running (max, sum), merged over the block.
+// The fused kernel and the vocabulary slices' statistics share it.
+template <class T, int V>
+__device__ __forceinline__ MaxSum row_max_sum(const T* row, int cols, MaxSum* red) {
+  const int step = int(blockDim.x) * V;
+  MaxSum st{-INFINITY, 0.f};
+  for (int c = int(threadIdx.x) * V; c < cols; c += step) {
+    float zv[V];
+    load<T, V>(row + c, zv);
+    push_piece(st, zv);
+  }
+  return block_merge(st, red);
+}
+
 __device__ __forceinline__ double denominator(double host, const double* dev) {
   return dev ? *dev : host;
 }
@@ -137,13 +152,7 @@ __global__ void ce_row_kernel(T* dz, const T* z, float* lse_io, double* __restri
         copy16_async(reinterpret_cast<T*>(row_cache) + c, z_row + c);
       wait_copies();  // this thread's own pieces: no barrier needed before it reads them
     }
-    MaxSum st{-INFINITY, 0.f};
-    for (int c = first; c < cols; c += step) {
-      float zv[V];
-      load<T, V>(src_row + c, zv);
-      push_piece(st, zv);
-    }
-    st = block_merge(st, red);
+    const MaxSum st = row_max_sum<T, V>(src_row, cols, red);
     lse = st.m == -INFINITY ? st.m : __fadd_rn(st.m, logf(st.s));
     if (threadIdx.x == 0) {
       if (MODE == kForward) lse_io[n] = lse;
@@ -267,8 +276,8 @@ __device__ __forceinline__ bool bad_target(std::int32_t t, std::int32_t ignore_i
   return t != ignore_index && (t < 0 || (vocab_size > 0 && std::int64_t(t) >= vocab_size));
 }
 
-// stats[n], stats[N + n] = this slice's (m_rn, s_rn): the fused kernel's pass 1 (push_piece,
-// block_merge) over the slice; stats[2N + n] = the target's logit if this slice holds it.
+// stats[n], stats[N + n] = this slice's (m_rn, s_rn): the fused kernel's pass 1 (row_max_sum)
+// over the slice; stats[2N + n] = the target's logit if this slice holds it.
 template <class T, int V>
 __global__ void slice_stats_kernel(double* __restrict__ stats, const T* __restrict__ z,
                                    const std::int32_t* __restrict__ targets, std::int64_t N,
@@ -277,14 +286,7 @@ __global__ void slice_stats_kernel(double* __restrict__ stats, const T* __restri
   __shared__ MaxSum red[32];
   const std::int64_t n = blockIdx.x;
   const T* z_row = z + n * Vn;
-  const int cols = int(Vn), step = int(blockDim.x) * V, first = int(threadIdx.x) * V;
-  MaxSum st{-INFINITY, 0.f};
-  for (int c = first; c < cols; c += step) {
-    float zv[V];
-    load<T, V>(z_row + c, zv);
-    push_piece(st, zv);
-  }
-  st = block_merge(st, red);
+  const MaxSum st = row_max_sum<T, V>(z_row, int(Vn), red);
   if (threadIdx.x == 0) {
     const std::int32_t t = targets[n];
     stats[n] = double(st.m);
