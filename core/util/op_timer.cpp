@@ -118,7 +118,7 @@ std::string ranks_line(const std::vector<std::vector<double>>& per_rank) {
   if (per_rank.size() < 2) return "";
   std::vector<double> compute(per_rank.size(), 0.0);
   for (std::size_t r = 0; r < per_rank.size(); ++r)
-    for (std::size_t f = 0; f < families.size() && f < per_rank[r].size(); ++f)
+    for (std::size_t f = 0; f < families.size(); ++f)
       if (!communication_family(families[f])) compute[r] += per_rank[r][f];
   const auto fastest = std::size_t(std::min_element(compute.begin(), compute.end()) - compute.begin());
   const auto slowest = std::size_t(std::max_element(compute.begin(), compute.end()) - compute.begin());
