@@ -35,16 +35,12 @@ struct LayerActivations {
 };
 
 // Token ids where the ops read them: the caller's host memory (or a copy) on the CPU, a device
-// copy on CUDA. With a vocab-parallel embedding (tensor parallelism), also the ids rebased to
-// this rank's vocabulary rows (0 for tokens another rank owns) and a mask of the tokens this
-// rank owns. The spans point into the vectors and device copies held here, so the struct
-// moves but does not copy.
+// copy on CUDA (global ids; a vocab-parallel rank's ops take its vocabulary rows as options).
+// The span points into the vector or device copy held here, so the struct moves but does not
+// copy.
 struct DeviceIds {
-  std::span<const std::int32_t> span;   // the global ids
-  std::span<const std::int32_t> local;  // vocab-parallel: rebased ids
-  std::span<const std::uint8_t> owned;  // vocab-parallel: 1 where this rank owns the token
-  std::vector<std::int32_t> host_copy, local_host;
-  std::vector<std::uint8_t> owned_host;
+  std::span<const std::int32_t> span;  // the global ids
+  std::vector<std::int32_t> host_copy;
   std::vector<std::shared_ptr<void>> device_copies;
   DeviceIds() = default;
   DeviceIds(DeviceIds&&) = default;

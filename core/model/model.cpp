@@ -173,23 +173,12 @@ class ActivationPeakWindow {
 
 }  // namespace
 
-NsaTransformer::Ids NsaTransformer::device_ids(std::span<const std::int32_t> host, bool vocab_local, bool keep_copy) const {
+NsaTransformer::Ids NsaTransformer::device_ids(std::span<const std::int32_t> host, bool keep_copy) const {
   Ids ids;
   ids.span = host;
   if (keep_copy && device_ == Device::CPU) {  // the caller's buffer may change before the backward
     ids.host_copy.assign(host.begin(), host.end());
     ids.span = ids.host_copy;
-  }
-  if (vocab_local && tp_ > 1) {
-    ids.local_host.resize(host.size());
-    ids.owned_host.resize(host.size());
-    for (std::size_t i = 0; i < host.size(); ++i) {
-      const bool mine = host[i] >= vocab_begin_ && host[i] < vocab_end_;
-      ids.owned_host[i] = mine;
-      ids.local_host[i] = mine ? std::int32_t(host[i] - vocab_begin_) : 0;
-    }
-    ids.local = ids.local_host;
-    ids.owned = ids.owned_host;
   }
   if (device_ == Device::CPU || host.empty()) return ids;
   auto on_device = [&](const void* data, std::size_t bytes) {
@@ -199,10 +188,6 @@ NsaTransformer::Ids NsaTransformer::device_ids(std::span<const std::int32_t> hos
     return copy->data();
   };
   ids.span = {static_cast<const std::int32_t*>(on_device(host.data(), host.size_bytes())), host.size()};
-  if (!ids.local_host.empty()) {
-    ids.local = {static_cast<const std::int32_t*>(on_device(ids.local_host.data(), host.size_bytes())), host.size()};
-    ids.owned = {static_cast<const std::uint8_t*>(on_device(ids.owned_host.data(), host.size())), host.size()};
-  }
   return ids;
 }
 
@@ -451,17 +436,16 @@ std::vector<NsaTransformer::RowPart> NsaTransformer::parts_of(std::int64_t B, st
   return parts;
 }
 
+// Vocab-parallel (tp > 1): this rank's rows of the table, zeros for the tokens another rank
+// owns (summed over the ranks), and in the backward only the owned tokens' gradient rows: the
+// ops' shard options, so a rank owning few of the ids (rank 1 on byte text) has little to add.
+EmbeddingOptions NsaTransformer::embedding_shard() const { return {vocab_begin_, dims_.V}; }
+
 Tensor NsaTransformer::embed(const Ids& tokens, std::int64_t N) const {
   Tensor x = act({N, dims_.C});
-  if (tp_ == 1) {
+  {
     TIMED("embedding");
-    embedding_forward(tokens.span, weight("model/embedding"), x);
-    return x;
-  }
-  {  // vocab-parallel: this rank's rows, zeros for the other tokens, summed over the ranks
-    TIMED("embedding");
-    embedding_forward(tokens.local, weight("model/embedding"), x);
-    zero_rows(x, tokens.owned);
+    embedding_forward(tokens.span, weight("model/embedding"), x, embedding_shard());
   }
   tp_sum(x);
   return x;
@@ -470,9 +454,7 @@ Tensor NsaTransformer::embed(const Ids& tokens, std::int64_t N) const {
 void NsaTransformer::embedding_grad(const Ids& tokens, Tensor& dx) {
   Tensor g = params_.grad("model/embedding");
   TIMED("embedding");
-  if (tp_ == 1) return embedding_backward(tokens.span, dx, g);
-  zero_rows(dx, tokens.owned);
-  embedding_backward(tokens.local, dx, g);
+  embedding_backward(tokens.span, dx, g, embedding_shard());
 }
 
 Tensor NsaTransformer::forward_layers(int chunk, const Ids& tokens, const Tensor* input, std::int64_t B,
@@ -871,7 +853,7 @@ NsaTransformer::Stream NsaTransformer::stage_begin(StageState& st, int chunk, st
   Stream s;
   if (chunk_first(chunk)) {
     if (std::int64_t(tokens.size()) != N) throw std::invalid_argument("stage_forward: tokens must hold B*T ids");
-    st.ids = device_ids(tokens, true, true);  // a pipeline refills the caller's batch before the backward
+    st.ids = device_ids(tokens, true);  // a pipeline refills the caller's batch before the backward
     s.x = embed(st.ids, N);
   } else {
     if (!input || input->shape() != Shape{N, dims_.C})
@@ -891,7 +873,7 @@ void NsaTransformer::stage_end(StageState& st, Stream& s, std::span<const std::i
     return;
   }
   if (std::int64_t(targets.size()) != N) throw std::invalid_argument("stage_forward: targets must hold B*T ids");
-  const Ids tgt = device_ids(targets, false);
+  const Ids tgt = device_ids(targets);
   Tensor rstdf = stat({N}), xf = act({N, m.C});
   norm_stream(s, weight("model/final_norm"), xf, rstdf);  // the last layer's residual add too
   const Tensor x = s.x;
@@ -1009,9 +991,9 @@ Tensor NsaTransformer::stage_evaluate(int chunk, std::span<const std::int32_t> t
     throw std::invalid_argument("stage_evaluate: a later pipeline stage needs its input [B*T, C]");
   if ((first && std::int64_t(tokens.size()) != N) || (last && std::int64_t(targets.size()) != N))
     throw std::invalid_argument("stage_evaluate: tokens/targets must hold B*T ids");
-  Tensor x = forward_layers(chunk, first ? device_ids(tokens, true) : Ids{}, input, B, T);
+  Tensor x = forward_layers(chunk, first ? device_ids(tokens) : Ids{}, input, B, T);
   if (!last) return x;
-  const Ids tgt = device_ids(targets, false);
+  const Ids tgt = device_ids(targets);
   Tensor rstdf = stat({N}), xf = act({N, m.C});
   { TIMED("rmsnorm"); rmsnorm_forward(x, weight("model/final_norm"), xf, rstdf, m.norm_eps); }
   *loss = head_loss(xf, tgt, N, 0.0, nullptr).to_vector()[0];
@@ -1030,7 +1012,7 @@ Tensor NsaTransformer::last_logits(std::span<const std::int32_t> tokens, std::in
   const ModelDims& m = dims_;
   if (tp_ > 1 || !whole_model())
     throw std::logic_error("last_logits needs the whole model on one rank");
-  const Ids ids = device_ids(tokens, false);
+  const Ids ids = device_ids(tokens);
   Tensor x = forward_layers(0, ids, nullptr, B, T);
   Tensor last = act({B, m.C});
   for (std::int64_t b = 0; b < B; ++b) last.slice0(b, b + 1).copy_from(x.slice0(b * T + T - 1, b * T + T));

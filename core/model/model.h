@@ -97,6 +97,7 @@
 #include "core/config/config.h"
 #include "core/model/layer_activations.h"
 #include "core/model/params.h"
+#include "core/ops/embedding.h"
 #include "nsa/nsa.h"
 
 namespace nsatron {
@@ -307,7 +308,8 @@ class NsaTransformer {
   static ShardGeometry shard_geometry(const ModelDims& d, int tp, int tp_rank, std::vector<LayerRange> chunks);
   static void declare_parameters(ParamStore& store, const ModelDims& d, const ShardGeometry& g);
   using Ids = DeviceIds;
-  Ids device_ids(std::span<const std::int32_t> host, bool vocab_local, bool keep_copy = false) const;
+  Ids device_ids(std::span<const std::int32_t> host, bool keep_copy = false) const;
+  EmbeddingOptions embedding_shard() const;  // this rank's vocabulary rows for the embedding ops
   Tensor mlp_in(const Tensor& flat, std::int64_t l) const;  // [w_gate; w_up] of layer l in a flat buffer
   void tp_sum(Tensor& t) const;
   // tp_sum in halves, so that work which needs neither t nor its sum runs between them (the

@@ -109,8 +109,8 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
   }
   z.parts = NsaTransformer::row_parts(p.tp_overlap, p.tp, p.micro_batch);
   if (cuda) {
-    z.ids = N * 4 + (p.tp > 1 ? N * 4 + N : 0);  // device_ids(tokens, vocab_local = true): span, local, owned
-    z.targets = N * 4;                            // device_ids(targets, vocab_local = false): span
+    z.ids = N * 4;      // device_ids(tokens)
+    z.targets = N * 4;  // device_ids(targets)
   }
   const std::int64_t rows = std::min(N, p.head_chunk);
   z.loss = p.tp > 1 ? 8 : s;

@@ -49,27 +49,6 @@ void add_(Tensor& acc, const Tensor& x) {
   });
 }
 
-void zero_rows(Tensor& x, std::span<const std::uint8_t> keep) {
-  const std::string op = "zero_rows";
-  require(x.defined(), op, "x is undefined");
-  require(x.ndim() >= 1, op, "x must have at least one dimension, got " + x.describe());
-  const std::int64_t N = x.dim(0);
-  require(std::int64_t(keep.size()) == N, op,
-          "x " + x.describe() + " has " + std::to_string(N) + " rows but keep has " +
-              std::to_string(keep.size()) + " flags");
-  if (N == 0 || x.numel() == 0) return;
-  const std::size_t row_bytes = x.nbytes() / std::size_t(N);
-  if (x.device() == Device::CUDA) {
-#ifdef NSATRON_WITH_CUDA
-    cuda::zero_rows(x.raw(), row_bytes, N, keep.data());
-    return;
-#else
-    no_cuda(op);
-#endif
-  }
-  cpu::zero_rows(x.raw(), row_bytes, N, keep.data());
-}
-
 namespace {
 // Checks packed [R, P] against the parts [R, groups * w_k] (P = groups * sum w_k, or the padded
 // pitch) and runs the copy: part k of group g is entry g * parts.size() + k of the raw form.

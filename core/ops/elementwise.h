@@ -10,9 +10,6 @@
 //                                    a tensor used twice)
 // cast:       dst = src converted to dst's dtype (round to nearest even into bf16), e.g. the
 //             bf16 compute copy of fp32 master weights; same numel and device
-// zero_rows:  x[n, ...] = 0 for the rows n with keep[n] == 0, the others untouched (rows along
-//             the first dimension); e.g. the vocab-parallel embedding zeroes the rows of the
-//             tokens another rank owns. keep: one byte per row, in the memory of x's device.
 // split_columns: packed [R, W] with W = sum_k w_k, parts[k] [R, w_k]:
 //             parts[k][r, j] = packed[r, o_k + j], o_k = w_0 + ... + w_{k-1};
 //             backward: join_columns of the parts' gradients
@@ -56,8 +53,6 @@ void add_(Tensor& acc, const Tensor& x);
 // dst = src with dst's dtype; same numel and device (any of fp32, fp64, bf16 on the CPU;
 // fp32 and bf16 on CUDA).
 void cast(const Tensor& src, Tensor& dst);
-// x [N, ...], any dtype, CPU or CUDA; keep [N] (uint8) in x's device memory.
-void zero_rows(Tensor& x, std::span<const std::uint8_t> keep);
 // packed [R, W] and parts[k] [R, w_k] with sum_k w_k = W; one dtype and device; at most
 // kMaxColumnParts parts (any number of groups: the raw form below takes at most kMaxColumnParts
 // (group, part) pairs a call, so the entry points run whole groups at a time).
@@ -119,8 +114,6 @@ namespace cpu {
 // out may alias a or b.
 template <class T> void add(T* out, const T* a, const T* b, std::int64_t n);
 template <class T> void add_(T* acc, const T* x, std::int64_t n);
-// Rows of row_bytes bytes each (zero bits are 0 in every dtype).
-void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep);
 // to_parts: packed -> parts (split_columns), else parts -> packed (join_columns).
 void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts);
 // Rows of row_bytes bytes; to_part_major: in group-major, out part-major (else the inverse).
@@ -134,8 +127,6 @@ namespace cuda {
 void add(DType dt, void* out, const void* a, const void* b, std::int64_t n);  // out may be a or b
 void add_(DType dt, void* acc, const void* x, std::int64_t n);
 void cast(DType src_dt, const void* src, DType dst_dt, void* dst, std::int64_t n);
-// x and keep in device memory; rows of row_bytes bytes.
-void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep);
 // Same contract as cpu::copy_columns, device pointers, one kernel.
 void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts);
 // Same contracts as cpu::regroup_rows and cpu::zero_columns, device pointers.

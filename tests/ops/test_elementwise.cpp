@@ -1,4 +1,4 @@
-// Elementwise helpers: values, aliasing, argument checks; zero_rows; split/join of columns (grouped,
+// Elementwise helpers: values, aliasing, argument checks; split/join of columns (grouped,
 // padded rows included); regroup_rows and zero_columns.
 #include "core/ops/elementwise.h"
 #include "tests/ops/op_test_util.h"
@@ -70,38 +70,6 @@ TEST(Elementwise, CastRoundsToNearestEvenAndRoundTrips) {
   EXPECT_EQ(same.to_vector(), f.to_vector());
   Tensor wrong = Tensor::empty({5}, DType::F32);
   EXPECT_THROW(cast(f, wrong), std::invalid_argument);
-}
-
-TEST(Elementwise, ZeroRowsClearsTheRowsNotKept) {
-  test::Rng rng(83);
-  for (DType dt : {DType::F32, DType::F64, DType::BF16})
-    for (const Shape& s : {Shape{1}, Shape{1, 1}, Shape{5, 7}, Shape{4, 3, 5}, Shape{37, 1000}}) {
-      const std::string tag = std::string(dtype_name(dt)) + " " + shape_str(s);
-      Tensor x = rng.randn(s, DType::F64).to_dtype(dt);
-      const auto before = x.to_vector();
-      const std::int64_t N = s[0], row = x.numel() / N;
-      std::vector<std::uint8_t> keep(static_cast<std::size_t>(N));
-      for (auto& k : keep) k = std::uint8_t(rng.integer(0, 1) * rng.integer(1, 255));  // any non-zero keeps
-      zero_rows(x, keep);
-      const auto after = x.to_vector();
-      for (std::int64_t i = 0; i < x.numel(); ++i) {
-        const double want = keep[std::size_t(i / row)] ? before[std::size_t(i)] : 0.0;
-        ASSERT_EQ(after[std::size_t(i)], want) << tag << " element " << i;
-        if (!keep[std::size_t(i / row)]) {
-          ASSERT_FALSE(std::signbit(after[std::size_t(i)])) << tag;  // +0, zero bits
-        }
-      }
-    }
-  // A view: only its rows change.
-  Tensor x = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {3, 2}, DType::F32);
-  Tensor v = x.slice0(1, 3);
-  const std::vector<std::uint8_t> keep = {0, 1};
-  zero_rows(v, keep);
-  EXPECT_EQ(x.to_vector(), (std::vector<double>{1, 2, 0, 0, 5, 6}));
-  const std::vector<std::uint8_t> wrong = {1};
-  EXPECT_THROW(zero_rows(v, wrong), std::invalid_argument);
-  Tensor none = Tensor::zeros({0, 4}, DType::F32);
-  EXPECT_NO_THROW(zero_rows(none, std::span<const std::uint8_t>()));
 }
 
 // The part widths the column and row tests run: one part, a zero width, the 125M projection's

@@ -5,7 +5,6 @@
 // three uneven slices composed (stats, laid end to end, combined) against cross_entropy_fused
 // on the whole logits on the GPU, and bad targets reported through cuda::check_id_errors().
 // cross_entropy_slice_loss (the running fp64 loss total) against the CPU's ordered sum.
-// zero_rows on CUDA against the CPU (exact).
 #include "core/ops/cross_entropy.h"
 #include "core/ops/elementwise.h"
 #include "tests/ops_cuda/cuda_test_util.h"
@@ -294,48 +293,6 @@ TEST(CrossEntropySliceCuda, ChecksDtypesAndDevices) {
   EXPECT_THROW(cross_entropy_slice_combine(st, m32, s), std::invalid_argument);
   EXPECT_THROW(cross_entropy_slice_combine(st, m_cpu, s), std::invalid_argument);
   EXPECT_NO_THROW(cross_entropy_slice_combine(st, m, s));
-}
-
-// ---- zero_rows ---------------------------------------------------------------------------
-
-struct DeviceFlags {
-  std::uint8_t* ptr = nullptr;
-  std::size_t n = 0;
-  explicit DeviceFlags(const std::vector<std::uint8_t>& host) : n(host.size()) {
-    if (n == 0) return;
-    ptr = static_cast<std::uint8_t*>(cuda_alloc(n));
-    memcpy_any(ptr, host.data(), n, CopyKind::HostToDevice);
-  }
-  ~DeviceFlags() { cuda_free(ptr); }
-  DeviceFlags(const DeviceFlags&) = delete;
-  DeviceFlags& operator=(const DeviceFlags&) = delete;
-  std::span<const std::uint8_t> span() const { return {ptr, n}; }
-};
-
-TEST(ElementwiseCuda, ZeroRowsMatchesCpu) {
-  NSATRON_SKIP_WITHOUT_GPU();
-  const auto seed = test::fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Rng rng(seed);
-  for (DType dt : {DType::F32, DType::BF16})
-    for (const Shape& s : {Shape{1, 1}, Shape{5, 7}, Shape{3, 1000}, Shape{37, 16768}, Shape{4, 3, 5},
-                           Shape{9, 1}, Shape{2, 16768}})
-      for (bool unaligned : {false, true}) {
-        const std::string tag = test::dt_name(dt) + " " + shape_str(s) + (unaligned ? " unaligned" : "");
-        const std::int64_t N = s[0];
-        std::vector<std::uint8_t> keep(static_cast<std::size_t>(N));
-        for (auto& k : keep) k = std::uint8_t(rng.integer(0, 1) * rng.integer(1, 255));
-        if (N > 1) keep[0] = 0;
-        DeviceFlags flags(keep);
-        Tensor x = rng.randn(s, DType::F32);
-        Tensor want = test::rounded_f32(x, dt).to_dtype(dt);
-        zero_rows(want, keep);
-        Tensor xd = device_logits(x.view({x.numel()}), dt, unaligned).view(s);
-        zero_rows(xd, flags.span());
-        EXPECT_TRUE(test::same_bits_any(xd, want)) << "zero_rows " << tag;
-      }
-  Tensor empty = Tensor::zeros({0, 3}, DType::F32, Device::CUDA);
-  EXPECT_NO_THROW(zero_rows(empty, std::span<const std::uint8_t>()));
 }
 
 }  // namespace

@@ -15,13 +15,6 @@ template <class T> void add_(T* acc, const T* x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) acc[i] = acc[i] + x[i];
 }
 
-void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep) {
-  char* p = static_cast<char*>(x);
-#pragma omp parallel for schedule(static)
-  for (std::int64_t n = 0; n < N; ++n)
-    if (!keep[n]) std::memset(p + std::size_t(n) * row_bytes, 0, row_bytes);
-}
-
 void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std::int64_t R, bool to_parts) {
   char* base = static_cast<char*>(packed);
 #pragma omp parallel for schedule(static) if (std::size_t(R) * pitch > (1u << 16))

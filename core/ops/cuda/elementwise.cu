@@ -1,7 +1,5 @@
 // CUDA elementwise helpers (see elementwise.h): grid-stride loops over 16-byte vectors, the
 // tail (and unaligned buffers) element by element. fp32 arithmetic, one rounding per output.
-// zero_rows stores zero bits in the widest unit (up to 16 bytes) that the rows and the
-// address allow, whatever the dtype.
 #include <algorithm>
 #include <string>
 
@@ -15,7 +13,7 @@ using namespace cuda_detail;
 namespace {
 
 // Calls f(U{}) for the widest unit U (16, 8, 4, 2 or 1 bytes) that divides `a` (the OR of the
-// addresses, sizes and offsets a copy or fill touches): zero_rows, copy_columns, regroup_rows.
+// addresses, sizes and offsets a copy or fill touches): copy_columns, regroup_rows, zero_columns.
 template <class F> void with_widest_unit(std::uintptr_t a, F&& f) {
   if (a % 16 == 0) return f(uint4{});
   if (a % 8 == 0) return f(std::uint64_t{});
@@ -63,25 +61,6 @@ __global__ void cast_kernel(D* out, const S* in, std::int64_t n) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     out[i] = from_f<D>(to_f(in[i]));
-}
-
-// x viewed as rows of `per_row` units of U (16, 8, 4, 2 or 1 bytes): a unit of a row with
-// keep[row] == 0 becomes zero bits.
-template <class U>
-__global__ void zero_rows_kernel(U* x, std::int64_t per_row, std::int64_t total,
-                                 const std::uint8_t* __restrict__ keep) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += stride)
-    if (!keep[i / per_row]) x[i] = U{};
-}
-
-template <class U> void zero_rows_as(void* x, std::size_t row_bytes, std::int64_t N,
-                                     const std::uint8_t* keep) {
-  const std::int64_t per_row = std::int64_t(row_bytes / sizeof(U)), total = per_row * N;
-  zero_rows_kernel<U><<<grid_for(total, 256, 8192), 256>>>(static_cast<U*>(x), per_row, total,
-                                                           keep);
-  check_launch("zero_rows");
 }
 
 // The parts of copy_columns in units of U: part k is columns [offset[k], offset[k] + width[k])
@@ -222,13 +201,6 @@ void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std
   if (widest > std::size_t(0x7fffffff))
     throw std::invalid_argument("split_columns / join_columns (cuda): rows too wide");
   with_widest_unit(a, [&](auto unit) { copy_columns_as<decltype(unit)>(packed, pitch, parts, R, to_parts); });
-}
-
-void zero_rows(void* x, std::size_t row_bytes, std::int64_t N, const std::uint8_t* keep) {
-  if (N == 0 || row_bytes == 0) return;
-  // The widest unit that divides the row and the address.
-  const std::uintptr_t a = reinterpret_cast<std::uintptr_t>(x) | std::uintptr_t(row_bytes);
-  with_widest_unit(a, [&](auto unit) { zero_rows_as<decltype(unit)>(x, row_bytes, N, keep); });
 }
 
 void cast(DType src_dt, const void* src, DType dst_dt, void* dst, std::int64_t n) {
