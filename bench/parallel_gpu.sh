@@ -74,8 +74,9 @@ run tp2_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2
 # The ops around the NSA core in two halves of the micro-batch, one half's TP all-reduces beside
 # the other's compute.
 run tp2_overlap_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_overlap=true
-# Two micro-batches in flight, their forwards layer by layer in turn: one's TP all-reduces beside
-# the other's compute, at the full micro-batch (parallel.tp_micro_batch_pairs; the same bits as tp2).
+# Two micro-batches in flight, their forwards and backwards layer by layer in turn: one's TP
+# all-reduces beside the other's compute, at the full micro-batch (parallel.tp_micro_batch_pairs;
+# the same bits as tp2).
 run tp2_pairs_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true
 # A rank's kernels see half the heads: a micro-batch of 32 fills them better (against one GPU at
 # 32: one_m32).

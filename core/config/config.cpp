@@ -232,8 +232,10 @@ const std::vector<Key>& keys() {
           "Tensor parallelism (tp > 1): run the step's micro-batches two at a time, their forwards "
           "layer by layer in turn (one micro-batch's attention, the other's, the first's MLP, the "
           "other's), so that each row-parallel output's TP all-reduce (wo's, w_out's) runs while "
-          "the other micro-batch computes (on GPUs on the communicator's stream); then each one's "
-          "head and backward in turn. The same operations and gradient order, so the same bits as "
+          "the other micro-batch computes (on GPUs on the communicator's stream); then both heads "
+          "and the backwards likewise in turn by phases of a layer, each input gradient's sum "
+          "beside the other micro-batch's phase. The same operations and gradient order (a tied "
+          "embedding's lookups summed apart under tp > 1, pairs or not), so the same bits as "
           "without; the activations of two micro-batches are held at once. An odd last "
           "micro-batch runs alone. Needs pp = 1 and tp_overlap = false; no effect with tp = 1 "
           "(docs/parallel.md)."),

@@ -85,8 +85,8 @@ struct ParallelConfig {
   // halves of its sequences, one half's TP all-reduces beside the other half's compute
   // (NsaTransformer::set_tp_overlap).
   bool tp_overlap = false;
-  // Tensor parallelism: the micro-batches two at a time, their forwards layer by layer in turn
-  // so that one's TP all-reduces run beside the other's compute
+  // Tensor parallelism: the micro-batches two at a time, their forwards and backwards layer by
+  // layer in turn so that one's TP all-reduces run beside the other's compute
   // (NsaTransformer::forward_backward_pair_queued). The same bits as without.
   bool tp_micro_batch_pairs = false;
   // Data-parallel gradient bucket (one all-reduce call) in KiB: 25 MiB, as

@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <stdexcept>
+#include <utility>
 
 #include "core/device/device.h"
 #include "core/model/dense_core.h"
@@ -452,9 +453,32 @@ Tensor NsaTransformer::embed(const Ids& tokens, std::int64_t N) const {
 }
 
 void NsaTransformer::embedding_grad(const Ids& tokens, Tensor& dx) {
-  Tensor g = params_.grad("model/embedding");
+  Tensor g = lookup_grads_.defined() ? lookup_grads_ : params_.grad("model/embedding");
   TIMED("embedding");
   embedding_backward(tokens.span, dx, g, embedding_shard());
+}
+
+void NsaTransformer::defer_lookup_grads(bool on) {
+  if (!on) {
+    lookup_grads_ = Tensor();
+    return;
+  }
+  if (!dims_.tie_embeddings || !whole_model())
+    throw std::logic_error("defer_lookup_grads: for a tied embedding on a rank that holds the whole model");
+  const Tensor g = params_.grad("model/embedding");
+  lookup_grads_ = Tensor::empty(g.shape(), g.dtype(), g.device());
+  lookup_grads_.zero_();
+}
+
+void NsaTransformer::add_lookup_grads() {
+  if (!lookup_grads_.defined()) throw std::logic_error("add_lookup_grads: the lookups' gradient is not deferred");
+  Tensor g = params_.grad("model/embedding");
+  {
+    TIMED("embedding");
+    add_(g, lookup_grads_);
+    lookup_grads_.zero_();
+  }
+  report_grads("model/embedding");
 }
 
 Tensor NsaTransformer::forward_layers(int chunk, const Ids& tokens, const Tensor* input, std::int64_t B,
@@ -679,18 +703,30 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
 
 void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in,
                                     std::int64_t B, std::int64_t T) {
+  LayerGradInFlight g;
+  g.dx_out = dx_out;
+  layer_mlp_backward(l, a, g, B, T);
+  tp_finish_sums();
+  layer_attention_backward(l, a, g, B, T);
+  tp_finish_sums();
+  dx_in = layer_backward_end(l, a, g);
+}
+
+void NsaTransformer::layer_mlp_backward(std::int64_t l, LayerActivations& a, LayerGradInFlight& g, std::int64_t B,
+                                        std::int64_t T) {
   complete_for_backward(l, a, B, T);
   const ModelDims& m = local_;
   const std::int64_t N = B * T;
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
   auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
   const std::vector<RowPart> parts = parts_of(B, T);
+  const Tensor& dx_out = g.dx_out;
   // Each part's gradient of a column-parallel product's input (w_gate/w_up, wqkv) is summed over
   // the tensor-parallel ranks while the next part's is computed, the last while the weight
   // gradients (over every row, which need neither the sums nor the parts) are.
 
   // MLP: x' = h + w_out(swiglu(w_in(rmsnorm(h))))
-  Tensor dact, du, dhn;
+  Tensor dact, du;
   for (const RowPart& r : parts) {
     if (r.index == 0) {
       dact = act({N, m.F});
@@ -704,8 +740,8 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
       swiglu_backward(dact_rows, r.of(a.u), du_rows);
     }
     if (r.index + 1 == r.count) dact = Tensor();
-    if (r.index == 0) dhn = act({N, m.C});
-    Tensor dhn_rows = r.of(dhn);
+    if (r.index == 0) g.dhn = act({N, m.C});
+    Tensor dhn_rows = r.of(g.dhn);
     { TIMED("matmul"); linear_backward(du_rows, r.of(a.hn), mlp_in(compute_, l), {.dx = &dhn_rows}); }
     tp_pass_on(dhn_rows);
   }
@@ -715,18 +751,25 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
     linear_backward(dx_out, a.act, W("mlp/w_out"), {.dw = &g_out});
     linear_backward(du, a.hn, mlp_in(compute_, l), {.dw = &g_in});
   }
-  tp_finish_sums();
-  du = Tensor();
-  Tensor dh = act({N, m.C});
+}
+
+void NsaTransformer::layer_attention_backward(std::int64_t l, LayerActivations& a, LayerGradInFlight& g,
+                                              std::int64_t B, std::int64_t T) {
+  const ModelDims& m = local_;
+  const std::int64_t N = B * T;
+  auto W = [&](const char* part) { return weight(layer_name(l, part)); };
+  auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
+  const std::vector<RowPart> parts = parts_of(B, T);
+  g.dh = act({N, m.C});
   Tensor g_mlp_norm = G("mlp_norm");
-  { TIMED("rmsnorm"); rmsnorm_backward(dhn, a.h, W("mlp_norm"), a.rstd2, dh, g_mlp_norm, &dx_out); }
-  dhn = Tensor();
+  { TIMED("rmsnorm"); rmsnorm_backward(g.dhn, a.h, W("mlp_norm"), a.rstd2, g.dh, g_mlp_norm, &g.dx_out); }
+  g.dhn = Tensor();
 
   // Attention: h = x + wo(nsa(split(wqkv(rmsnorm(x)))))
   // dp's rows padded as p's; the pad columns zero (the join or zero_columns writes them:
   // projection_backward_dx reads them on CUDA).
   Tensor d_o = act({N, m.H * m.D});
-  { TIMED("matmul"); linear_backward(dh, a.o, W("attn/wo"), {.dx = &d_o}); }
+  { TIMED("matmul"); linear_backward(g.dh, a.o, W("attn/wo"), {.dx = &d_o}); }
   Tensor dp = act({N, m.projection_pitch()});
   if (a.proj.defined()) {  // the core writes its gradients into dp's columns
     core_backward(l, a, d_o, nullptr, &dp, B, T);
@@ -743,28 +786,33 @@ void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const T
   }
   d_o = Tensor();
   a.drop_core_saved();
-  Tensor dxn = act({N, m.C});
+  g.dxn = act({N, m.C});
   Tensor wqkv = projection_weight(W("attn/wqkv"));  // for every part's dX and dW
   // wo's weight gradient runs beside the first part's sum (with parts: only the small dX
   // product of the second part would be there), wqkv's beside the last.
   Tensor g_wo = G("attn/wo"), g_wqkv = G("attn/wqkv");
   for (const RowPart& r : parts) {
-    Tensor dxn_rows = r.of(dxn);
+    Tensor dxn_rows = r.of(g.dxn);
     projection_backward_dx(r.of(dp), r.of(a.xn), wqkv, dxn_rows);
     tp_pass_on(dxn_rows);
     if (r.index == 0) {
       TIMED("matmul");
-      linear_backward(dh, a.o, W("attn/wo"), {.dw = &g_wo});
+      linear_backward(g.dh, a.o, W("attn/wo"), {.dw = &g_wo});
     }
   }
   projection_backward_dw(dp, a.xn, wqkv, g_wqkv);
-  wqkv = Tensor();
-  tp_finish_sums();
-  dp = Tensor();
-  dx_in = act({N, m.C});
-  Tensor g_attn_norm = G("attn_norm");
-  { TIMED("rmsnorm"); rmsnorm_backward(dxn, a.x, W("attn_norm"), a.rstd1, dx_in, g_attn_norm, &dh); }
+}
+
+Tensor NsaTransformer::layer_backward_end(std::int64_t l, const LayerActivations& a, LayerGradInFlight& g) {
+  Tensor dx_in = act(g.dxn.shape());
+  Tensor g_attn_norm = params_.grad(layer_name(l, "attn_norm"));
+  {
+    TIMED("rmsnorm");
+    rmsnorm_backward(g.dxn, a.x, weight(layer_name(l, "attn_norm")), a.rstd1, dx_in, g_attn_norm, &g.dh);
+  }
+  g.dh = g.dxn = Tensor();
   report_grads(layer_name(l, ""));
+  return dx_in;
 }
 
 Tensor NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t N, double grad_scale, Tensor* dxf) {
@@ -923,10 +971,23 @@ Tensor NsaTransformer::stage_backward(StageState& st, const Tensor* d_output) {
     dx = dx_in;
   }
   if (!chunk_first(st.chunk)) return dx;
-  embedding_grad(st.ids, dx);
-  // A tied embedding split over pipeline stages gets its other part from the trainer.
-  if (!dims_.tie_embeddings || last_stage()) report_grads("model/embedding");
+  embedding_backward_step(st, dx);
   return Tensor();
+}
+
+void NsaTransformer::layer_backward_done(std::int64_t l, StageState& st, LayerGradInFlight& g) {
+  LayerActivations& a = st.acts[std::size_t(l - chunk_layers(st.chunk).first)];
+  Tensor dx_in = layer_backward_end(l, a, g);
+  a = LayerActivations();
+  g = LayerGradInFlight();
+  g.dx_out = std::move(dx_in);
+}
+
+void NsaTransformer::embedding_backward_step(StageState& st, Tensor dx) {
+  embedding_grad(st.ids, dx);
+  // A tied embedding split over pipeline stages gets its other part from the trainer, and
+  // deferred lookups theirs from add_lookup_grads.
+  if (!dims_.tie_embeddings || (last_stage() && !lookup_grads_.defined())) report_grads("model/embedding");
 }
 
 double NsaTransformer::forward_backward(std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
@@ -953,6 +1014,9 @@ std::array<Tensor, 2> NsaTransformer::forward_backward_pair_queued(const std::ar
     throw std::logic_error("forward_backward_pair_queued runs the whole model; a pipeline stage uses stage_forward/backward");
   if (row_parts(B) > 1)
     throw std::logic_error("forward_backward_pair_queued: not with row parts (tp_overlap)");
+  if (dims_.tie_embeddings && !lookup_grads_.defined())
+    throw std::logic_error("forward_backward_pair_queued: a tied embedding needs defer_lookup_grads (the lookups' "
+                           "gradient added after the heads', as without pairs)");
   const ActivationPeakWindow peak(device_);
   std::array<StageState, 2> st;
   std::array<Stream, 2> s;
@@ -972,10 +1036,35 @@ std::array<Tensor, 2> NsaTransformer::forward_backward_pair_queued(const std::ar
     }
   }
   tp_finish_sums();  // the second micro-batch's last w_out sum
-  for (int i = 0; i < 2; ++i) {
+  const auto turn = [&](int i) {  // micro-batch i's work follows
     if (before_backward) before_backward(i);
+  };
+  for (int i = 0; i < 2; ++i) {  // the heads, k's then k + 1's
+    turn(i);
     stage_end(st[i], s[i], micro_batches[i].targets);
-    stage_backward(st[i], nullptr);
+  }
+  // The backwards layer by layer in turn, each phase's sums (tp_pass_on) waited for by the
+  // other micro-batch's next phase, whose work they ran beside.
+  std::array<LayerGradInFlight, 2> g;
+  for (int i = 0; i < 2; ++i) g[i].dx_out = std::exchange(st[i].d_last, Tensor());
+  for (std::int64_t l = dims_.L - 1; l >= 0; --l) {
+    for (int i = 0; i < 2; ++i) {
+      turn(i);
+      if (l + 1 < dims_.L) layer_backward_done(l + 1, st[i], g[i]);
+      layer_mlp_backward(l, st[i].acts[std::size_t(l)], g[i], B, T);
+    }
+    for (int i = 0; i < 2; ++i) {
+      turn(i);
+      layer_attention_backward(l, st[i].acts[std::size_t(l)], g[i], B, T);
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    turn(i);
+    if (i == 1) tp_finish_sums();  // (k's were waited for by k + 1's last phase)
+    layer_backward_done(0, st[i], g[i]);
+    embedding_backward_step(st[i], g[i].dx_out);
+    g[i] = LayerGradInFlight();
+    st[i].ids = DeviceIds();
   }
   last_activation_peak_ = peak.bytes();
   return {st[0].loss, st[1].loss};

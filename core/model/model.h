@@ -58,8 +58,9 @@
 // parts; products over half the rows may take other kernels, so the bits differ from the run
 // without parts (to rounding: the tensor-parallel tests).
 // With parallel.tp_micro_batch_pairs (forward_backward_pair_queued) the row-parallel sums hide
-// behind a second micro-batch instead: two micro-batches' forwards layer by layer in turn,
-// each one's sums beside the other's half of the layer, the same bits as without.
+// behind a second micro-batch instead: two micro-batches' forwards and backwards layer by layer
+// in turn, each one's sums beside the other's half or phase of the layer, the same bits as
+// without.
 // Pipeline parallelism: the model holds the layers [layer_begin, layer_end) only, the
 // embedding on the first stage, the final norm and head on the last (with tied embeddings,
 // the last stage holds a replica of the embedding; the trainer adds the two stages' gradients). With an interleaved pipeline (virtual stages) a
@@ -207,13 +208,18 @@ class NsaTransformer {
   // Two micro-batches in flight (parallel.tp_micro_batch_pairs): the forward of micro-batches
   // k and k + 1 layer by layer in turn, k's attention half, k + 1's, k's MLP half, k + 1's, so
   // that each row-parallel output's TP all-reduce (wo's, w_out's) runs while the other
-  // micro-batch computes (on GPUs on the communicator's stream); then k's head and backward,
-  // then k + 1's. Each micro-batch's operations are those of forward_backward_queued and the
-  // gradients accumulate in the same order (k's head, k's layers, k + 1's head, ...), so the
-  // same bits as two calls of it; the activations of both are held at once. The whole model
-  // only (pp = 1) and without row parts (tp_overlap); with tp = 1 it is the two calls in turn.
-  // before_backward(i), if set, runs before micro-batch i's (0: first, 1: second) head and
-  // backward (the trainer arms the gradient hook there for the step's last micro-batch).
+  // micro-batch computes (on GPUs on the communicator's stream); then k's head, k + 1's, and
+  // the backwards layer by layer in turn likewise (layer_backward's phases: k's MLP phase, k +
+  // 1's, k's attention phase, k + 1's, ...), each phase's input-gradient sums beside the other
+  // micro-batch's next phase. Each micro-batch's operations are those of
+  // forward_backward_queued, and every gradient accumulates in the same order (k's part before
+  // k + 1's) except a tied embedding's, whose heads would now come before k's lookups: it needs
+  // defer_lookup_grads (below), and then the same bits as two calls of forward_backward_queued
+  // with the lookups deferred. The activations of both are held at once. The whole model only
+  // (pp = 1) and without row parts (tp_overlap); with tp = 1 no sums to hide, the same work.
+  // before_backward(i), if set, runs before each part of micro-batch i's head and backward (0:
+  // the first, 1: the second; the trainer arms the gradient hook there for the step's last
+  // micro-batch, so that a range is reported once its last part is added).
   // Returns the two mean losses, on the device as forward_backward_queued's.
   struct MicroBatchIds {
     std::span<const std::int32_t> tokens, targets;
@@ -274,6 +280,22 @@ class NsaTransformer {
   // (parallel.overlap_grad_reduce); an empty function: no calls.
   using GradsReadyHook = std::function<void(std::int64_t begin, std::int64_t end)>;
   void set_grads_ready_hook(GradsReadyHook hook) { grads_ready_ = std::move(hook); }
+
+  // A tied embedding's gradient has two parts: the LM head's (added by each micro-batch's head,
+  // first in its backward) and the lookups' (last). With defer_lookup_grads(true) (a rank
+  // holding the whole model, tied embeddings) the lookups' part accumulates in a buffer of its
+  // own (fp32, the embedding gradient's shape, allocated here, zero) until add_lookup_grads()
+  // adds it into the embedding's gradient, zeroes it and reports the embedding's range to the
+  // hook: the gradient becomes (the heads' sum) + (the lookups' sum), whatever order the
+  // micro-batches' backwards interleave in. forward_backward_pair_queued needs it (its heads run
+  // before either lookup), and the trainer sets it wherever the pairs can run (tensor
+  // parallelism, pp = 1), so that a step's bits do not depend on them. false drops the buffer.
+  void defer_lookup_grads(bool on);
+  bool lookup_grads_deferred() const { return lookup_grads_.defined(); }
+  // Where the trainer defers them (and the memory plan counts the buffer): tied embeddings,
+  // tensor parallelism, no pipeline.
+  static bool trainer_defers_lookup_grads(bool tied, int tp, int pp) { return tied && tp > 1 && pp == 1; }
+  void add_lookup_grads();
 
   // Peak bytes of activations (everything allocated above the parameters, gradients and
   // optimizer state) during the last forward_backward.
@@ -410,6 +432,29 @@ class NsaTransformer {
   void complete_for_backward(std::int64_t l, LayerActivations& a, std::int64_t B, std::int64_t T) const;
   void layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in, std::int64_t B,
                       std::int64_t T);
+  // layer_backward in three phases, so that two micro-batches can take turns
+  // (forward_backward_pair_queued): the MLP phase (complete_for_backward first) ends with the
+  // sums of the MLP norm output's gradient (dhn) started and the MLP's weight gradients
+  // queued beside them; the attention phase reads those sums and ends likewise with the
+  // attention norm output's (dxn) started and wo's and wqkv's weight gradients beside them;
+  // the end reads them and returns the layer input's gradient (and reports the layer's
+  // gradients). Before each of the last two phases the sums must be done (tp_finish_sums, or
+  // the other micro-batch's next tp_pass_on). What the phases hand on:
+  struct LayerGradInFlight {
+    Tensor dx_out;  // the gradient of the layer's output (the caller's), held to the end
+    Tensor dhn, dh, dxn;
+  };
+  void layer_mlp_backward(std::int64_t l, LayerActivations& a, LayerGradInFlight& g, std::int64_t B, std::int64_t T);
+  void layer_attention_backward(std::int64_t l, LayerActivations& a, LayerGradInFlight& g, std::int64_t B,
+                                std::int64_t T);
+  Tensor layer_backward_end(std::int64_t l, const LayerActivations& a, LayerGradInFlight& g);
+  // Layer l's backward ended (layer_backward_end) for a micro-batch of the whole model: its
+  // activations dropped, g handed on to layer l - 1 with the layer input's gradient as its
+  // dx_out.
+  void layer_backward_done(std::int64_t l, StageState& st, LayerGradInFlight& g);
+  // The model's first chunk's last step of a backward: the embedding's gradient from dx (the
+  // first layer's input's), reported unless a tied embedding's parts are added later.
+  void embedding_backward_step(StageState& st, Tensor dx);
   Tensor embed(const Ids& tokens, std::int64_t N) const;
   // A chunk's embedding (the model's first chunk) and layers, keeping nothing for a backward:
   // the last layer's output.
@@ -435,6 +480,7 @@ class NsaTransformer {
   bool tp_overlap_ = false;
   std::size_t last_activation_peak_ = 0;
   GradsReadyHook grads_ready_;
+  Tensor lookup_grads_;  // defer_lookup_grads: the lookups' part of a tied embedding's gradient
 };
 
 }  // namespace nsatron

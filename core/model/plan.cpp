@@ -142,8 +142,8 @@ class StageReplay {
   }
 
   // forward_backward_pair_queued (tensor parallelism's micro-batch pairs, pp = 1): two
-  // micro-batches' replays on one ledger, their layers' halves in turn, then each one's head
-  // and backward.
+  // micro-batches' replays on one ledger, their layers' halves in turn, then each one's head,
+  // then their backwards' phases in turn.
   static void forward_backward_pair(StageReplay& first, StageReplay& second) {
     first.begin();
     second.begin();
@@ -154,9 +154,23 @@ class StageReplay {
       second.layer_mlp_forward(second.keep(l), /*x_out=*/true);
     }
     first.end();
-    first.backward();
     second.end();
-    second.backward();
+    // The backwards layer by layer in turn, by layer_backward's phases.
+    StageReplay* const pair[2] = {&first, &second};
+    for (StageReplay* r : pair) r->dx_owned_ = r->last_;  // st.d_last
+    for (std::int64_t l = first.end_ - 1; l >= first.begin_; --l) {
+      for (StageReplay* r : pair) {
+        if (l + 1 < first.end_) r->layer_backward_done();
+        r->complete_for_backward(r->keep(l));
+        r->layer_mlp_backward();
+      }
+      for (StageReplay* r : pair) r->layer_attention_backward();
+    }
+    for (StageReplay* r : pair) {
+      r->layer_backward_done();
+      r->led_.free(r->z_.x);    // embedding_backward_step(dx) done: dx
+      r->led_.free(r->z_.ids);  // st.ids
+    }
   }
 
   // stage_begin: a later stage's input is already live.
@@ -204,13 +218,12 @@ class StageReplay {
   // output (d_output) is live and stays so (the pipeline frees it after this). Not the first
   // stage: returns with the input's gradient live (d_input, the message to send).
   void backward() {
-    bool dx_owned = last_;  // the last stage starts from st.d_last, owned by this function
+    dx_owned_ = last_;  // the last stage starts from st.d_last, owned by this function
     for (std::int64_t l = end_ - 1; l >= begin_; --l) {
       complete_for_backward(keep(l));
-      layer_backward();
-      led_.free(kept(Keep::All) - z_.saved + z_.x);  // st.acts[l] = {}: its a.x too (the saved state is gone)
-      if (dx_owned) led_.free(z_.x);                 // dx = dx_in: the previous gradient
-      dx_owned = true;
+      layer_mlp_backward();
+      layer_attention_backward();
+      layer_backward_done();
     }
     if (!first_) return;  // dx is returned (d_input)
     led_.free(z_.x);    // embedding_grad(dx) done: dx
@@ -321,18 +334,21 @@ class StageReplay {
     }
   }
 
-  // layer_backward after complete_for_backward; dx_out is live. With two row parts (model.cpp)
-  // the first part allocates dhn before the second drops dact.
-  void layer_backward() {
+  // layer_backward's phases after complete_for_backward; dx_out is live. With two row parts
+  // (model.cpp) the first part allocates dhn before the second drops dact.
+  void layer_mlp_backward() {
     const bool two = z_.parts == 2;
     led_.alloc(z_.f);      // dact
     led_.alloc(z_.u);      // du
     if (!two) led_.free(z_.f);  // dact = Tensor() (the last part's)
-    led_.alloc(z_.x);      // dhn
+    led_.alloc(z_.x);      // g.dhn
     if (two) led_.free(z_.f);   // dact = Tensor() (part 1's)
-    led_.free(z_.u);       // du = Tensor()
-    led_.alloc(z_.x);      // dh
-    led_.free(z_.x);       // dhn = Tensor()
+    led_.free(z_.u);       // du, at the return
+  }
+
+  void layer_attention_backward() {
+    led_.alloc(z_.x);      // g.dh
+    led_.free(z_.x);       // g.dhn = Tensor()
     led_.alloc(z_.o);      // d_o
     led_.alloc(z_.packed);  // dp
     if (!z_.in_place) {
@@ -341,14 +357,22 @@ class StageReplay {
     }
     led_.free(z_.o);       // d_o = Tensor()
     led_.free(z_.saved);   // a.drop_core_saved()
-    led_.alloc(z_.x);      // dxn
+    led_.alloc(z_.x);      // g.dxn
     led_.alloc(z_.wpad);   // projection_weight: the padded weight (dX to dW)
     led_.alloc(z_.dwpad);  //   and dW's scratch,
     led_.free(z_.wpad + z_.dwpad);  // at its return
-    led_.free(z_.packed);  // dp = Tensor()
+    led_.free(z_.packed);  // dp, at the return
+  }
+
+  // layer_backward_end, then the layer's activations and the gradient of its output dropped
+  // (NsaTransformer::layer_backward_done, or stage_backward's loop).
+  void layer_backward_done() {
     led_.alloc(z_.x);      // dx_in (returned)
-    led_.free(z_.x);       // return: dh,
-    led_.free(z_.x);       //   dxn
+    led_.free(z_.x);       // g.dh,
+    led_.free(z_.x);       //   g.dxn
+    led_.free(kept(Keep::All) - z_.saved + z_.x);  // st.acts[l] = {}: its a.x too (the saved state is gone)
+    if (dx_owned_) led_.free(z_.x);                // dx_out: the previous gradient
+    dx_owned_ = true;
   }
 
   const Sizes& z_;
@@ -358,6 +382,7 @@ class StageReplay {
   Ledger& led_;
   std::int64_t losses_ = 0;  // st.loss of the micro-batches this chunk ended, held to the step's end
   bool h_held_ = false;      // the last layer's a.h, held only by its output stream
+  bool dx_owned_ = false;    // backward: the gradient of the current layer's output is this replay's
 };
 
 }  // namespace
@@ -472,7 +497,7 @@ std::vector<std::int64_t> zero1_ranges(const std::vector<ParamInfo>& params, std
 MemoryEstimate estimate_memory(const RunConfig& cfg) { return estimate_memory(cfg, true); }
 
 MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std::int64_t head_chunk,
-                               bool projection_in_place) {
+                               bool projection_in_place, bool lookup_grads_apart) {
   const ModelDims dims = ModelDims::from_config(cfg);
   const std::int64_t tp = cfg.parallel.tp, pp = cfg.parallel.pp, dp = cfg.dp();
   if (tp < 1 || pp < 1 || dp < 1) throw std::invalid_argument("estimate_memory: the config is not validated for its world size");
@@ -511,6 +536,9 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std
       // compute dtype when it is not fp32).
       e.weights = 4 * n + compute_bytes * n;
       e.gradients = 4 * n;
+      if (lookup_grads_apart && NsaTransformer::trainer_defers_lookup_grads(dims.tie_embeddings, int(tp), int(pp)))
+        for (const ParamInfo& p : params)  // the lookups' part of the embedding's gradient, apart
+          if (p.name == "model/embedding") e.gradients += 4 * p.numel;
       // DataParallelOptimizer: m_, v_ over the owned range; ZeRO-1 over several ranks also
       // padded_ [dp * block] and mine_ [block], block the longest range.
       if (cfg.parallel.zero1 && dp > 1) {

@@ -82,7 +82,8 @@ std::int64_t estimate_activation_bytes(const ModelDims& dims, const ActivationPl
 
 struct MemoryEstimate {        // bytes on one rank: the rank (pp stage, tp rank) that needs the most
   std::int64_t weights = 0;      // fp32 master weights + a separate compute copy (bf16 on CUDA) when the dtypes differ
-  std::int64_t gradients = 0;    // fp32 flat gradients
+  std::int64_t gradients = 0;    // fp32 flat gradients (and with tp > 1, pp = 1 and tied embeddings the
+                                 // lookups' part of the embedding's: NsaTransformer::defer_lookup_grads)
   std::int64_t optimizer = 0;    // AdamW moments (ZeRO-1: this rank's owned share) and any other optimizer buffers
   std::int64_t activations = 0;  // peak of one optimizer step above the above (micro-batches in flight under 1F1B,
                                  // recompute policy, head chunk, transient buffers; the copy-engine
@@ -99,9 +100,11 @@ MemoryEstimate estimate_memory(const RunConfig& cfg);
 // tests/model/test_memory_plan.cpp measured that layout), and the LM head's row chunk
 // head_chunk (the GPU peaks recorded before 2026-11-26 (fourth session) ran at 1024 rows),
 // and the split projection of before 2026-11-28 when projection_in_place is false
-// (ActivationPlan::projection_in_place).
+// (ActivationPlan::projection_in_place), and without the deferred lookups' gradient buffer
+// of a tied embedding under tensor parallelism (before 2026-11-29, twenty-eighth session) when
+// lookup_grads_apart is false.
 MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs,
                                std::int64_t head_chunk = NsaTransformer::kDefaultHeadChunk,
-                               bool projection_in_place = true);
+                               bool projection_in_place = true, bool lookup_grads_apart = true);
 
 }  // namespace nsatron

@@ -121,11 +121,12 @@ void describe_parallelism(Run& run) {
                               "all-reduces beside the other's compute (tp_overlap)") +
                       (run.multi_gpu ? " on a communication stream" : "")
             : run.cfg.parallel.tp_micro_batch_pairs
-                ? std::string("; micro-batches two at a time, their forwards layer by layer in turn, one's "
-                              "all-reduces beside the other's compute (tp_micro_batch_pairs)") +
-                      (run.multi_gpu ? " on a communication stream" : "") +
-                      "; the backward's beside the weight gradients"
+                ? std::string("; micro-batches two at a time, their forwards and backwards layer by layer in "
+                              "turn, one's all-reduces beside the other's compute (tp_micro_batch_pairs)") +
+                      (run.multi_gpu ? " on a communication stream" : "")
                 : std::string("; the forward's all-reduces in line, the backward's beside the weight gradients"));
+  if (run.model->lookup_grads_deferred())
+    out << "; the tied embedding's lookup gradients summed apart and added after the heads'";
   if (pp > 1) describe_pipeline(run);
   if (pp > 1 && run.multi_gpu) out << "; pipeline messages: " << run.pp_transport;
   if (run.dp() > 1 && !opt.zero1())

@@ -64,7 +64,9 @@ class LastMicroBatchHook {
 // the gradients accumulating. Sets the loss (this rank's share) and the activation peak: from
 // the step's start, so the earlier micro-batches' losses, held until read, count.
 // With parallel.tp_micro_batch_pairs (tp > 1) two micro-batches at a time
-// (NsaTransformer::forward_backward_pair_queued: the same bits), an odd last one alone.
+// (NsaTransformer::forward_backward_pair_queued: the same bits), an odd last one alone; the
+// gradient hook armed for each part of the step's last micro-batch. A tied embedding's lookups
+// (deferred with tp > 1: NsaTransformer::defer_lookup_grads) are added at the end.
 void forward_backward(Run& run, StepResult& r) {
   const std::int64_t A = run.micro_batches();
   const double scale = micro_batch_scale(run);
@@ -89,6 +91,10 @@ void forward_backward(Run& run, StepResult& r) {
       losses.push_back(run.model->forward_backward_queued(batch.inputs, batch.targets, batch.rows, batch.seq_len, scale));
     }
     r.activation_peak_bytes = std::max(r.activation_peak_bytes, memory_stats(run.device).peak - base);
+  }
+  if (run.model->lookup_grads_deferred()) {  // a tied embedding's lookups, after every head
+    const LastMicroBatchHook hook(run, A - 1);
+    run.model->add_lookup_grads();
   }
   r.loss = read_losses(run, losses);
 }

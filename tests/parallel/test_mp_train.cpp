@@ -264,12 +264,13 @@ TEST_F(MpTrain, TensorParallelOverlapMatchesOneRank) {
   stop_and_resume("ref", "tp2_overlap_to_1", ten, 2, " --set parallel.tp=2" + on, 0, "", 1e-5, kTensors);
 }
 
-// parallel.tp_micro_batch_pairs: two micro-batches' forwards layer by layer in turn, each
-// row-parallel output's sum (MPI_Iallreduce here) waited for only where the other micro-batch's
-// half ends. The same operations and gradient order as without: the same bits, for NSA and
+// parallel.tp_micro_batch_pairs: two micro-batches' forwards and backwards layer by layer in
+// turn, each row-parallel output's and input gradient's sum (MPI_Iallreduce here) waited for
+// only where the other micro-batch's half or phase ends. The same operations and gradient
+// order as without (a tied embedding's lookups deferred in both): the same bits, for NSA and
 // dense attention, with full recompute, with data parallelism and its gradient hook on the
-// step's last micro-batch (the second of a pair), and with an odd number of micro-batches per
-// step (the last alone).
+// step's last micro-batch (the second of a pair, armed for each of its phases), with an odd
+// number of micro-batches per step (the last alone), and with an untied head.
 TEST_F(MpTrain, TensorParallelMicroBatchPairsGiveTheSameBits) {
   const std::string on = " --set parallel.tp_micro_batch_pairs=true";
   const std::string three = " --set train.global_batch=6";  // 3 micro-batches of 2
@@ -286,10 +287,12 @@ TEST_F(MpTrain, TensorParallelMicroBatchPairsGiveTheSameBits) {
                              kModel + " --set parallel.tp=2 --set parallel.overlap_grad_reduce=true "
                                       "--set parallel.grad_bucket_kib=1",
                              kTensors},
-                        Case{"tp2_odd", 2, kModel + " --set parallel.tp=2" + three, kTensors}}) {
+                        Case{"tp2_odd", 2, kModel + " --set parallel.tp=2" + three, kTensors},
+                        Case{"tp2_untied", 2, kModel + " --set parallel.tp=2 --set model.tie_embeddings=false",
+                             kTensors + 1}}) {
     expect_same_bits(c.np, c.name, c.settings, "", "the forward's all-reduces in line", on,
-                     "micro-batches two at a time, their forwards layer by layer in turn, one's all-reduces "
-                     "beside the other's compute (tp_micro_batch_pairs)",
+                     "micro-batches two at a time, their forwards and backwards layer by layer in turn, one's "
+                     "all-reduces beside the other's compute (tp_micro_batch_pairs)",
                      c.tensors);
   }
   // Not with a pipeline, nor with tp_overlap.
