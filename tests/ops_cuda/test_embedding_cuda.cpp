@@ -1,7 +1,9 @@
 // CUDA embedding against the CPU: the forward copies rows exactly; the backward (sorted by
 // row, each row's positions summed in ascending order in fp64, as on the CPU) gives the CPU's
 // bits for an fp32 table gradient, from fp32 or bf16 rows; vocab-parallel shards; repeated
-// ids; identical bits on a second run at a training-sized batch; bad ids are reported.
+// ids, runs longer than a block stages at once (1024 positions) and more positions than the
+// grid has blocks (4096), widths that leave threads of a block idle; identical bits on a second
+// run at a training-sized batch; bad ids are reported.
 #include <algorithm>
 
 #include "core/ops/embedding.h"
@@ -26,7 +28,8 @@ struct Case {
   std::int64_t V, C, N, vocab_start, vocab_size;
 };
 const Case kCases[] = {{1, 1, 1, 0, 0},         {50, 768, 1000, 0, 0}, {37, 13, 257, 0, 0},
-                       {50304, 64, 4096, 0, 0}, {20, 9, 300, 10, 45},  {16, 8, 64, 0, 40}};
+                       {50304, 64, 4096, 0, 0}, {20, 9, 300, 10, 45},  {16, 8, 64, 0, 40},
+                       {7, 200, 9000, 0, 0},    {1, 130, 3000, 0, 0}};
 
 TEST(EmbeddingCuda, MatchesCpu) {
   NSATRON_SKIP_WITHOUT_GPU();

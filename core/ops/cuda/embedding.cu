@@ -2,9 +2,9 @@
 // Forward: a row copy per token (zeros outside the shard, NaN and a recorded error for an id
 // outside the vocabulary).
 // Backward, deterministic and free of float atomics: the positions are sorted by local row
-// with a stable radix sort (CUB), so within each row they stay ascending; then the blocks of
-// each run's first sorted position own that table row (a block per column chunk) and add its
-// positions' gradients in ascending order (fp64 sums, one rounding into dW). No two blocks
+// with a stable radix sort (CUB), so within each row they stay ascending; then the block that
+// meets a run's first sorted position owns that table row (a block per column chunk) and adds
+// its positions' gradients in ascending order (fp64 sums, one rounding into dW). No two blocks
 // touch the same element.
 #include <cub/device/device_radix_sort.cuh>
 
@@ -59,43 +59,63 @@ __global__ void embedding_keys_kernel(unsigned* __restrict__ keys, unsigned* __r
   vals[n] = unsigned(n);
 }
 
-// Block (i, y): if sorted position i starts a run of equal keys (a table row), sum the run into
-// the row's columns [y * blockDim.x, ...), one thread per column, the positions in ascending
-// order (the run's end by a binary search: the keys ascend). A frequent token's run can hold
-// thousands of positions (the KJV text's byte ' ': ~6000 of 32768), so the loads of
-// kAccumulateAhead positions are issued before their adds (the adds keep their order) and the
-// columns are spread over blocks.
-constexpr int kAccumulateAhead = 16;
-constexpr int kAccumulateColumns = 128;  // threads (columns) per block
+// Blocks (x, y) take the sorted positions i = x, x + gridDim.x, ...; where i starts a run of
+// equal keys (a table row), the block sums the run into the row's columns [y * blockDim.x, ...),
+// one thread per column, the positions in ascending order. A frequent token's run can hold
+// thousands of positions (the KJV text's byte ' ': ~6000 of 32768) and its time is the run's
+// length in load latencies, so the run's positions are staged in shared memory by the whole
+// block (coalesced) kStagedPositions at a time, and each thread issues the loads of
+// kAccumulateAhead positions before their adds (the adds keep their order). The run's end: an
+// exponential then a binary search (the keys ascend), a few loads for a short run. Every thread
+// of a block sees the same positions and runs, so the barriers are uniform. A block per
+// position (the former grid) spent most of its time launching blocks that return at once.
+constexpr int kAccumulateAhead = 32;
+constexpr int kAccumulateColumns = 128;   // threads (columns) per block
+constexpr int kStagedPositions = 1024;    // 4 KB of shared memory
+constexpr std::int64_t kRunBlocks = 4096; // grid.x: positions are taken round robin
 template <class T, class G>
 __global__ void embedding_accumulate_kernel(G* dtable, const T* __restrict__ dout,
                                             const unsigned* __restrict__ keys,
                                             const unsigned* __restrict__ pos, std::int64_t N,
                                             std::int64_t V_rows, std::int64_t C) {
-  const std::int64_t i = blockIdx.x;
-  const unsigned key = keys[i];
-  if (key >= V_rows || (i > 0 && keys[i - 1] == key)) return;
+  __shared__ unsigned staged[kStagedPositions];
   const std::int64_t c = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  std::int64_t lo = i + 1, hi = N;  // the first sorted position past the run
-  while (lo < hi) {
-    const std::int64_t mid = (lo + hi) >> 1;
-    if (keys[mid] == key) lo = mid + 1;
-    else hi = mid;
-  }
-  const std::int64_t end = lo;
-  G* row = dtable + std::int64_t(key) * C;
-  double acc = double(to_f(row[c]));
-  std::int64_t j = i;
-  for (; j + kAccumulateAhead <= end; j += kAccumulateAhead) {
-    float v[kAccumulateAhead];
+  const bool active = c < C;
+  for (std::int64_t i = blockIdx.x; i < N; i += gridDim.x) {
+    const unsigned key = keys[i];
+    if (key >= V_rows || (i > 0 && keys[i - 1] == key)) continue;  // not a run's start
+    std::int64_t step = 1, lo = i + 1, hi = i + 1;  // keys[lo - 1] == key; find the first past the run
+    while (hi < N && keys[hi] == key) {
+      lo = hi + 1;
+      hi = i + (step <<= 1);
+    }
+    if (hi > N) hi = N;
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi) >> 1;
+      if (keys[mid] == key) lo = mid + 1;
+      else hi = mid;
+    }
+    const std::int64_t end = lo;
+    G* row = dtable + std::int64_t(key) * C;
+    double acc = active ? double(to_f(row[c])) : 0.0;
+    for (std::int64_t s = i; s < end; s += kStagedPositions) {
+      const int count = int(end - s < kStagedPositions ? end - s : kStagedPositions);
+      __syncthreads();  // the previous stage's positions are read
+      for (int t = threadIdx.x; t < count; t += blockDim.x) staged[t] = pos[s + t];
+      __syncthreads();
+      if (!active) continue;
+      int j = 0;
+      for (; j + kAccumulateAhead <= count; j += kAccumulateAhead) {
+        float v[kAccumulateAhead];
 #pragma unroll
-    for (int u = 0; u < kAccumulateAhead; ++u) v[u] = to_f(dout[std::int64_t(pos[j + u]) * C + c]);
+        for (int u = 0; u < kAccumulateAhead; ++u) v[u] = to_f(dout[std::int64_t(staged[j + u]) * C + c]);
 #pragma unroll
-    for (int u = 0; u < kAccumulateAhead; ++u) acc += double(v[u]);
+        for (int u = 0; u < kAccumulateAhead; ++u) acc += double(v[u]);
+      }
+      for (; j < count; ++j) acc += double(to_f(dout[std::int64_t(staged[j]) * C + c]));
+    }
+    if (active) row[c] = from_f<G>(float(acc));
   }
-  for (; j < end; ++j) acc += double(to_f(dout[std::int64_t(pos[j]) * C + c]));
-  row[c] = from_f<G>(float(acc));
 }
 
 int bits_for(std::int64_t v) {  // bits to hold 0..v
@@ -167,7 +187,8 @@ void embedding_backward(DType dt, DType dtable_dt, void* dtable, const std::int3
       const int threads = int(std::min<std::int64_t>(kAccumulateColumns, (C + 31) / 32 * 32));
       const std::int64_t col_blocks = (C + threads - 1) / threads;
       if (col_blocks > 65535) throw std::invalid_argument("embedding_backward (cuda): too many columns");
-      embedding_accumulate_kernel<T, G><<<dim3(unsigned(N), unsigned(col_blocks)), threads>>>(
+      const unsigned run_blocks = unsigned(std::min<std::int64_t>(N, kRunBlocks));
+      embedding_accumulate_kernel<T, G><<<dim3(run_blocks, unsigned(col_blocks)), threads>>>(
           static_cast<G*>(dtable), static_cast<const T*>(dout), keys, pos, N, V, C);
       check_launch("embedding_backward");
     });
