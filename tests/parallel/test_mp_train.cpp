@@ -225,7 +225,7 @@ TEST_F(MpTrain, DenseAttentionUnderTensorAndPipelineParallelism) {
 // checkpoint written with it resumed without it.
 TEST_F(MpTrain, TensorParallelOverlapMatchesOneRank) {
   const std::string on = " --set parallel.tp_overlap=true";
-  for (const std::string& attention : {"nsa", "dense"}) {
+  for (const std::string attention : {"nsa", "dense"}) {
     const std::string model = kModel + " --set model.attention=" + attention;
     const int tensors = attention == "nsa" ? kTensors : 4 * 7 + 2;
     ASSERT_EQ(train(0, "one_" + attention, model).code, 0);
