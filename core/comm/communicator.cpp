@@ -11,7 +11,13 @@ void Communicator::check_tensor(const Tensor& t, const char* op) const {
             t.describe());
 }
 
+void Communicator::check_none_started(const char* op) const {
+  NSA_CHECK(started_ == 0, name(), ".", op, ": called while ", started_,
+            " started all-reduce(s) wait for wait_all() (no other call comes between a start and wait_all)");
+}
+
 void Communicator::all_reduce(Tensor& t, ReduceOp op) {
+  check_none_started("all_reduce");
   check_tensor(t, "all_reduce");
   const Watchdog::Scope watch(name(), "all_reduce", rank(), size());
   if (t.numel() > 0) do_all_reduce(t, op);
@@ -21,14 +27,17 @@ void Communicator::start_all_reduce(Tensor& t, ReduceOp op) {
   check_tensor(t, "start_all_reduce");
   const Watchdog::Scope watch(name(), "start_all_reduce", rank(), size());
   if (t.numel() > 0) do_start_all_reduce(t, op);
+  ++started_;
 }
 
 void Communicator::wait_all() {
   const Watchdog::Scope watch(name(), "wait_all", rank(), size());
   do_wait_all();
+  started_ = 0;
 }
 
 void Communicator::all_gather(const Tensor& in, Tensor& out) {
+  check_none_started("all_gather");
   check_tensor(in, "all_gather");
   check_tensor(out, "all_gather");
   NSA_CHECK(in.dtype() == out.dtype() && in.device() == out.device(), name(), ".all_gather: ", in.describe(),
@@ -47,6 +56,7 @@ void Communicator::all_gather(const Tensor& in, Tensor& out) {
 }
 
 void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
+  check_none_started("reduce_scatter");
   check_tensor(in, "reduce_scatter");
   check_tensor(out, "reduce_scatter");
   NSA_CHECK(in.dtype() == out.dtype() && in.device() == out.device(), name(), ".reduce_scatter: ", in.describe(),
@@ -62,6 +72,7 @@ void Communicator::reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
 }
 
 void Communicator::broadcast(Tensor& t, int root) {
+  check_none_started("broadcast");
   check_tensor(t, "broadcast");
   NSA_CHECK(root >= 0 && root < size(), name(), ".broadcast: root ", root, " outside a group of ", size());
   const Watchdog::Scope watch(name(), "broadcast", rank(), size());
@@ -74,6 +85,7 @@ void Communicator::check_peer(int peer, const char* op) const {
 }
 
 void Communicator::send(const Tensor& t, int peer) {
+  check_none_started("send");
   check_tensor(t, "send");
   check_peer(peer, "send");
   const Watchdog::Scope watch(name(), "send", rank(), size());
@@ -81,6 +93,7 @@ void Communicator::send(const Tensor& t, int peer) {
 }
 
 void Communicator::recv(Tensor& t, int peer) {
+  check_none_started("recv");
   check_tensor(t, "recv");
   check_peer(peer, "recv");
   const Watchdog::Scope watch(name(), "recv", rank(), size());
@@ -88,6 +101,7 @@ void Communicator::recv(Tensor& t, int peer) {
 }
 
 Communicator::Request Communicator::start_send(const Tensor& t, int peer) {
+  check_none_started("start_send");
   check_tensor(t, "start_send");
   check_peer(peer, "start_send");
   const Watchdog::Scope watch(name(), "start_send", rank(), size());
@@ -95,6 +109,7 @@ Communicator::Request Communicator::start_send(const Tensor& t, int peer) {
 }
 
 Communicator::Request Communicator::start_recv(Tensor& t, int peer) {
+  check_none_started("start_recv");
   check_tensor(t, "start_recv");
   check_peer(peer, "start_recv");
   const Watchdog::Scope watch(name(), "start_recv", rank(), size());
@@ -107,6 +122,7 @@ void Communicator::wait(Request request) {
 }
 
 void Communicator::send_recv(const Tensor& send, int send_peer, Tensor& recv, int recv_peer) {
+  check_none_started("send_recv");
   check_tensor(send, "send_recv");
   check_tensor(recv, "send_recv");
   NSA_CHECK(send_peer >= 0 && send_peer < size() && recv_peer >= 0 && recv_peer < size(), name(),
@@ -125,6 +141,7 @@ void Communicator::send_recv(const Tensor& send, int send_peer, Tensor& recv, in
 }
 
 void Communicator::barrier() {
+  check_none_started("barrier");
   const Watchdog::Scope watch(name(), "barrier", rank(), size());
   do_barrier();
 }

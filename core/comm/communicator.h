@@ -84,9 +84,10 @@ class Communicator {
   // there after wait_all(), and until then the caller neither reads nor writes t and keeps
   // it allocated. Started all-reduces are collective calls like the others (every rank starts
   // the same ones in the same order), and no other call on this communicator comes between a
-  // start and wait_all(). The MPI backend posts MPI_Iallreduce; NCCL enqueues it on the
-  // communicator's own stream after an event on the compute stream, and wait_all() makes the
-  // compute stream wait for it; a backend may also run the blocking call at once.
+  // start and wait_all() (a std::logic_error otherwise). The MPI backend posts
+  // MPI_Iallreduce; NCCL enqueues it on the communicator's own stream after an event on the
+  // compute stream, and wait_all() makes the compute stream wait for it; a backend may also
+  // run the blocking call at once.
   void start_all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
   // Waits for every all-reduce started since the last wait_all() (none: returns at once).
   void wait_all();
@@ -140,6 +141,10 @@ class Communicator {
  private:
   void check_tensor(const Tensor& t, const char* op) const;
   void check_peer(int peer, const char* op) const;
+  // start_all_reduce's rule, enforced: any other call while a started all-reduce waits for
+  // wait_all() is a std::logic_error naming the group and the call.
+  void check_none_started(const char* op) const;
+  std::int64_t started_ = 0;  // all-reduces started since the last wait_all()
 };
 
 // ---- small host values, for control (flags, losses, paths) ------------------------------------

@@ -678,6 +678,9 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
   const ModelDims& m = local_;
   const std::int64_t N = B * T;
   if (!a.h.defined()) {  // full recompute: only the input was kept
+    // Its forward's sums are blocking collectives; a sum the pairs' backwards started (the
+    // other micro-batch's phase) is waited for first (no call between a start and wait_all).
+    tp_finish_sums();
     Stream in{a.x, Tensor()};
     layer_forward(l, in, nullptr, &a, Keep::All, B, T);
     return;

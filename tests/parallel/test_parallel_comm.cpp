@@ -128,6 +128,34 @@ TEST(SingleCommunicator, IsAGroupOfOne) {
   EXPECT_THROW(c.start_recv(got, 0), std::logic_error);
 }
 
+// start_all_reduce's rule: nothing else on the communicator between a start and wait_all()
+// (a blocking collective there would, on NCCL, be ordered against the started one on another
+// stream); the call is refused with the group and the call named, and wait_all() clears it.
+TEST(SingleCommunicator, RefusesCallsBetweenAStartAndWaitAll) {
+  SingleCommunicator c("tp");
+  Tensor t = Tensor::from_vector({1, 2, 3}, {3}, DType::F32);
+  Tensor u = Tensor::from_vector({4, 5, 6}, {3}, DType::F32);
+  c.start_all_reduce(t);
+  c.start_all_reduce(u);  // several starts are one batch
+  try {
+    c.all_reduce(u);
+    ADD_FAILURE() << "all_reduce between a start and wait_all() was accepted";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("tp.all_reduce: called while 2 started all-reduce(s)"), std::string::npos)
+        << e.what();
+  }
+  Tensor out = Tensor::zeros({3}, DType::F32);
+  EXPECT_THROW(c.all_gather(t, out), std::logic_error);
+  EXPECT_THROW(c.reduce_scatter(t, out), std::logic_error);
+  EXPECT_THROW(c.broadcast(t, 0), std::logic_error);
+  EXPECT_THROW(c.barrier(), std::logic_error);
+  EXPECT_THROW(broadcast_string(c, "x", 0), std::logic_error);
+  c.wait_all();
+  EXPECT_NO_THROW(c.all_reduce(u));
+  EXPECT_NO_THROW(c.barrier());
+  EXPECT_EQ(t.to_vector(), (std::vector<double>{1, 2, 3}));
+}
+
 class Mpi : public ::testing::Test {
  protected:
   void SetUp() override { comm_ = MpiCommunicator::world("world"); }
