@@ -72,7 +72,7 @@ VocabParallelCEChunk vocab_parallel_ce_start(Communicator& tp, Tensor& logits, s
   if (own + 3 * N < 3 * P * N) c.gathered.slice0(own + 3 * N, 3 * P * N).zero_();
   Tensor mine = c.gathered.slice0(own, own + 3 * N);
   cross_entropy_slice_stats(logits, targets, opt.vocab_start, opt.ignore_index, mine, opt.vocab_size);
-  tp.wait_all();  // the exchange started before this one (start_all_reduce's rule)
+  tp.wait_all();  // the exchange started before this one: its chunk's finish may follow
   tp.start_all_reduce(c.gathered, ReduceOp::Sum);
   return c;
 }

@@ -67,7 +67,7 @@ double vocab_parallel_cross_entropy(Communicator& tp, Tensor& logits, std::span<
 //   vocab_parallel_ce_finish(c, dloss, loss);
 // start checks the arguments (every error before any collective), computes this rank's
 // statistics, waits for every all-reduce started on `tp` before it (tp.wait_all(): the previous
-// chunk's exchange, as start_all_reduce requires), then starts this chunk's. finish runs after
+// chunk's exchange, so that its finish may follow this start), then starts this chunk's. finish runs after
 // that exchange has ended (the caller's tp.wait_all() or next start): the combination, the
 // gradient in place of the logits, the loss added. The chunk holds the logits (a view) and its
 // fp64 scratch until finish. vocab_parallel_cross_entropy is start, tp.wait_all(), finish.
