@@ -466,8 +466,7 @@ void NsaTransformer::defer_lookup_grads(bool on) {
   if (!dims_.tie_embeddings || !whole_model())
     throw std::logic_error("defer_lookup_grads: for a tied embedding on a rank that holds the whole model");
   const Tensor g = params_.grad("model/embedding");
-  lookup_grads_ = Tensor::empty(g.shape(), g.dtype(), g.device());
-  lookup_grads_.zero_();
+  lookup_grads_ = Tensor::zeros(g.shape(), g.dtype(), g.device());
 }
 
 void NsaTransformer::add_lookup_grads() {
@@ -704,15 +703,13 @@ void NsaTransformer::complete_for_backward(std::int64_t l, LayerActivations& a, 
   }
 }
 
-void NsaTransformer::layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in,
-                                    std::int64_t B, std::int64_t T) {
-  LayerGradInFlight g;
-  g.dx_out = dx_out;
-  layer_mlp_backward(l, a, g, B, T);
+void NsaTransformer::layer_backward(std::int64_t l, StageState& st, LayerGradInFlight& g) {
+  LayerActivations& a = st.acts[std::size_t(l - chunk_layers(st.chunk).first)];
+  layer_mlp_backward(l, a, g, st.B, st.T);
   tp_finish_sums();
-  layer_attention_backward(l, a, g, B, T);
+  layer_attention_backward(l, a, g, st.B, st.T);
   tp_finish_sums();
-  dx_in = layer_backward_end(l, a, g);
+  layer_backward_done(l, st, g);
 }
 
 void NsaTransformer::layer_mlp_backward(std::int64_t l, LayerActivations& a, LayerGradInFlight& g, std::int64_t B,
@@ -957,24 +954,18 @@ StageState NsaTransformer::stage_forward(int chunk, std::span<const std::int32_t
 
 Tensor NsaTransformer::stage_backward(StageState& st, const Tensor* d_output) {
   const auto [layer_begin, layer_end] = chunk_layers(st.chunk);
-  Tensor dx;
+  LayerGradInFlight g;  // g.dx_out: the gradient of the current layer's output
   if (chunk_last(st.chunk)) {
-    dx = st.d_last;
-    st.d_last = Tensor();
+    g.dx_out = std::exchange(st.d_last, Tensor());
   } else {
     if (!d_output || d_output->shape() != Shape{st.B * st.T, dims_.C})
       throw std::invalid_argument("stage_backward: a stage before the last needs the gradient of its output");
-    dx = *d_output;
+    g.dx_out = *d_output;
   }
   st.output = Tensor();
-  for (std::int64_t l = layer_end - 1; l >= layer_begin; --l) {
-    Tensor dx_in;
-    layer_backward(l, st.acts[std::size_t(l - layer_begin)], dx, dx_in, st.B, st.T);
-    st.acts[std::size_t(l - layer_begin)] = LayerActivations();
-    dx = dx_in;
-  }
-  if (!chunk_first(st.chunk)) return dx;
-  embedding_backward_step(st, dx);
+  for (std::int64_t l = layer_end - 1; l >= layer_begin; --l) layer_backward(l, st, g);
+  if (!chunk_first(st.chunk)) return g.dx_out;
+  embedding_backward_step(st, g.dx_out);
   return Tensor();
 }
 

@@ -430,9 +430,7 @@ class NsaTransformer {
                      std::int64_t B, std::int64_t T, double grad_scale);
   void stage_end(StageState& st, Stream& s, std::span<const std::int32_t> targets);
   void complete_for_backward(std::int64_t l, LayerActivations& a, std::int64_t B, std::int64_t T) const;
-  void layer_backward(std::int64_t l, LayerActivations& a, const Tensor& dx_out, Tensor& dx_in, std::int64_t B,
-                      std::int64_t T);
-  // layer_backward in three phases, so that two micro-batches can take turns
+  // A layer's backward in three phases, so that two micro-batches can take turns
   // (forward_backward_pair_queued): the MLP phase (complete_for_backward first) ends with the
   // sums of the MLP norm output's gradient (dhn) started and the MLP's weight gradients
   // queued beside them; the attention phase reads those sums and ends likewise with the
@@ -452,6 +450,9 @@ class NsaTransformer {
   // activations dropped, g handed on to layer l - 1 with the layer input's gradient as its
   // dx_out.
   void layer_backward_done(std::int64_t l, StageState& st, LayerGradInFlight& g);
+  // Layer l's backward for one micro-batch: the three phases, each phase's sums waited for
+  // before the next (stage_backward's loop), then layer_backward_done.
+  void layer_backward(std::int64_t l, StageState& st, LayerGradInFlight& g);
   // The model's first chunk's last step of a backward: the embedding's gradient from dx (the
   // first layer's input's), reported unless a tied embedding's parts are added later.
   void embedding_backward_step(StageState& st, Tensor dx);

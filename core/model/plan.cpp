@@ -365,7 +365,7 @@ class StageReplay {
   }
 
   // layer_backward_end, then the layer's activations and the gradient of its output dropped
-  // (NsaTransformer::layer_backward_done, or stage_backward's loop).
+  // (NsaTransformer::layer_backward_done).
   void layer_backward_done() {
     led_.alloc(z_.x);      // dx_in (returned)
     led_.free(z_.x);       // g.dh,
