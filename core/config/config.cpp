@@ -304,7 +304,9 @@ const std::vector<Key>& keys() {
           "the ranks' compute times (the families less the communication groups'): the fastest "
           "and the slowest rank, how much longer the slowest computed, which every collective "
           "makes the others wait for (a slower GPU of the same kind, or a pipeline stage with more "
-          "work), and the three families where the slowest spent most over the fastest.")
+          "work), and the three families where the slowest spent most over the fastest. On GPUs with "
+          "pp = 1, also when the host had queued the step's forwards and backwards and when the "
+          "device was done with them: a small lead means the device waited for the host's launches.")
           .at_least(0),
   };
   return table;

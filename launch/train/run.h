@@ -109,6 +109,9 @@ struct StepResult {
   double grad_norm = 0;       // before clipping (every rank has it)
   bool skipped = false;       // loss or norm not finite: no update
   double seconds = 0;         // wall time of the step
+  // pp = 1: when the host had queued the step's forwards and backwards, and when their losses
+  // were read (the device done with them), in ms from the step's start (the profile's host line).
+  double queued_ms = 0, losses_read_ms = 0;
   std::size_t activation_peak_bytes = 0;
 };
 

@@ -67,7 +67,7 @@ class LastMicroBatchHook {
 // (NsaTransformer::forward_backward_pair_queued: the same bits), an odd last one alone; the
 // gradient hook armed for each part of the step's last micro-batch. A tied embedding's lookups
 // (deferred with tp > 1: NsaTransformer::defer_lookup_grads) are added at the end.
-void forward_backward(Run& run, StepResult& r) {
+void forward_backward(Run& run, StepResult& r, Clock::time_point t0) {
   const std::int64_t A = run.micro_batches();
   const double scale = micro_batch_scale(run);
   const bool pairs = run.cfg.parallel.tp_micro_batch_pairs && run.cfg.parallel.tp > 1;
@@ -96,7 +96,10 @@ void forward_backward(Run& run, StepResult& r) {
     const LastMicroBatchHook hook(run, A - 1);
     run.model->add_lookup_grads();
   }
+  const auto since_start = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
+  r.queued_ms = since_start();
   r.loss = read_losses(run, losses);
+  r.losses_read_ms = since_start();
 }
 
 // This rank's pipeline stage (pp > 1): 1F1B over the stages, interleaved with virtual stages
@@ -191,7 +194,8 @@ void update(Run& run, const StepResult& r) {
 // log.profile_step: the op families of the step on this rank (waits for its device), printed
 // by rank 0 with the time outside the scopes, then the ranks' compute times (fastest, slowest,
 // the slowest's excess by family).
-void print_profile(Run& run, std::int64_t step_done, Clock::time_point t0) {
+void print_profile(Run& run, const StepResult& r, Clock::time_point t0) {
+  const std::int64_t step_done = r.step;
   const std::vector<std::pair<std::string, double>> totals = op_timer::totals_ms();
   const std::vector<std::pair<std::string, double>> busy = op_timer::busy_totals_ms();
   op_timer::enable(false);
@@ -216,6 +220,18 @@ void print_profile(Run& run, std::int64_t step_done, Clock::time_point t0) {
   // Several ranks: the spread of their compute, which each collective makes the others wait
   // for, and where the slowest rank spends it.
   if (per_rank.size() > 1) run.out << "#   " << op_timer::ranks_line(per_rank) << "\n";
+  // pp = 1, GPUs: whether the host keeps ahead of the device. The host queues the micro-batches'
+  // work without waiting for it (up to the losses' read); if it finishes queueing only just
+  // before the device finishes the work, the device waited for the host's launches inside and
+  // between the scopes above.
+  if (run.device == Device::CUDA && r.queued_ms > 0) {
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "host: the forwards and backwards queued at %.1f ms, the device done with them at %.1f ms "
+                  "(%.1f ms ahead)\n",
+                  r.queued_ms, r.losses_read_ms, r.losses_read_ms - r.queued_ms);
+    run.out << "#   " << line;
+  }
 }
 
 }  // namespace
@@ -233,7 +249,7 @@ StepResult optimizer_step(Run& run, std::int64_t step) {
   r.lr = learning_rate(run.cfg.optim, run.cfg.train.steps, step);
   run.model->params().zero_grads();
   if (run.cfg.parallel.overlap_grad_reduce) run.optimizer->arm_overlap();
-  if (run.pp() == 1) forward_backward(run, r);
+  if (run.pp() == 1) forward_backward(run, r, t0);
   else forward_backward_pipeline(run, r);
   run.data.sampler->advance(run.data.layout);
   reduce(run, r);
@@ -244,7 +260,7 @@ StepResult optimizer_step(Run& run, std::int64_t step) {
   }
   if (r.skipped) skip(run, r);
   else update(run, r);
-  if (profile) print_profile(run, r.step, t0);
+  if (profile) print_profile(run, r, t0);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   run.summary.steps_done = r.step;
   run.summary.last_loss = r.loss;
