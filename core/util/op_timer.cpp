@@ -31,11 +31,20 @@ struct State {
   std::mutex mutex;
   std::vector<Record> records;
   std::vector<BusyRecord> busy;
+  std::vector<void*> spare_events;  // CUDA events made earlier, for the scopes to take
 };
 
 State& state() {
   static State s;
   return s;
+}
+
+// A CUDA event for a scope: a spare one, else a new one (caller holds s.mutex).
+void* take_event(State& s) {
+  if (s.spare_events.empty()) return create_event();
+  void* e = s.spare_events.back();
+  s.spare_events.pop_back();
+  return e;
 }
 
 }  // namespace
@@ -47,15 +56,34 @@ void reset() {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   for (auto& r : s.records) {
-    if (r.start) destroy_event(r.start);
-    if (r.stop) destroy_event(r.stop);
+    if (r.start) s.spare_events.push_back(r.start);
+    if (r.stop) s.spare_events.push_back(r.stop);
   }
   s.records.clear();
   for (auto& r : s.busy) {
-    destroy_event(r.start);
-    destroy_event(r.stop);
+    s.spare_events.push_back(r.start);
+    s.spare_events.push_back(r.stop);
   }
   s.busy.clear();
+}
+
+void reserve_events(std::size_t n) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  while (s.spare_events.size() < n) s.spare_events.push_back(create_event());
+}
+
+std::size_t spare_events() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return s.spare_events.size();
+}
+
+void release_events() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (void* e : s.spare_events) destroy_event(e);
+  s.spare_events.clear();
 }
 
 std::vector<std::pair<std::string, double>> busy_totals_ms() {
@@ -147,9 +175,9 @@ std::string ranks_line(const std::vector<std::vector<double>>& per_rank) {
 BusyScope::BusyScope(const std::string& group, void* stream) : stream_(stream) {
   State& s = state();
   if (!s.on) return;
-  BusyRecord r{group, create_event(), create_event()};
-  record_event(r.start, stream);
   std::lock_guard<std::mutex> lock(s.mutex);
+  BusyRecord r{group, take_event(s), take_event(s)};
+  record_event(r.start, stream);
   slot_ = int(s.busy.size());
   s.busy.push_back(std::move(r));
 }
@@ -195,15 +223,15 @@ std::vector<std::string> split_lines(const std::vector<std::pair<std::string, do
 Scope::Scope(const char* family, Device device) {
   State& s = state();
   if (!s.on) return;
+  std::lock_guard<std::mutex> lock(s.mutex);
   Record r{family, device, {}, {}, nullptr, nullptr};
   if (device == Device::CUDA) {
-    r.start = create_event();
-    r.stop = create_event();
+    r.start = take_event(s);
+    r.stop = take_event(s);
     record_event(r.start);
   } else {
     r.cpu_start = std::chrono::steady_clock::now();
   }
-  std::lock_guard<std::mutex> lock(s.mutex);
   slot_ = int(s.records.size());
   s.records.push_back(r);
 }

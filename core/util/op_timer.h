@@ -4,6 +4,7 @@
 // environment variable); when off, a scope costs one flag test. The model's scopes do not
 // nest, so the families add up to the step's op time.
 #pragma once
+#include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,7 +15,14 @@ namespace nsatron::op_timer {
 
 void enable(bool on);
 bool enabled();
+// Forgets the records; their CUDA events become spares for the next scopes.
 void reset();
+// GPUs: makes spare CUDA events until there are n, so that the scopes of a timed step take
+// them instead of creating their own (cudaEventCreate in the step is host time the device may
+// wait for); release_events() destroys the spares. Each scope takes two.
+void reserve_events(std::size_t n);
+void release_events();
+std::size_t spare_events();  // how many there are (tests)
 // Milliseconds per family since the last reset, largest first (waits for the GPU).
 std::vector<std::pair<std::string, double>> totals_ms();
 // The split of a step of step_ms: one line per family of `totals` ("family  ms  share%"),

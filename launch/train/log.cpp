@@ -46,7 +46,8 @@ void open_metrics(Run& run) {
 
 namespace {
 
-// The step's JSONL record (a non-finite loss or norm is written as -1).
+// The step's JSONL record (a non-finite loss or norm is written as -1; host_lead_ms on GPUs
+// with pp = 1 only).
 void write_step_record(Run& run, const StepResult& r, std::size_t peak_memory) {
   LogState& log = run.log;
   const double tok_s = double(log.tokens_per_step) / r.seconds;
@@ -56,8 +57,12 @@ void write_step_record(Run& run, const StepResult& r, std::size_t peak_memory) {
               << ", \"grad_norm\": " << (std::isfinite(r.grad_norm) ? r.grad_norm : -1) << ", \"tokens_per_s\": " << tok_s
               << ", \"ms_per_step\": " << r.seconds * 1e3 << ", \"peak_mem_bytes\": " << peak_memory
               << ", \"activation_peak_bytes\": " << r.activation_peak_bytes << ", \"mfu\": " << mfu
-              << ", \"tokens\": " << r.step * log.tokens_per_step << ", \"skipped\": " << (r.skipped ? "true" : "false")
-              << "}\n"
+              << ", \"tokens\": " << r.step * log.tokens_per_step << ", \"skipped\": " << (r.skipped ? "true" : "false");
+  // GPUs, pp = 1: how far the host was ahead of the device when it had queued the step's
+  // forwards and backwards (the profile's host line, in every step's record).
+  if (run.device == Device::CUDA && r.queued_ms > 0)
+    log.metrics << ", \"host_lead_ms\": " << r.losses_read_ms - r.queued_ms;
+  log.metrics << "}\n"
               << std::flush;
 }
 

@@ -194,6 +194,8 @@ void update(Run& run, const StepResult& r) {
 // log.profile_step: the op families of the step on this rank (waits for its device), printed
 // by rank 0 with the time outside the scopes, then the ranks' compute times (fastest, slowest,
 // the slowest's excess by family).
+constexpr std::size_t kProfileEvents = 32768;
+
 void print_profile(Run& run, const StepResult& r, Clock::time_point t0) {
   const std::int64_t step_done = r.step;
   const std::vector<std::pair<std::string, double>> totals = op_timer::totals_ms();
@@ -260,8 +262,15 @@ StepResult optimizer_step(Run& run, std::int64_t step) {
   }
   if (r.skipped) skip(run, r);
   else update(run, r);
-  if (profile) print_profile(run, r, t0);
+  if (profile) {
+    print_profile(run, r, t0);
+    op_timer::release_events();
+  }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  // GPUs: the next step is timed; its scopes' CUDA events made now, outside it (a 125M step of
+  // 16 micro-batches takes ~14k; each made in the step would be host time the device may wait
+  // for, as the profile's host line shows).
+  if (run.device == Device::CUDA && run.cfg.log.profile_step == step + 2) op_timer::reserve_events(kProfileEvents);
   run.summary.steps_done = r.step;
   run.summary.last_loss = r.loss;
   return r;

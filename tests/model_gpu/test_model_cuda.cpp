@@ -17,6 +17,7 @@
 
 #include "core/device/device.h"
 #include "core/model/model.h"
+#include "core/util/op_timer.h"
 #include "tests/model/model_test_util.h"
 
 using namespace nsatron;
@@ -173,4 +174,31 @@ TEST(ModelCuda, AMicroBatchIsQueuedWithoutWaitingForTheDevice) {
     expect_a_micro_batch_is_queued(mid_dims(), policy);
     expect_a_micro_batch_is_queued(dense(mid_dims()), policy);
   }
+}
+
+// op_timer on the GPU: the scopes take the spare CUDA events reserve_events made (two each),
+// then new ones; reset makes every scope's events spares again; release_events destroys them.
+// The families are timed as with new events.
+TEST(ModelCuda, ProfileScopesTakeTheReservedEvents) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  op_timer::reset();
+  op_timer::release_events();
+  op_timer::reserve_events(6);
+  EXPECT_EQ(op_timer::spare_events(), 6u);
+  op_timer::enable(true);
+  { const op_timer::Scope s("matmul", Device::CUDA); }
+  EXPECT_EQ(op_timer::spare_events(), 4u);
+  {
+    const op_timer::Scope a("rmsnorm", Device::CUDA), b("swiglu", Device::CUDA), c("embedding", Device::CUDA);
+  }  // six events: the four spares, then two new ones
+  EXPECT_EQ(op_timer::spare_events(), 0u);
+  op_timer::enable(false);
+  const auto totals = op_timer::totals_ms();
+  EXPECT_EQ(totals.size(), 4u);
+  for (const auto& [family, ms] : totals) EXPECT_GE(ms, 0.0) << family;
+  op_timer::reset();
+  EXPECT_EQ(op_timer::spare_events(), 8u);
+  EXPECT_TRUE(op_timer::totals_ms().empty());
+  op_timer::release_events();
+  EXPECT_EQ(op_timer::spare_events(), 0u);
 }

@@ -9,6 +9,7 @@
 // on the GPU machine).
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <regex>
 #include <string>
 
@@ -144,6 +145,15 @@ TEST_F(GpuTrain, ProfileReportsTheCommunicationHidden) {
     ASSERT_TRUE(std::regex_search(r.out, m, host)) << r.out;
     EXPECT_GT(std::stod(m[1]), 0.0);
     EXPECT_GE(std::stod(m[2]), std::stod(m[1]));
+    // ... and in every step's metrics record.
+    std::ifstream jsonl(dir_ / (l.name + ".jsonl"));
+    const std::regex lead("\"host_lead_ms\": ([0-9.e+-]+)");
+    int records = 0;
+    for (std::string rec; std::getline(jsonl, rec); ++records) {
+      ASSERT_TRUE(std::regex_search(rec, m, lead)) << rec;
+      EXPECT_GE(std::stod(m[1]), 0.0) << rec;
+    }
+    EXPECT_GT(records, 0);
   }
 }
 
