@@ -306,7 +306,8 @@ const std::vector<Key>& keys() {
           "makes the others wait for (a slower GPU of the same kind, or a pipeline stage with more "
           "work), and the three families where the slowest spent most over the fastest. On GPUs with "
           "pp = 1, also when the host had queued the step's forwards and backwards and when the "
-          "device was done with them: a small lead means the device waited for the host's launches.")
+          "device was done with them (a lead near zero: the device waited for the host's launches; "
+          "CUDA's launch queue caps it near a micro-batch's last thousand operations).")
           .at_least(0),
   };
   return table;

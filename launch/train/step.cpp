@@ -223,9 +223,9 @@ void print_profile(Run& run, const StepResult& r, Clock::time_point t0) {
   // for, and where the slowest rank spends it.
   if (per_rank.size() > 1) run.out << "#   " << op_timer::ranks_line(per_rank) << "\n";
   // pp = 1, GPUs: whether the host keeps ahead of the device. The host queues the micro-batches'
-  // work without waiting for it (up to the losses' read); if it finishes queueing only just
-  // before the device finishes the work, the device waited for the host's launches inside and
-  // between the scopes above.
+  // work without waiting for it (up to the losses' read), as far ahead as CUDA's launch queue
+  // lets it (about a thousand pending operations); a lead near zero means the device waited for
+  // the host's launches inside and between the scopes above.
   if (run.device == Device::CUDA && r.queued_ms > 0) {
     char line[200];
     std::snprintf(line, sizeof line,
@@ -268,8 +268,8 @@ StepResult optimizer_step(Run& run, std::int64_t step) {
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   // GPUs: the next step is timed; its scopes' CUDA events made now, outside it (a 125M step of
-  // 16 micro-batches takes ~14k; each made in the step would be host time the device may wait
-  // for, as the profile's host line shows).
+  // 16 micro-batches takes ~14k, whose cudaEventCreate calls in the step would be host work the
+  // other steps do not have).
   if (run.device == Device::CUDA && run.cfg.log.profile_step == step + 2) op_timer::reserve_events(kProfileEvents);
   run.summary.steps_done = r.step;
   run.summary.last_loss = r.loss;
