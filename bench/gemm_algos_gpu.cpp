@@ -123,6 +123,10 @@ void measure(const Problem& pr, int reps, int max_algos, void* ws, double& first
   check(cublasLtMatmulAlgoGetHeuristic(lt.h, lt.op, lt.a, lt.b, lt.c, lt.c, pref, max_algos, results.data(), &found),
         "heuristic");
   cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0) {
+    std::printf("  %-16s no algorithm\n", pr.name.c_str());
+    return;  // (the descriptors leak: a benchmark's exit frees them)
+  }
 
   const std::size_t a_elems = std::size_t(pr.ta ? K * M : M * K), b_elems = std::size_t(pr.tb ? N * K : K * N);
   const std::size_t c_bytes = std::size_t(M * pr.ldc) * (pr.c_fp32 ? 4 : 2);
@@ -148,7 +152,8 @@ void measure(const Problem& pr, int reps, int max_algos, void* ws, double& first
   check(cudaMemcpy(ref.data(), C0, c_bytes, cudaMemcpyDeviceToHost), "copy");
 
   const double flop = 2.0 * double(M) * double(N) * double(K);
-  float first = time_algo(lt, results[0].algo, A, B, C, beta, ws, reps);
+  const float first = time_algo(lt, results[0].algo, A, B, C, beta, ws, reps);
+  if (first <= 0) throw std::runtime_error(pr.name + ": the heuristic's first algorithm failed to run");
   int best = 0;
   float best_ms = first;
   for (int i = 1; i < found; ++i) {
@@ -182,7 +187,7 @@ void measure(const Problem& pr, int reps, int max_algos, void* ws, double& first
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string path = "configs/nsa_125m.toml";
   std::int64_t micro = 16;
   int reps = 20, max_algos = 16;
@@ -250,4 +255,13 @@ int main(int argc, char** argv) {
   }
   cudaFree(ws);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gemm_algos_gpu: %s\n", e.what());
+    return 1;
+  }
 }

@@ -207,8 +207,8 @@ void print_profile(Run& run, const StepResult& r, Clock::time_point t0) {
   const std::vector<double> mine = op_timer::by_step_family(totals);
   const std::vector<double> all = all_gather_values(*run.groups.world, mine);
   std::vector<std::vector<double>> per_rank;
-  for (std::size_t r = 0; r < all.size() / mine.size(); ++r)
-    per_rank.emplace_back(all.begin() + std::ptrdiff_t(r * mine.size()), all.begin() + std::ptrdiff_t((r + 1) * mine.size()));
+  for (std::size_t k = 0; k < all.size() / mine.size(); ++k)
+    per_rank.emplace_back(all.begin() + std::ptrdiff_t(k * mine.size()), all.begin() + std::ptrdiff_t((k + 1) * mine.size()));
   if (!run.root) return;
   run.bar.clear();
   char head[120];
@@ -270,7 +270,8 @@ StepResult optimizer_step(Run& run, std::int64_t step) {
   // GPUs: the next step is timed; its scopes' CUDA events made now, outside it (a 125M step of
   // 16 micro-batches takes ~14k, whose cudaEventCreate calls in the step would be host work the
   // other steps do not have).
-  if (run.device == Device::CUDA && run.cfg.log.profile_step == step + 2) op_timer::reserve_events(kProfileEvents);
+  if (run.device == Device::CUDA && run.cfg.log.profile_step == step + 2 && step + 2 <= run.cfg.train.steps)
+    op_timer::reserve_events(kProfileEvents);
   run.summary.steps_done = r.step;
   run.summary.last_loss = r.loss;
   return r;
