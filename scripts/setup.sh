@@ -7,7 +7,14 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 APT="$SUDO apt-get -o DPkg::Lock::Timeout=600"
-$APT update -q
+# DPkg::Lock::Timeout makes install wait for another apt (a fresh machine's unattended
+# upgrades) but not update, which fails at once on the lists' lock: retried for up to 10 min.
+for attempt in $(seq 1 120); do
+  if $APT update -q; then break; fi
+  if [ "$attempt" = 120 ]; then echo "setup.sh: apt-get update kept failing" >&2; exit 1; fi
+  echo "setup.sh: apt-get update failed (another apt holding its lock?); retrying in 5 s" >&2
+  sleep 5
+done
 $APT install -y -q --no-install-recommends \
   build-essential cmake ninja-build pkg-config git ca-certificates \
   libtomlplusplus-dev \
