@@ -20,15 +20,15 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/device/cuda_check.h"
+#include "core/device/device.h"
 #include "core/model/model.h"
+#include "core/model/rng.h"
 
 using namespace nsatron;
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 void check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + " failed: " + std::to_string(int(s)));
 }
@@ -86,17 +86,12 @@ std::string algo_text(const cublasLtMatmulAlgo_t& algo) {
   return buf;
 }
 
-void fill(void* p, std::size_t n_bf16, unsigned seed) {
-  std::vector<std::uint16_t> host(n_bf16);
-  std::uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& v : host) {
-    z = z * 6364136223846793005ull + 1442695040888963407ull;
-    const float f = float(std::int64_t(z >> 40) % 2001 - 1000) / 1000.0f;
-    std::uint32_t bits;
-    std::memcpy(&bits, &f, 4);
-    v = std::uint16_t(bits >> 16);
-  }
-  check(cudaMemcpy(p, host.data(), n_bf16 * 2, cudaMemcpyHostToDevice), "fill");
+// n bf16 values uniform in [-1, 1) at p (device).
+void fill(void* p, std::size_t n, std::uint64_t seed) {
+  std::vector<bf16> host(n);
+  SplitMix64 rng(seed);
+  for (bf16& v : host) v = bf16(float(2.0 * rng.uniform() - 1.0));
+  CUDA_CHECK(cudaMemcpy(p, host.data(), n * sizeof(bf16), cudaMemcpyHostToDevice));
 }
 
 // Times the heuristic's algorithms for one problem; prints the first and the fastest.
@@ -131,25 +126,25 @@ void measure(const Problem& pr, int reps, int max_algos, void* ws, double& first
   const std::size_t a_elems = std::size_t(pr.ta ? K * M : M * K), b_elems = std::size_t(pr.tb ? N * K : K * N);
   const std::size_t c_bytes = std::size_t(M * pr.ldc) * (pr.c_fp32 ? 4 : 2);
   void *A, *B, *C, *C0;
-  check(cudaMalloc(&A, a_elems * 2), "malloc");
-  check(cudaMalloc(&B, b_elems * 2), "malloc");
-  check(cudaMalloc(&C, c_bytes), "malloc");
-  check(cudaMalloc(&C0, c_bytes), "malloc");
+  CUDA_CHECK(cudaMalloc(&A, a_elems * 2));
+  CUDA_CHECK(cudaMalloc(&B, b_elems * 2));
+  CUDA_CHECK(cudaMalloc(&C, c_bytes));
+  CUDA_CHECK(cudaMalloc(&C0, c_bytes));
   fill(A, a_elems, 1);
   fill(B, b_elems, 2);
   const float beta = pr.c_fp32 ? 1.0f : 0.0f;
   // The reference bits: one call of the first algorithm on a zeroed C.
   auto one_call = [&](const cublasLtMatmulAlgo_t& algo, void* out) {
-    check(cudaMemset(out, 0, c_bytes), "memset");
+    CUDA_CHECK(cudaMemset(out, 0, c_bytes));
     const float alpha = 1.0f;
     const cublasStatus_t s =
         cublasLtMatmul(lt.h, lt.op, &alpha, B, lt.a, A, lt.b, &beta, out, lt.c, out, lt.c, &algo, ws, kWorkspace, 0);
-    check(cudaDeviceSynchronize(), "sync");
+    CUDA_CHECK(cudaDeviceSynchronize());
     return s == CUBLAS_STATUS_SUCCESS;
   };
   std::vector<unsigned char> ref(c_bytes), got(c_bytes);
   one_call(results[0].algo, C0);
-  check(cudaMemcpy(ref.data(), C0, c_bytes, cudaMemcpyDeviceToHost), "copy");
+  CUDA_CHECK(cudaMemcpy(ref.data(), C0, c_bytes, cudaMemcpyDeviceToHost));
 
   const double flop = 2.0 * double(M) * double(N) * double(K);
   const float first = time_algo(lt, results[0].algo, A, B, C, beta, ws, reps);
@@ -163,7 +158,7 @@ void measure(const Problem& pr, int reps, int max_algos, void* ws, double& first
   bool same = true;
   if (best != 0) {
     one_call(results[best].algo, C);
-    check(cudaMemcpy(got.data(), C, c_bytes, cudaMemcpyDeviceToHost), "copy");
+    CUDA_CHECK(cudaMemcpy(got.data(), C, c_bytes, cudaMemcpyDeviceToHost));
     same = std::memcmp(ref.data(), got.data(), c_bytes) == 0;
   }
   std::printf("  %-16s M %6lld N %5lld K %6lld  %2d algos  first %.4f ms (%4.0f TF/s)  best #%-2d %.4f ms (%4.0f TF/s) %s"
@@ -206,16 +201,15 @@ int run(int argc, char** argv) {
       }
     } else path = a;
   }
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("no CUDA device\n");
+  if (!cuda_available()) {
+    std::printf("no CUDA device: %s\n", cuda_device_summary().c_str());
     return 0;
   }
   const RunConfig cfg = load_config(path, {});
   const ModelDims whole = ModelDims::from_config(cfg);
   const std::int64_t rows = micro * cfg.train.seq_len;
   void* ws = nullptr;
-  check(cudaMalloc(&ws, kWorkspace), "workspace");
+  CUDA_CHECK(cudaMalloc(&ws, kWorkspace));
   for (const int tp : tps) {
     ModelDims d = whole;  // a rank's shapes, as NsaTransformer::shard_geometry
     d.H /= tp;
