@@ -803,18 +803,6 @@ void NsaTransformer::layer_attention_backward(std::int64_t l, LayerActivations& 
   projection_backward_dw(dp, a.xn, wqkv, g_wqkv);
 }
 
-Tensor NsaTransformer::layer_backward_end(std::int64_t l, const LayerActivations& a, LayerGradInFlight& g) {
-  Tensor dx_in = act(g.dxn.shape());
-  Tensor g_attn_norm = params_.grad(layer_name(l, "attn_norm"));
-  {
-    TIMED("rmsnorm");
-    rmsnorm_backward(g.dxn, a.x, weight(layer_name(l, "attn_norm")), a.rstd1, dx_in, g_attn_norm, &g.dh);
-  }
-  g.dh = g.dxn = Tensor();
-  report_grads(layer_name(l, ""));
-  return dx_in;
-}
-
 Tensor NsaTransformer::head_loss(const Tensor& xf, const Ids& tgt, std::int64_t N, double grad_scale, Tensor* dxf) {
   const std::int64_t Vl = vocab_end_ - vocab_begin_;
   const Tensor E = head_weight();
@@ -971,7 +959,14 @@ Tensor NsaTransformer::stage_backward(StageState& st, const Tensor* d_output) {
 
 void NsaTransformer::layer_backward_done(std::int64_t l, StageState& st, LayerGradInFlight& g) {
   LayerActivations& a = st.acts[std::size_t(l - chunk_layers(st.chunk).first)];
-  Tensor dx_in = layer_backward_end(l, a, g);
+  Tensor dx_in = act(g.dxn.shape());
+  Tensor g_attn_norm = params_.grad(layer_name(l, "attn_norm"));
+  {
+    TIMED("rmsnorm");
+    rmsnorm_backward(g.dxn, a.x, weight(layer_name(l, "attn_norm")), a.rstd1, dx_in, g_attn_norm, &g.dh);
+  }
+  g.dh = g.dxn = Tensor();
+  report_grads(layer_name(l, ""));
   a = LayerActivations();
   g = LayerGradInFlight();
   g.dx_out = std::move(dx_in);

@@ -435,9 +435,9 @@ class NsaTransformer {
   // sums of the MLP norm output's gradient (dhn) started and the MLP's weight gradients
   // queued beside them; the attention phase reads those sums and ends likewise with the
   // attention norm output's (dxn) started and wo's and wqkv's weight gradients beside them;
-  // the end reads them and returns the layer input's gradient (and reports the layer's
-  // gradients). Before each of the last two phases the sums must be done (tp_finish_sums, or
-  // the other micro-batch's next tp_pass_on). What the phases hand on:
+  // the end (layer_backward_done) reads them, hands on the layer input's gradient and reports
+  // the layer's gradients. Before each of the last two phases the sums must be done
+  // (tp_finish_sums, or the other micro-batch's next tp_pass_on). What the phases hand on:
   struct LayerGradInFlight {
     Tensor dx_out;  // the gradient of the layer's output (the caller's), held to the end
     Tensor dhn, dh, dxn;
@@ -445,10 +445,9 @@ class NsaTransformer {
   void layer_mlp_backward(std::int64_t l, LayerActivations& a, LayerGradInFlight& g, std::int64_t B, std::int64_t T);
   void layer_attention_backward(std::int64_t l, LayerActivations& a, LayerGradInFlight& g, std::int64_t B,
                                 std::int64_t T);
-  Tensor layer_backward_end(std::int64_t l, const LayerActivations& a, LayerGradInFlight& g);
-  // Layer l's backward ended (layer_backward_end) for a micro-batch of the whole model: its
-  // activations dropped, g handed on to layer l - 1 with the layer input's gradient as its
-  // dx_out.
+  // The end of layer l's backward for a micro-batch (st): the attention norm's backward gives
+  // the layer input's gradient, the layer's gradients are reported, its activations dropped,
+  // and g handed on to layer l - 1 with that gradient as its dx_out.
   void layer_backward_done(std::int64_t l, StageState& st, LayerGradInFlight& g);
   // Layer l's backward for one micro-batch: the three phases, each phase's sums waited for
   // before the next (stage_backward's loop), then layer_backward_done.

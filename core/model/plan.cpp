@@ -364,8 +364,8 @@ class StageReplay {
     led_.free(z_.packed);  // dp, at the return
   }
 
-  // layer_backward_end, then the layer's activations and the gradient of its output dropped
-  // (NsaTransformer::layer_backward_done).
+  // The attention norm's backward, then the layer's activations and the gradient of its output
+  // dropped (NsaTransformer::layer_backward_done).
   void layer_backward_done() {
     led_.alloc(z_.x);      // dx_in (returned)
     led_.free(z_.x);       // g.dh,
