@@ -6,7 +6,7 @@
 # schedule with 2 or 3 virtual stages; their messages on the copy engines, the default, then
 # the balanced layouts again over NCCL), and with tp = 2 (dp over the rest), without and with
 # parallel.tp_overlap, and with parallel.tp_micro_batch_pairs, at micro-batch 16 (the config's)
-# and 32.
+# and 32, their sums on the copy engines (parallel.tp_transport's default) and over NCCL.
 # Prints the mean tokens/s,
 # ms/step and MFU of steps 3..N of each run (the first steps warm up), and its speed-up over
 # one GPU of the same micro-batch run earlier in the same call (`one`, or `one_m32` for the
@@ -78,6 +78,12 @@ run tp2_overlap_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_ov
 # all-reduces beside the other's compute, at the full micro-batch (parallel.tp_micro_batch_pairs;
 # the same bits as tp2).
 run tp2_pairs_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true
+# The tp rows above sum over parallel.tp_transport's default ("auto": the copy engines on one
+# host, the adds on a stream of their own); without pairs and with them again over NCCL's
+# all-reduce kernels:
+run tp2_nccl_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_transport=nccl
+run tp2_pairs_nccl_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true \
+  --set parallel.tp_transport=nccl
 # A rank's kernels see half the heads: a micro-batch of 32 fills them better (against one GPU at
 # 32: one_m32).
 run one_m32 1 --set train.micro_batch=32
@@ -86,3 +92,5 @@ run tp2_overlap_m32_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.t
   --set train.micro_batch=32
 run tp2_pairs_m32_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true \
   --set train.micro_batch=32
+run tp2_pairs_m32_nccl_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true \
+  --set train.micro_batch=32 --set parallel.tp_transport=nccl

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "core/comm/watchdog.h"
+#include "core/ops/elementwise.h"
 #include "core/util/error.h"
 #include "core/util/op_timer.h"
 #include "parallel/cuda_watch.h"
@@ -104,6 +105,7 @@ struct CopyEngineCommunicator::Link {
   char* mine = nullptr;    // this rank's allocation: p writes its messages and flags here
   char* theirs = nullptr;  // p's allocation, opened through CUDA IPC
   cudaStream_t copies = nullptr;  // this rank's sends to p, in order (non-blocking stream)
+  cudaEvent_t copied = nullptr;   // sums: after this rank's latest copy to p (its tensor read)
   std::uint64_t sent = 0, received = 0;  // messages started to / from p
   Link(int p, const LinkLayout& l) : peer(p), layout(l) {}
   CUdeviceptr flag(char* base, std::size_t table, int s) const {
@@ -120,10 +122,21 @@ struct CopyEngineCommunicator::Pending {
   cudaEvent_t done = nullptr;  // send: after its copy
 };
 
+struct CopyEngineCommunicator::StartedSum {
+  struct Slot {
+    Link* link;
+    int slot;
+    std::uint32_t use;  // the slot's use by this message (its full flag reads use + 1)
+  };
+  Tensor tensor;                    // the caller's, kept allocated until wait_all
+  std::vector<const void*> inputs;  // by rank: the tensor (this rank), the peers' slots
+  std::vector<Slot> received;       // the peers' messages
+};
+
 std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communicator& host,
                                                                        std::shared_ptr<Communicator> inner,
                                                                        std::size_t slot_bytes, int slots,
-                                                                       std::string* why) {
+                                                                       std::string* why, Role role) {
   NSA_CHECK(inner && inner->size() == host.size() && inner->rank() == host.rank(),
             "CopyEngineCommunicator::create: the device group differs from the host group");
   NSA_CHECK(slots >= 1 && slot_bytes > 0, "CopyEngineCommunicator::create: ", slots, " slots of ", slot_bytes,
@@ -136,9 +149,16 @@ std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communica
   int device = 0;
   const CallCheck cuda{host, "transfers"};
   cuda(cudaGetDevice(&device), "cudaGetDevice");
-  std::shared_ptr<CopyEngineCommunicator> c(new CopyEngineCommunicator(std::move(inner), slot_bytes, slots, device));
+  std::shared_ptr<CopyEngineCommunicator> c(
+      new CopyEngineCommunicator(std::move(inner), slot_bytes, slots, device, role));
   const LinkLayout layout(slot_bytes, slots);
   std::vector<int> peers = {prev_stage(rank, size), next_stage(rank, size)};
+  if (role == Role::TensorSums) {
+    NSA_CHECK(size <= cuda::kMaxSumInputs, "CopyEngineCommunicator::create: sums over ", size, " ranks (at most ",
+              cuda::kMaxSumInputs, ")");
+    peers.clear();
+    for (int p = 0; p < size; ++p) peers.push_back(p);
+  }
   std::sort(peers.begin(), peers.end());
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
   peers.erase(std::remove(peers.begin(), peers.end(), rank), peers.end());
@@ -153,8 +173,7 @@ std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communica
     if (failure.empty() && !std::equal(hosts.begin() + std::ptrdiff_t(std::size_t(p) * kHostBytes),
                                        hosts.begin() + std::ptrdiff_t(std::size_t(p + 1) * kHostBytes),
                                        hosts.begin() + std::ptrdiff_t(std::size_t(rank) * kHostBytes)))
-      failure = "rank " + std::to_string(rank) + " and its neighbour rank " + std::to_string(p) +
-                " run on different hosts";
+      failure = "rank " + std::to_string(rank) + " and its peer rank " + std::to_string(p) + " run on different hosts";
   std::vector<double> mine(std::size_t(size) * sizeof(cudaIpcMemHandle_t), 0.0);
   // A CUDA failure here (the slots are large: out of memory) goes into the verdict like the
   // others, so that no rank leaves the group's gathers below alone.
@@ -172,6 +191,8 @@ std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communica
     if (soft(cudaMalloc(&link->mine, layout.total), "cudaMalloc (receive slots)") &&
         soft(cudaMemset(link->mine + layout.full, 0, layout.total - layout.full), "cudaMemset (flags)") &&
         soft(cudaStreamCreateWithFlags(&link->copies, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") &&
+        (role != Role::TensorSums ||
+         soft(cudaEventCreateWithFlags(&link->copied, cudaEventDisableTiming), "cudaEventCreateWithFlags")) &&
         soft(cudaIpcGetMemHandle(&handle, link->mine), "cudaIpcGetMemHandle")) {
       const auto* b = reinterpret_cast<const unsigned char*>(&handle);
       for (std::size_t i = 0; i < sizeof(handle); ++i) mine[std::size_t(p) * sizeof(handle) + i] = double(b[i]);
@@ -202,7 +223,7 @@ std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communica
   for (int r = 0; r < size; ++r)
     if (ok[std::size_t(r)] == 0.0) {
       if (why != nullptr)
-        *why = r == rank ? failure : "rank " + std::to_string(r) + " cannot reach its neighbours' memory";
+        *why = r == rank ? failure : "rank " + std::to_string(r) + " cannot reach its peers' memory";
       for (auto& link : c->links_)
         if (link->theirs != nullptr) {
           cudaIpcCloseMemHandle(link->theirs);
@@ -216,12 +237,21 @@ std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communica
 }
 
 CopyEngineCommunicator::CopyEngineCommunicator(std::shared_ptr<Communicator> inner, std::size_t slot_bytes, int slots,
-                                               int device)
-    : inner_(std::move(inner)), slot_bytes_(slot_bytes), slots_(slots), device_(device) {
+                                               int device, Role role)
+    : inner_(std::move(inner)), slot_bytes_(slot_bytes), slots_(slots), device_(device), role_(role) {
+  const CallCheck check{*inner_, "transfers"};
   cudaEvent_t e = nullptr;
-  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess)
-    throw std::runtime_error("copy-engine transfers on " + where(*inner_) + ": cudaEventCreateWithFlags failed");
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   ready_ = e;
+  if (role_ != Role::TensorSums) return;
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_), "cudaDeviceGetAttribute");
+  sum_blocks_ = kSumBlocksPerSm * std::max(sms, 1);
+  cudaStream_t sums = nullptr;
+  check(cudaStreamCreateWithFlags(&sums, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  sums_ = sums;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  summed_ = e;
 }
 
 CopyEngineCommunicator::~CopyEngineCommunicator() {
@@ -231,6 +261,7 @@ CopyEngineCommunicator::~CopyEngineCommunicator() {
   if (std::uncaught_exceptions() > 0) return;
   for (auto& link : links_)
     if (link->copies != nullptr) cudaStreamSynchronize(link->copies);
+  if (sums_ != nullptr) cudaStreamSynchronize(sums_);
   for (auto& p : pending_)
     if (p->done != nullptr) cudaEventDestroy(p->done);
   // A peer may still write our slots and flags until it is done: the group synchronises on the
@@ -244,9 +275,12 @@ CopyEngineCommunicator::~CopyEngineCommunicator() {
   for (auto& link : links_) {
     if (link->theirs != nullptr) cudaIpcCloseMemHandle(link->theirs);
     if (link->copies != nullptr) cudaStreamDestroy(link->copies);
+    if (link->copied != nullptr) cudaEventDestroy(link->copied);
     if (link->mine != nullptr) cudaFree(link->mine);
   }
   if (ready_ != nullptr) cudaEventDestroy(ready_);
+  if (summed_ != nullptr) cudaEventDestroy(summed_);
+  if (sums_ != nullptr) cudaStreamDestroy(sums_);
 }
 
 CopyEngineCommunicator::Link* CopyEngineCommunicator::link_to(int peer) {
@@ -260,16 +294,100 @@ void CopyEngineCommunicator::check_fits(const Tensor& t, const char* op) const {
             " bytes, but the copy-engine slots hold ", slot_bytes_);
 }
 
-// Collectives, and transfers to ranks that are not neighbours: the inner communicator.
-void CopyEngineCommunicator::do_all_reduce(Tensor& t, ReduceOp op) { inner_->all_reduce(t, op); }
+// Collectives (but the sums of Role::TensorSums), and transfers to ranks that are not
+// neighbours: the inner communicator.
+void CopyEngineCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
+  if (!sums_here(t, op)) return inner_->all_reduce(t, op);
+  start_sum(t);
+  do_wait_all();
+}
 void CopyEngineCommunicator::do_all_gather(const Tensor& in, Tensor& out, bool) { inner_->all_gather(in, out); }
 void CopyEngineCommunicator::do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op) {
   inner_->reduce_scatter(in, out, op);
 }
 void CopyEngineCommunicator::do_broadcast(Tensor& t, int root) { inner_->broadcast(t, root); }
 void CopyEngineCommunicator::do_barrier() { inner_->barrier(); }
-void CopyEngineCommunicator::do_start_all_reduce(Tensor& t, ReduceOp op) { inner_->start_all_reduce(t, op); }
-void CopyEngineCommunicator::do_wait_all() { inner_->wait_all(); }
+void CopyEngineCommunicator::do_start_all_reduce(Tensor& t, ReduceOp op) {
+  if (!sums_here(t, op)) return inner_->start_all_reduce(t, op);
+  start_sum(t);
+}
+void CopyEngineCommunicator::do_wait_all() {
+  inner_->wait_all();
+  if (summing_.empty()) return;
+  // The sums' stream runs them in order: its last add's event covers every one started.
+  const CallCheck check{*this, "sum"};
+  check(cudaStreamWaitEvent(kStream, summed_, 0), "cudaStreamWaitEvent");
+  summing_.clear();  // (the tensors' later uses are ordered after the adds on the compute stream)
+}
+
+bool CopyEngineCommunicator::sums_here(const Tensor& t, ReduceOp op) const {
+  return role_ == Role::TensorSums && op == ReduceOp::Sum && t.device() == Device::CUDA &&
+         (t.dtype() == DType::F32 || t.dtype() == DType::BF16) && t.nbytes() <= slot_bytes_;
+}
+
+// Every other rank's slot gets this rank's tensor (each link's copy stream, after the compute
+// stream's work so far); then on sums_ the add (add_sum), after this rank's copies (it
+// overwrites the tensor they read). (The adds in line on the compute stream at wait_all were
+// slower: 868 against 853 ms a step, docs/performance.md.)
+void CopyEngineCommunicator::start_sum(Tensor& t) {
+  const StreamValueOps& ops = stream_value_ops();
+  const CallCheck check{*this, "sum"};
+  check(cudaEventRecord(ready_, kStream), "cudaEventRecord");
+  check(cudaStreamWaitEvent(sums_, ready_, 0), "cudaStreamWaitEvent");
+  StartedSum sum;
+  sum.tensor = t;
+  sum.inputs.assign(std::size_t(size()), t.raw());
+  for (auto& owned : links_) {
+    Link* link = owned.get();
+    const std::uint64_t k = link->sent++;
+    const int s = int(k % std::uint64_t(slots_));
+    const auto use = static_cast<cuuint32_t>(k / std::uint64_t(slots_));
+    CUstream copies = reinterpret_cast<CUstream>(link->copies);
+    check(cudaStreamWaitEvent(link->copies, ready_, 0), "cudaStreamWaitEvent");
+    check(ops.wait(copies, link->flag(link->mine, link->layout.empty, s), use, CU_STREAM_WAIT_VALUE_GEQ),
+          "cuStreamWaitValue32 (a free slot)");
+    {
+      const op_timer::BusyScope busy(name(), link->copies);
+      check(cudaMemcpyAsync(link->theirs + std::size_t(s) * link->layout.slot_bytes, t.raw(), t.nbytes(),
+                            cudaMemcpyDefault, link->copies),
+            "cudaMemcpyAsync (to the peer's slot)");
+    }
+    check(ops.write(copies, link->flag(link->theirs, link->layout.full, s), use + 1, CU_STREAM_WRITE_VALUE_DEFAULT),
+          "cuStreamWriteValue32 (full)");
+    check(cudaEventRecord(link->copied, link->copies), "cudaEventRecord");
+    check(cudaStreamWaitEvent(sums_, link->copied, 0), "cudaStreamWaitEvent");
+
+    const std::uint64_t r = link->received++;
+    const int rs = int(r % std::uint64_t(slots_));
+    sum.inputs[std::size_t(link->peer)] = link->mine + std::size_t(rs) * link->layout.slot_bytes;
+    sum.received.push_back({link, rs, static_cast<std::uint32_t>(r / std::uint64_t(slots_))});
+  }
+  add_sum(sum, sums_);
+  check(cudaEventRecord(summed_, sums_), "cudaEventRecord");
+  summing_.push_back(std::move(sum));
+}
+
+// On `stream`: the wait for every peer's message, the add in rank order (in at most
+// sum_blocks_ blocks), the slots handed back to their senders.
+void CopyEngineCommunicator::add_sum(StartedSum& sum, CUstream_st* stream) {
+  const StreamValueOps& ops = stream_value_ops();
+  const CallCheck check{*this, "sum"};
+  CUstream on = reinterpret_cast<CUstream>(stream);
+  for (const StartedSum::Slot& r : sum.received)
+    check(ops.wait(on, r.link->flag(r.link->mine, r.link->layout.full, r.slot), r.use + 1, CU_STREAM_WAIT_VALUE_GEQ),
+          "cuStreamWaitValue32 (full)");
+  {
+    const op_timer::BusyScope busy(name(), stream);
+    cuda::sum_in_order(sum.tensor.dtype(), sum.tensor.raw(), sum.inputs, sum.tensor.numel(), stream,
+                       sum_blocks_);
+  }
+  for (const StartedSum::Slot& r : sum.received)
+    check(ops.write(on, r.link->flag(r.link->theirs, r.link->layout.empty, r.slot), r.use + 1,
+                    CU_STREAM_WRITE_VALUE_DEFAULT),
+          "cuStreamWriteValue32 (empty)");
+  if (Watchdog::instance().armed())
+    watch_stream_work(Watchdog::describe(name(), "copy-engine sum", rank(), size()), stream, device_);
+}
 
 void CopyEngineCommunicator::do_send(const Tensor& t, int peer) { do_wait(do_start_send(t, peer)); }
 void CopyEngineCommunicator::do_recv(Tensor& t, int peer) { do_wait(do_start_recv(t, peer)); }

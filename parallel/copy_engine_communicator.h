@@ -1,44 +1,56 @@
-// The pipeline's point-to-point transfers on the GPUs' copy engines (parallel.pp_transport =
-// "copy_engine", or "auto" where every pipeline neighbour is on this host and reachable; see
-// docs/parallel.md, "Pipeline transfers"). A Communicator that sends and receives device
-// tensors between neighbouring ranks of one host with no kernel and no host wait, and passes
-// every collective (and any transfer to a rank that is not a neighbour) to the group's NCCL
-// communicator.
+// Transfers on the GPUs' copy engines between ranks of one host, for two roles:
+//   - the pipeline's point-to-point messages (parallel.pp_transport = "copy_engine", or "auto"
+//     where every pipeline neighbour is on this host and reachable; docs/parallel.md,
+//     "Pipeline transfers"): sends and receives of device tensors between neighbouring ranks
+//     with no kernel and no host wait; every collective (and any transfer to a rank that is not
+//     a neighbour) goes to the group's NCCL communicator;
+//   - the tensor-parallel sums (parallel.tp_transport, "Tensor-parallel sums" there): each
+//     fp32 or bf16 all-reduce (ReduceOp::Sum, up to one slot) copies this rank's tensor into a
+//     slot of every other rank of the group, and one kernel then adds the group's tensors in
+//     rank order (cuda::sum_in_order: the same additions, so the same bits, on every rank; for
+//     two ranks a + b, the bits of NCCL's sum); other all-reduces and collectives go to NCCL.
 //
-// Why: an NCCL send or receive is a kernel that occupies SMs from its launch until the peer
-// reaches the matching call. Blocking calls on the compute stream stall it for the peer;
-// receives posted ahead on other streams hold SMs the compute kernels need (measured,
-// docs/performance.md: both cost the interleaved schedule). A copy engine moves the bytes with
-// no SM at all, and flags in GPU memory, written and waited for by stream memory operations
-// (cuStreamWriteValue32 / cuStreamWaitValue32, through cudaGetDriverEntryPointByVersion: the
-// driver library is not linked), order the transfers with no host involvement.
+// Why: an NCCL send, receive or all-reduce is a kernel that occupies SMs from its launch until
+// its transfer is done. Blocking calls on the compute stream stall it for the peer; transfers
+// on other streams hold SMs the compute kernels need (measured, docs/performance.md: both cost
+// the interleaved schedule, and a tensor-parallel rank's weight-gradient products ran 60%
+// slower beside NCCL's sums). A copy engine moves the bytes with no SM at all, and flags in GPU
+// memory, written and waited for by stream memory operations (cuStreamWriteValue32 /
+// cuStreamWaitValue32, through cudaGetDriverEntryPointByVersion: the driver library is not
+// linked), order the transfers with no host involvement. A sum's add is a short
+// memory-bound kernel on a stream of its own, beside the compute stream's work.
 //
-// Layout: for each neighbour p (the previous and the next rank of the ring; one for two ranks)
-// this rank owns one device allocation, opened by p through CUDA IPC:
+// Layout: for each linked peer p (pipeline: the previous and the next rank of the ring, one for
+// two ranks; sums: every other rank of the group) this rank owns one device allocation, opened
+// by p through CUDA IPC:
 //   S receive slots of slot_bytes each  p's copy engine writes its messages there
 //   full[S]  (uint32)                   p writes u + 1 after the u-th use of slot s
 //   empty[S] (uint32)                   p writes u + 1 after it has consumed the u-th message
 //                                       this rank put in p's slot s
-// Message k from this rank to p (its k-th start_send to p) takes slot s = k % S for the
-// u = k / S-th time. Send (a non-blocking copy stream, after an event on the compute
-// stream): wait until this rank's empty_p[s] >= u (p consumed the slot's previous message),
-// copy the tensor into p's slot s, write u + 1 into p's full[s]. Receive (on the compute
-// stream, at wait()): wait until full[s] >= u + 1, copy slot s into the tensor, write u + 1
-// into p's empty[s]. A flag write follows the copy before it on its stream, with the memory
-// barrier cuStreamWriteValue32 puts before every write (no _NO_MEMORY_BARRIER flag), so the
-// receiver sees the data before the flag. Messages between two ranks match in the order their
-// calls start, as the contract asks.
+// Message k from this rank to p (its k-th message to p: a start_send, or its part of a sum)
+// takes slot s = k % S for the u = k / S-th time. Send (a non-blocking copy stream, after an
+// event on the compute stream): wait until this rank's empty_p[s] >= u (p consumed the slot's
+// previous message), copy the tensor into p's slot s, write u + 1 into p's full[s]. Receive (on
+// the compute stream, at wait()): wait until full[s] >= u + 1, copy slot s into the tensor,
+// write u + 1 into p's empty[s]. A sum (on its own stream, sums_): after this rank's copies have
+// read the tensor and every peer's message is in its slot, the add over the tensor and the
+// slots, then u + 1 into each peer's empty[s]; wait_all() makes the compute stream wait for it.
+// A flag write follows the copy before it on its stream, with the memory barrier
+// cuStreamWriteValue32 puts before every write (no _NO_MEMORY_BARRIER flag), so the receiver
+// sees the data before the flag. Messages between two ranks match in the order their calls
+// start, as the contract asks.
 //
 // wait() on a send makes the compute stream wait for its copy (the caller may then reuse or
 // free the tensor). The pipeline waits for a send at its next sending step, a micro-batch's
 // computation later, when the copy is long done, unless the copy waited for a slot: S must
 // exceed the messages one rank receives ahead of their use (the caller sizes it from the
-// schedule: copy_engine_slots in core/comm/pipeline_schedule.h). A copy waiting for a slot
-// delays only its own stream until then.
+// schedule: copy_engine_slots in core/comm/pipeline_schedule.h; the sums need 2: at most one is
+// started before wait_all). A copy waiting for a slot delays only its own stream until then.
 //
-// Bits: the transfers copy bytes; every result is the same as with NCCL's send and recv.
-// Watchdog: each receive's wait and each send's copy are watched until their events complete
-// (a dead peer never writes the flag: the rank ends after parallel.comm_timeout_s).
+// Bits: the transfers copy bytes; every pipeline result is the same as with NCCL's send and
+// recv, every sum the same on all ranks (and NCCL's for two ranks).
+// Watchdog: each receive's wait, each send's copy and each sum are watched until their events
+// complete (a dead peer never writes the flag: the rank ends after parallel.comm_timeout_s).
 #pragma once
 #if NSATRON_WITH_NCCL
 #include <cstddef>
@@ -56,14 +68,19 @@ namespace nsatron::parallel {
 
 class CopyEngineCommunicator final : public Communicator {
  public:
+  enum class Role {
+    PipelineMessages,  // start_send / start_recv to the ring's neighbours
+    TensorSums,        // all-reduces (Sum, fp32 / bf16, up to slot_bytes) with every other rank
+  };
   // The group of `host` (an MPI group: the handles and the verdict travel over it) with
-  // `inner` (the same ranks on the GPU: NCCL) for everything but the neighbours' transfers;
-  // `slots` receive slots of `slot_bytes` per neighbour (device memory).
+  // `inner` (the same ranks on the GPU: NCCL) for everything the role does not move;
+  // `slots` receive slots of `slot_bytes` per linked peer (device memory).
   // Collective over `host`. Returns null on every rank alike when some rank cannot reach its
-  // neighbours' memory (another host, no peer access, devices hidden from each other), with
-  // the first reason in *why; throws std::runtime_error when a CUDA call fails otherwise.
+  // peers' memory (another host, no peer access, devices hidden from each other), with the
+  // first reason in *why; throws std::runtime_error when a CUDA call fails otherwise.
   static std::shared_ptr<CopyEngineCommunicator> create(Communicator& host, std::shared_ptr<Communicator> inner,
-                                                        std::size_t slot_bytes, int slots, std::string* why);
+                                                        std::size_t slot_bytes, int slots, std::string* why,
+                                                        Role role = Role::PipelineMessages);
   ~CopyEngineCommunicator() override;
 
   int rank() const override { return inner_->rank(); }
@@ -89,11 +106,15 @@ class CopyEngineCommunicator final : public Communicator {
   void do_wait(Request request) override;
 
  private:
-  struct Link;     // one neighbour: its memory, this rank's, the counters
+  struct Link;     // one linked peer: its memory, this rank's, the counters
   struct Pending;  // a started transfer not yet waited for
-  CopyEngineCommunicator(std::shared_ptr<Communicator> inner, std::size_t slot_bytes, int slots, int device);
-  Link* link_to(int peer);  // null: not a neighbour (its transfers go to inner_)
+  CopyEngineCommunicator(std::shared_ptr<Communicator> inner, std::size_t slot_bytes, int slots, int device, Role role);
+  Link* link_to(int peer);  // null: not linked (its transfers go to inner_)
   void check_fits(const Tensor& t, const char* op) const;
+  struct StartedSum;  // a sum's tensor, its inputs and the peers' slots
+  bool sums_here(const Tensor& t, ReduceOp op) const;  // an all-reduce this role moves itself
+  void start_sum(Tensor& t);                           // its copies (and its add on sums_)
+  void add_sum(StartedSum& sum, CUstream_st* stream);  // its add (sums_) and the slots handed back
 
   std::shared_ptr<Communicator> inner_;
   std::size_t slot_bytes_;
@@ -104,6 +125,17 @@ class CopyEngineCommunicator final : public Communicator {
   std::vector<std::unique_ptr<Pending>> pending_;
   Request next_request_ = 0;
   CUevent_st* ready_ = nullptr;  // on the compute stream, before a send's copy
+  Role role_;
+  // The sums (Role::TensorSums): their stream, an event after the last one's add, and the
+  // sums started since wait_all (their tensors kept allocated until then).
+  CUstream_st* sums_ = nullptr;
+  CUevent_st* summed_ = nullptr;
+  std::vector<StartedSum> summing_;
+  // The adds beside the compute stream take at most this many blocks per SM (grid-stride), so
+  // that the compute kernels' blocks find SMs between theirs (measured on 2 H200s, tp2 pairs:
+  // 8192 blocks 853 ms a step, 4 per SM 836, 1 per SM 850; docs/performance.md).
+  static constexpr int kSumBlocksPerSm = 4;
+  int sum_blocks_ = 0;
 };
 
 }  // namespace nsatron::parallel

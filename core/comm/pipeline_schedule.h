@@ -110,6 +110,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace nsatron::parallel {
@@ -224,6 +225,16 @@ inline int copy_engine_slots(int stages, int chunks) { return 2 * stages * chunk
 // Its device memory per neighbour for messages of `message_bytes`: the slots, each rounded up
 // to 256 bytes, and two 4-byte flags per slot.
 inline std::int64_t copy_engine_slot_pitch(std::int64_t message_bytes) { return (message_bytes + 255) / 256 * 256; }
+// The tensor-parallel sums' receive slots per peer: at most one sum is started before its
+// wait_all, so a copy waits for a slot only while the peer still adds the sum before.
+constexpr int kCopyEngineSumSlots = 2;
+// Whether parallel.tp_transport asks for the copy engines (before the check that every rank
+// reaches the others' memory): "copy_engine", or "auto" with micro-batch pairs (their sums run
+// beside the other micro-batch's work; without them the forward's sums are in line, where the
+// copies' latency loses to NCCL's kernels: docs/performance.md).
+inline bool tp_sums_on_copy_engines(const std::string& transport, bool micro_batch_pairs) {
+  return transport == "copy_engine" || (transport == "auto" && micro_batch_pairs);
+}
 inline std::int64_t copy_engine_link_bytes(std::int64_t message_bytes, int slots) {
   return slots * (copy_engine_slot_pitch(message_bytes) + 8);
 }

@@ -265,6 +265,17 @@ const std::vector<Key>& keys() {
           "1.72x (their receives are waited for where they are read); the run log says which ran "
           "(docs/parallel.md).")
           .one_of({"auto", "nccl", "copy_engine"}),
+      key("parallel", "tp_transport", &R::parallel, &ParallelConfig::tp_transport,
+          "GPU tensor-parallel sums (tp > 1): \"copy_engine\" copies each rank's part into receive "
+          "slots of every other rank of the tp group with the GPUs' copy engines (CUDA IPC, one "
+          "host; 2 slots of one activation per peer) and adds them in rank order with one short "
+          "kernel, \"nccl\" runs NCCL's all-reduce kernels, \"auto\" (the default) the copy engines "
+          "with tp_micro_batch_pairs where every rank reaches the others' memory, else NCCL. The "
+          "same bits either way at tp = 2 (and the same on every rank at any tp). NCCL's kernels "
+          "hold SMs for the whole transfer, beside the other micro-batch's products; the copy "
+          "engines hold none but take longer, which loses where a sum is waited for at once "
+          "(without pairs); the run log says which ran (docs/parallel.md, docs/performance.md).")
+          .one_of({"auto", "nccl", "copy_engine"}),
 
       key("recompute", "policy", &R::recompute, &RecomputeConfig::policy,
           "Activation recompute: \"none\" keeps what the backward needs; \"selective\" recomputes "

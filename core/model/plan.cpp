@@ -561,6 +561,13 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std
         e.activations += neighbours * parallel::copy_engine_link_bytes(
                                           message, parallel::copy_engine_slots(int(pp), int(cfg.parallel.virtual_stages)));
       }
+      if (plan.device == Device::CUDA && tp > 1 &&
+          parallel::tp_sums_on_copy_engines(cfg.parallel.tp_transport, cfg.parallel.tp_micro_batch_pairs)) {
+        // the sums' receive slots per peer (launch/train/setup.cpp)
+        const std::int64_t message = parallel::pipeline_message_bytes(cfg.train.micro_batch, cfg.train.seq_len, dims.C,
+                                                                      std::int64_t(dtype_size(plan.dtype)));
+        e.activations += (tp - 1) * parallel::copy_engine_link_bytes(message, parallel::kCopyEngineSumSlots);
+      }
       if (!any || e.total() > best.total()) best = e;
       any = true;
     }

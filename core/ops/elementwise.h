@@ -35,8 +35,14 @@
 //             out have at least groups * W rows of the same shape; rows from there on are
 //             neither read nor written. A copy (any dtype, bits unchanged); on CUDA one kernel.
 // zero_columns: x [R, P]: columns [begin, end) of every row set to zero, the rest untouched.
+// sum_in_order (CUDA only): out = x_0 + x_1 + ... + x_{k-1}, left to right in fp32, rounded once
+//             into the dtype (for k = 2 the bits of add). The tensor-parallel sums on the copy
+//             engines (parallel/copy_engine_communicator.h): every rank adds the same inputs in
+//             rank order, so all of them hold the same bits; out may be one of the inputs.
 // Deterministic: elementwise.
 #pragma once
+struct CUstream_st;  // cudaStream_t, without the CUDA headers
+
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -132,6 +138,13 @@ void copy_columns(void* packed, std::size_t pitch, const ColumnParts& parts, std
 // Same contracts as cpu::regroup_rows and cpu::zero_columns, device pointers.
 void regroup_rows(const void* in, void* out, std::size_t row_bytes, const RowParts& parts, bool to_part_major);
 void zero_columns(void* x, std::size_t pitch, std::size_t begin, std::size_t end, std::int64_t R);
+// out = inputs[0] + ... + inputs[count - 1] over n elements of dtype dt (fp32 or bf16), in that
+// order in fp32, one rounding; 1 <= count <= kMaxSumInputs; out may be one of the inputs; on
+// `stream` (null: the default stream), in at most max_blocks blocks of 256 threads (0: as many
+// as the size asks, up to 8192; a kernel beside others takes fewer, so as not to hold every SM).
+constexpr int kMaxSumInputs = 8;
+void sum_in_order(DType dt, void* out, std::span<const void* const> inputs, std::int64_t n,
+                  CUstream_st* stream = nullptr, int max_blocks = 0);
 }  // namespace cuda
 
 }  // namespace nsatron

@@ -129,6 +129,7 @@ void describe_parallelism(Run& run) {
     out << "; the tied embedding's lookup gradients summed apart and added after the heads'";
   if (pp > 1) describe_pipeline(run);
   if (pp > 1 && run.multi_gpu) out << "; pipeline messages: " << run.pp_transport;
+  if (run.cfg.parallel.tp > 1 && run.multi_gpu) out << "; tensor-parallel sums: " << run.tp_transport;
   if (run.dp() > 1 && !opt.zero1())
     out << "; DP gradients all-reduced (sum) in " << opt.buckets() << " bucket(s) of up to "
         << human_bytes(double(opt.bucket_bytes()))

@@ -68,6 +68,7 @@ struct Run {
   bool multi_gpu = false;                 // several ranks on CUDA: one GPU each
   int gpu_index = 0;                      // this rank's GPU (multi_gpu)
   std::string pp_transport;               // multi_gpu, pp > 1: the run log's words for it
+  std::string tp_transport;               // multi_gpu, tp > 1: the run log's words for it
 
   // open_data: this DP rank's slice of the training data, the validation reader.
   data::RunData data;

@@ -54,6 +54,35 @@ std::string choose_pipeline_transport(Run& run) {
   return "NCCL send/recv on the compute stream (pp_transport = \"auto\": no copy engines, " + why + ")";
 }
 
+// The GPU tensor-parallel sums (parallel.tp_transport): on the copy engines where asked and
+// every rank of the tp group reaches the others' memory (else NCCL, or a UserError for
+// "copy_engine"). Collective over the tp group. Returns the run log's words.
+std::string choose_tensor_transport(Run& run) {
+  const RunConfig& cfg = run.cfg;
+  if (cfg.parallel.tp_transport == "nccl") return "NCCL all-reduce (tp_transport = \"nccl\")";
+  if (!parallel::tp_sums_on_copy_engines(cfg.parallel.tp_transport, cfg.parallel.tp_micro_batch_pairs))
+    return "NCCL all-reduce (tp_transport = \"auto\": without tp_micro_batch_pairs the forward's sums run in line, "
+           "where NCCL's are faster)";
+#if NSATRON_WITH_NCCL
+  const auto slot = std::size_t(parallel::pipeline_message_bytes(cfg.train.micro_batch, cfg.train.seq_len, run.dims.C,
+                                                                 std::int64_t(dtype_size(run.dtype))));
+  const int slots = parallel::kCopyEngineSumSlots;
+  std::string why;
+  auto ce = parallel::CopyEngineCommunicator::create(*run.groups.tp, run.tensor_groups.tp, slot, slots, &why,
+                                                     parallel::CopyEngineCommunicator::Role::TensorSums);
+  if (ce) {
+    run.tensor_groups.tp = ce;
+    return "copy engines into " + std::to_string(slots) + " receive slots of " + human_bytes(double(slot)) +
+           " per peer, added in rank order (CUDA IPC; tp_transport = \"" + cfg.parallel.tp_transport + "\")";
+  }
+#else
+  const std::string why = "this build has no NCCL";
+#endif
+  if (cfg.parallel.tp_transport == "copy_engine")
+    throw UserError(cfg.source + ": parallel.tp_transport = \"copy_engine\", but " + why);
+  return "NCCL all-reduce (tp_transport = \"auto\": no copy engines, " + why + ")";
+}
+
 }  // namespace
 
 void setup_world(Run& run) {
@@ -89,6 +118,7 @@ void setup_world(Run& run) {
     return parallel::make_device_groups(run.groups, which);
   });
   if (cfg.parallel.pp > 1) run.pp_transport = world.together([&] { return choose_pipeline_transport(run); });
+  if (cfg.parallel.tp > 1) run.tp_transport = world.together([&] { return choose_tensor_transport(run); });
 }
 
 void open_data(Run& run) {

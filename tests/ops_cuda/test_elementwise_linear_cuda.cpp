@@ -7,6 +7,8 @@
 // padded packed rows (the pad never written). Linear with padded y / dy rows (y_pitch,
 // dy_pitch): the CPU's values, the pad of y untouched, the pad of dy (NaN) unread.
 // cuda::gemm_strided_batched: each product of the batch as cuda::gemm computes it alone.
+// cuda::sum_in_order (the tensor-parallel sums on the copy engines): the bits of the CPU's fp32
+// sums left to right, rounded once, for 1 to 8 inputs, unaligned views, out = an input.
 #include "core/ops/elementwise.h"
 #include "core/ops/linear.h"
 #include "core/ops/matmul.h"
@@ -50,6 +52,48 @@ TEST(ElementwiseCuda, AddMatchesCpu) {
       add_(accv, bd.slice0(1, n + 1));
       test::expect_close_rms(accv, wv, test::rtol_for(dt), "add_ unaligned " + tag);
     }
+}
+
+TEST(ElementwiseCuda, SumInOrderMatchesCpuBitForBit) {
+  NSATRON_SKIP_WITHOUT_GPU();
+  const auto seed = test::fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int count : {1, 2, 3, 8})
+      for (std::int64_t n : {1, 7, 8, 4097, (1 << 20) + 3})
+        for (std::int64_t skip : {0, 1}) {  // skip 1: views one element in (not 16-byte aligned)
+          const std::string tag = test::dt_name(dt) + " count=" + std::to_string(count) + " n=" + std::to_string(n) +
+                                  " skip=" + std::to_string(skip);
+          std::vector<Tensor> dev;
+          std::vector<const void*> inputs;
+          Tensor want = Tensor::zeros({n}, DType::F32);
+          for (int k = 0; k < count; ++k) {
+            // Mixed scales, so that the order of the additions shows in the rounding.
+            Tensor x = rng.randn({n + skip}, DType::F32).to_dtype(dt);
+            Tensor xf = x.slice0(skip, n + skip).to_dtype(DType::F32);
+            if (k == 0)
+              want.copy_from(xf);
+            else
+              add_(want, xf);  // the CPU's fp32 sum, left to right
+            dev.push_back(x.to(Device::CUDA).slice0(skip, n + skip));
+            inputs.push_back(dev.back().raw());
+          }
+          Tensor out = Tensor::empty({n + skip}, dt, Device::CUDA).slice0(skip, n + skip);
+          cuda::sum_in_order(dt, out.raw(), inputs, n);
+          EXPECT_TRUE(test::same_bits_any(out, want.to_dtype(dt))) << tag;
+          if (count == 2) {  // the bits of add
+            Tensor sum = Tensor::empty({n}, dt, Device::CUDA);
+            add(dev[0], dev[1], sum);
+            EXPECT_TRUE(test::same_bits_any(out, sum)) << tag << " against add";
+          }
+          // In place into the last input.
+          Tensor& last = dev.back();
+          cuda::sum_in_order(dt, last.raw(), inputs, n);
+          EXPECT_TRUE(test::same_bits_any(last, want.to_dtype(dt))) << tag << " in place";
+        }
+  std::vector<const void*> none;
+  EXPECT_THROW(cuda::sum_in_order(DType::F32, nullptr, none, 1), std::invalid_argument);
 }
 
 TEST(ElementwiseCuda, SplitAndJoinColumnsMatchCpuBitForBit) {

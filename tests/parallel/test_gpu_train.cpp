@@ -166,6 +166,22 @@ TEST_F(GpuTrain, PipelineTransportsGiveTheSameBits) {
     }
 }
 
+// parallel.tp_transport: the tensor-parallel sums on the copy engines (every rank's part in
+// the others' slots, added in rank order; parallel/copy_engine_communicator.h) give the same
+// bits as NCCL's all-reduce at tp = 2, with the forward's sums in line and with micro-batch
+// pairs, fp32 and bf16 compute; the log names each.
+TEST_F(GpuTrain, TensorParallelTransportsGiveTheSameBits) {
+  REQUIRE_GPUS(2);
+  for (const std::string dtype : {"fp32", "bf16"})
+    for (const Layout& l : {Layout{"tp2", 2, " --set parallel.tp=2"},
+                            Layout{"tp2_pairs", 2, " --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true"}}) {
+      const std::string name = l.name + "_sums_" + dtype;
+      expect_same_bits(l.np, name, kModel + kGpu + " --set train.dtype=" + dtype + l.settings,
+                       " --set parallel.tp_transport=nccl", "tensor-parallel sums: NCCL all-reduce",
+                       " --set parallel.tp_transport=copy_engine", "tensor-parallel sums: copy engines", kTensors);
+    }
+}
+
 TEST_F(GpuTrain, CheckpointsMoveBetweenGpuLayouts) {
   REQUIRE_GPUS(2);
   const std::string ten = kModel + kGpu + " --set train.dtype=fp32 --set train.steps=10";

@@ -56,6 +56,48 @@ template <class T> void add_impl(T* out, const T* a, const T* b, std::int64_t n)
   }
 }
 
+// out = in[0] + ... + in[count - 1] over elements [0, n), left to right in fp32; out may be one
+// of the inputs (each element read, then written, by one thread).
+template <class T> struct SumInputs {
+  const T* p[kMaxSumInputs];
+  int count;
+};
+template <class T, int V>
+__global__ void sum_in_order_kernel(T* out, const SumInputs<T> in, std::int64_t n) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x * V;
+  for (std::int64_t i = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n; i += stride) {
+    float acc[V], x[V];
+    load<T, V>(in.p[0] + i, acc);
+    for (int k = 1; k < in.count; ++k) {
+      load<T, V>(in.p[k] + i, x);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] += x[j];
+    }
+    store<T, V>(out + i, acc);
+  }
+}
+
+template <class T>
+void sum_in_order_impl(T* out, SumInputs<T> in, std::int64_t n, cudaStream_t stream, int max_blocks) {
+  if (n == 0) return;
+  constexpr int V = kVec<T>;
+  constexpr int threads = 256;
+  bool aligned = aligned16(out);
+  for (int k = 0; k < in.count; ++k) aligned = aligned && aligned16(in.p[k]);
+  std::int64_t done = 0;
+  if (aligned && n >= V) {
+    const std::int64_t nv = n / V * V;
+    sum_in_order_kernel<T, V><<<grid_for(nv / V, threads, max_blocks), threads, 0, stream>>>(out, in, nv);
+    check_launch("sum_in_order");
+    done = nv;
+  }
+  if (done < n) {
+    for (int k = 0; k < in.count; ++k) in.p[k] += done;
+    sum_in_order_kernel<T, 1><<<grid_for(n - done, threads, max_blocks), threads, 0, stream>>>(out + done, in, n - done);
+    check_launch("sum_in_order");
+  }
+}
+
 template <class S, class D>
 __global__ void cast_kernel(D* out, const S* in, std::int64_t n) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
@@ -226,6 +268,20 @@ void add_(DType dt, void* acc, const void* x, std::int64_t n) {
   dispatch(dt, "add_", [&](auto tag) {
     using T = decltype(tag);
     add_impl<T>(static_cast<T*>(acc), static_cast<const T*>(acc), static_cast<const T*>(x), n);
+  });
+}
+
+void sum_in_order(DType dt, void* out, std::span<const void* const> inputs, std::int64_t n, CUstream_st* stream,
+                  int max_blocks) {
+  if (inputs.empty() || inputs.size() > std::size_t(kMaxSumInputs))
+    throw std::invalid_argument("sum_in_order: " + std::to_string(inputs.size()) + " inputs (1 to " +
+                                std::to_string(kMaxSumInputs) + ")");
+  dispatch(dt, "sum_in_order", [&](auto tag) {
+    using T = decltype(tag);
+    SumInputs<T> in{};
+    in.count = int(inputs.size());
+    for (int k = 0; k < in.count; ++k) in.p[k] = static_cast<const T*>(inputs[std::size_t(k)]);
+    sum_in_order_impl<T>(static_cast<T*>(out), in, n, stream, max_blocks > 0 ? max_blocks : 8192);
   });
 }
 
