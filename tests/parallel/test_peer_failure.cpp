@@ -6,7 +6,8 @@
 //     and the operation, aborts its communicators and exits with code 4; mpirun then ends the
 //     stopped rank;
 //   - dead (SIGKILL of rank 1): the launcher names the rank and ends rank 0;
-//   - hung with two pipeline stages (on GPUs, messages over the copy engines).
+//   - hung with two pipeline stages (on GPUs, messages over the copy engines), and with two
+//     tensor-parallel ranks (on GPUs, the sums over the copy engines).
 // Built twice from this file: test_peer_failure (CPU ranks over MPI, label mpi) and, with
 // PEER_FAILURE_ON_GPU, test_peer_failure_gpu (one GPU per rank, NCCL; labels gpu and mpi,
 // skipped with fewer than 2 GPUs).
@@ -187,6 +188,18 @@ TEST_F(PeerFailure, HungPipelinePeerEndsEveryRank) {
   const std::string out = fail_rank_1(
       "hung_pp", SIGSTOP,
       std::string(" --set parallel.pp=2") + (PEER_FAILURE_ON_GPU ? " --set parallel.pp_transport=copy_engine" : ""));
+  EXPECT_NE(out.find("nsatron: rank 0: the "), std::string::npos) << out;
+  EXPECT_NE(out.find("did not finish within 30 s"), std::string::npos) << out;
+}
+
+// Two tensor-parallel ranks with micro-batch pairs: on GPUs the sums go through the copy engines
+// (an add waits on a flag a hung peer never writes: the watchdog's watch on the sums' stream
+// ends the rank), on CPU ranks through MPI's started all-reduces.
+TEST_F(PeerFailure, HungTensorParallelPeerEndsEveryRank) {
+  const std::string out = fail_rank_1(
+      "hung_tp", SIGSTOP,
+      std::string(" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true") +
+          (PEER_FAILURE_ON_GPU ? " --set parallel.tp_transport=copy_engine" : ""));
   EXPECT_NE(out.find("nsatron: rank 0: the "), std::string::npos) << out;
   EXPECT_NE(out.find("did not finish within 30 s"), std::string::npos) << out;
 }
