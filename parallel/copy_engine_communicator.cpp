@@ -154,8 +154,6 @@ std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communica
   const LinkLayout layout(slot_bytes, slots);
   std::vector<int> peers = {prev_stage(rank, size), next_stage(rank, size)};
   if (role == Role::TensorSums) {
-    NSA_CHECK(size <= cuda::kMaxSumInputs, "CopyEngineCommunicator::create: sums over ", size, " ranks (at most ",
-              cuda::kMaxSumInputs, ")");
     peers.clear();
     for (int p = 0; p < size; ++p) peers.push_back(p);
   }
@@ -168,6 +166,9 @@ std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communica
   std::string failure;
   const StreamValueOps& ops = stream_value_ops();
   if (!ops.error.empty()) failure = ops.error;
+  if (role == Role::TensorSums && size > cuda::kMaxSumInputs)
+    failure = "the copy-engine sums add at most " + std::to_string(cuda::kMaxSumInputs) + " ranks' parts, not " +
+              std::to_string(size);
   const std::vector<double> hosts = all_gather_values(host, host_name_bytes());
   for (int p : peers)
     if (failure.empty() && !std::equal(hosts.begin() + std::ptrdiff_t(std::size_t(p) * kHostBytes),
@@ -197,6 +198,13 @@ std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communica
       const auto* b = reinterpret_cast<const unsigned char*>(&handle);
       for (std::size_t i = 0; i < sizeof(handle); ++i) mine[std::size_t(p) * sizeof(handle) + i] = double(b[i]);
     }
+  }
+  if (role == Role::TensorSums && failure.empty()) {  // the sums' stream, its event, its grid
+    int sms = 0;
+    if (soft(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute") &&
+        soft(cudaStreamCreateWithFlags(&c->sums_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags") &&
+        soft(cudaEventCreateWithFlags(&c->summed_, cudaEventDisableTiming), "cudaEventCreateWithFlags"))
+      c->sum_blocks_ = kSumBlocksPerSm * std::max(sms, 1);
   }
   soft(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   // all[r][p]: the handle rank r made for its neighbour p.
@@ -239,26 +247,19 @@ std::shared_ptr<CopyEngineCommunicator> CopyEngineCommunicator::create(Communica
 CopyEngineCommunicator::CopyEngineCommunicator(std::shared_ptr<Communicator> inner, std::size_t slot_bytes, int slots,
                                                int device, Role role)
     : inner_(std::move(inner)), slot_bytes_(slot_bytes), slots_(slots), device_(device), role_(role) {
-  const CallCheck check{*inner_, "transfers"};
   cudaEvent_t e = nullptr;
-  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess)
+    throw std::runtime_error("copy-engine transfers on " + where(*inner_) + ": cudaEventCreateWithFlags failed");
   ready_ = e;
-  if (role_ != Role::TensorSums) return;
-  int sms = 0;
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_), "cudaDeviceGetAttribute");
-  sum_blocks_ = kSumBlocksPerSm * std::max(sms, 1);
-  cudaStream_t sums = nullptr;
-  check(cudaStreamCreateWithFlags(&sums, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  sums_ = sums;
-  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  summed_ = e;
 }
 
 CopyEngineCommunicator::~CopyEngineCommunicator() {
   // Unwinding after an error on this rank alone (the job is about to abort): no barrier its
   // peers would never join; the slots are left to the process's end (a peer may still write
   // them).
-  if (std::uncaught_exceptions() > 0) return;
+  // The same with sums started and not waited for (a caught error between a start and its
+  // wait_all): their stream may wait for a peer's message forever.
+  if (std::uncaught_exceptions() > 0 || !summing_.empty()) return;
   for (auto& link : links_)
     if (link->copies != nullptr) cudaStreamSynchronize(link->copies);
   if (sums_ != nullptr) cudaStreamSynchronize(sums_);
@@ -284,6 +285,7 @@ CopyEngineCommunicator::~CopyEngineCommunicator() {
 }
 
 CopyEngineCommunicator::Link* CopyEngineCommunicator::link_to(int peer) {
+  if (role_ == Role::TensorSums) return nullptr;  // its links carry the sums only
   for (auto& link : links_)
     if (link->peer == peer) return link.get();
   return nullptr;
@@ -298,7 +300,7 @@ void CopyEngineCommunicator::check_fits(const Tensor& t, const char* op) const {
 // neighbours: the inner communicator.
 void CopyEngineCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
   if (!sums_here(t, op)) return inner_->all_reduce(t, op);
-  start_sum(t);
+  start_sum(t, 0);  // waited for at once: the add's whole grid
   do_wait_all();
 }
 void CopyEngineCommunicator::do_all_gather(const Tensor& in, Tensor& out, bool) { inner_->all_gather(in, out); }
@@ -309,7 +311,7 @@ void CopyEngineCommunicator::do_broadcast(Tensor& t, int root) { inner_->broadca
 void CopyEngineCommunicator::do_barrier() { inner_->barrier(); }
 void CopyEngineCommunicator::do_start_all_reduce(Tensor& t, ReduceOp op) {
   if (!sums_here(t, op)) return inner_->start_all_reduce(t, op);
-  start_sum(t);
+  start_sum(t, sum_blocks_);
 }
 void CopyEngineCommunicator::do_wait_all() {
   inner_->wait_all();
@@ -329,7 +331,7 @@ bool CopyEngineCommunicator::sums_here(const Tensor& t, ReduceOp op) const {
 // stream's work so far); then on sums_ the add (add_sum), after this rank's copies (it
 // overwrites the tensor they read). (The adds in line on the compute stream at wait_all were
 // slower: 868 against 853 ms a step, docs/performance.md.)
-void CopyEngineCommunicator::start_sum(Tensor& t) {
+void CopyEngineCommunicator::start_sum(Tensor& t, int max_blocks) {
   const StreamValueOps& ops = stream_value_ops();
   const CallCheck check{*this, "sum"};
   check(cudaEventRecord(ready_, kStream), "cudaEventRecord");
@@ -362,14 +364,14 @@ void CopyEngineCommunicator::start_sum(Tensor& t) {
     sum.inputs[std::size_t(link->peer)] = link->mine + std::size_t(rs) * link->layout.slot_bytes;
     sum.received.push_back({link, rs, static_cast<std::uint32_t>(r / std::uint64_t(slots_))});
   }
-  add_sum(sum, sums_);
+  add_sum(sum, sums_, max_blocks);
   check(cudaEventRecord(summed_, sums_), "cudaEventRecord");
   summing_.push_back(std::move(sum));
 }
 
-// On `stream`: the wait for every peer's message, the add in rank order (in at most
-// sum_blocks_ blocks), the slots handed back to their senders.
-void CopyEngineCommunicator::add_sum(StartedSum& sum, CUstream_st* stream) {
+// On `stream`: the wait for every peer's message, the add in rank order (in at most max_blocks
+// blocks, 0: as many as the size asks), the slots handed back to their senders.
+void CopyEngineCommunicator::add_sum(StartedSum& sum, CUstream_st* stream, int max_blocks) {
   const StreamValueOps& ops = stream_value_ops();
   const CallCheck check{*this, "sum"};
   CUstream on = reinterpret_cast<CUstream>(stream);
@@ -379,7 +381,7 @@ void CopyEngineCommunicator::add_sum(StartedSum& sum, CUstream_st* stream) {
   {
     const op_timer::BusyScope busy(name(), stream);
     cuda::sum_in_order(sum.tensor.dtype(), sum.tensor.raw(), sum.inputs, sum.tensor.numel(), stream,
-                       sum_blocks_);
+                       max_blocks);
   }
   for (const StartedSum::Slot& r : sum.received)
     check(ops.write(on, r.link->flag(r.link->theirs, r.link->layout.empty, r.slot), r.use + 1,

@@ -71,6 +71,7 @@ class CopyEngineCommunicator final : public Communicator {
   enum class Role {
     PipelineMessages,  // start_send / start_recv to the ring's neighbours
     TensorSums,        // all-reduces (Sum, fp32 / bf16, up to slot_bytes) with every other rank
+                       // (its sends and receives go to inner, as its other collectives)
   };
   // The group of `host` (an MPI group: the handles and the verdict travel over it) with
   // `inner` (the same ranks on the GPU: NCCL) for everything the role does not move;
@@ -88,7 +89,7 @@ class CopyEngineCommunicator final : public Communicator {
   const std::string& name() const override { return inner_->name(); }
   std::string backend() const override { return "copy_engine+" + inner_->backend(); }
   bool supports(DType dtype, Device device) const override { return inner_->supports(dtype, device); }
-  bool posts_ahead() const override { return true; }
+  bool posts_ahead() const override { return role_ == Role::PipelineMessages; }
 
  protected:
   void do_all_reduce(Tensor& t, ReduceOp op) override;
@@ -109,12 +110,14 @@ class CopyEngineCommunicator final : public Communicator {
   struct Link;     // one linked peer: its memory, this rank's, the counters
   struct Pending;  // a started transfer not yet waited for
   CopyEngineCommunicator(std::shared_ptr<Communicator> inner, std::size_t slot_bytes, int slots, int device, Role role);
-  Link* link_to(int peer);  // null: not linked (its transfers go to inner_)
+  Link* link_to(int peer);  // null: not linked, or Role::TensorSums (its transfers go to inner_)
   void check_fits(const Tensor& t, const char* op) const;
   struct StartedSum;  // a sum's tensor, its inputs and the peers' slots
   bool sums_here(const Tensor& t, ReduceOp op) const;  // an all-reduce this role moves itself
-  void start_sum(Tensor& t);                           // its copies (and its add on sums_)
-  void add_sum(StartedSum& sum, CUstream_st* stream);  // its add (sums_) and the slots handed back
+  // A sum's copies and its add on sums_ (in at most max_blocks blocks, 0: no bound); the add
+  // and the slots handed back.
+  void start_sum(Tensor& t, int max_blocks);
+  void add_sum(StartedSum& sum, CUstream_st* stream, int max_blocks);
 
   std::shared_ptr<Communicator> inner_;
   std::size_t slot_bytes_;
@@ -133,7 +136,8 @@ class CopyEngineCommunicator final : public Communicator {
   std::vector<StartedSum> summing_;
   // The adds beside the compute stream take at most this many blocks per SM (grid-stride), so
   // that the compute kernels' blocks find SMs between theirs (measured on 2 H200s, tp2 pairs:
-  // 8192 blocks 853 ms a step, 4 per SM 836, 1 per SM 850; docs/performance.md).
+  // 8192 blocks 853 ms a step, 4 per SM 836, 1 per SM 850; docs/performance.md). A blocking
+  // all_reduce, waited for at once, takes the whole grid.
   static constexpr int kSumBlocksPerSm = 4;
   int sum_blocks_ = 0;
 };

@@ -225,8 +225,8 @@ inline int copy_engine_slots(int stages, int chunks) { return 2 * stages * chunk
 // Its device memory per neighbour for messages of `message_bytes`: the slots, each rounded up
 // to 256 bytes, and two 4-byte flags per slot.
 inline std::int64_t copy_engine_slot_pitch(std::int64_t message_bytes) { return (message_bytes + 255) / 256 * 256; }
-// The tensor-parallel sums' receive slots per peer: at most one sum is started before its
-// wait_all, so a copy waits for a slot only while the peer still adds the sum before.
+// The tensor-parallel sums' receive slots per peer: sum k's copy waits until the peer has added
+// sum k - 2 (its slot's previous message); the model starts one sum before each wait_all.
 constexpr int kCopyEngineSumSlots = 2;
 // Whether parallel.tp_transport asks for the copy engines (before the check that every rank
 // reaches the others' memory): "copy_engine", or "auto" with micro-batch pairs (their sums run

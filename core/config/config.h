@@ -97,8 +97,8 @@ struct ParallelConfig {
   // GPU pipeline transfers: "auto" (the copy engines where every pipeline neighbour is on this
   // host and reachable, else NCCL), "nccl", "copy_engine" (parallel/copy_engine_communicator.h).
   std::string pp_transport = "auto";
-  // GPU tensor-parallel sums: "auto" (the copy engines where every rank of the tp group is on
-  // this host and reachable, else NCCL), "nccl", "copy_engine"
+  // GPU tensor-parallel sums: "auto" (the copy engines with tp_micro_batch_pairs where every
+  // rank of the tp group is on this host and reachable, else NCCL), "nccl", "copy_engine"
   // (parallel/copy_engine_communicator.h, Role::TensorSums).
   std::string tp_transport = "auto";
 };

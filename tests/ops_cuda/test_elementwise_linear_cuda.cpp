@@ -8,7 +8,8 @@
 // dy_pitch): the CPU's values, the pad of y untouched, the pad of dy (NaN) unread.
 // cuda::gemm_strided_batched: each product of the batch as cuda::gemm computes it alone.
 // cuda::sum_in_order (the tensor-parallel sums on the copy engines): the bits of the CPU's fp32
-// sums left to right, rounded once, for 1 to 8 inputs, unaligned views, out = an input.
+// sums left to right, rounded once, for 1 to 8 inputs, unaligned views, out = an input, a grid
+// of 3 blocks.
 #include "core/ops/elementwise.h"
 #include "core/ops/linear.h"
 #include "core/ops/matmul.h"
@@ -82,6 +83,10 @@ TEST(ElementwiseCuda, SumInOrderMatchesCpuBitForBit) {
           Tensor out = Tensor::empty({n + skip}, dt, Device::CUDA).slice0(skip, n + skip);
           cuda::sum_in_order(dt, out.raw(), inputs, n);
           EXPECT_TRUE(test::same_bits_any(out, want.to_dtype(dt))) << tag;
+          // In 3 blocks: the grid-stride loop's later rounds (the copy-engine sums' bounded grid).
+          Tensor out3 = Tensor::empty({n}, dt, Device::CUDA);
+          cuda::sum_in_order(dt, out3.raw(), inputs, n, nullptr, 3);
+          EXPECT_TRUE(test::same_bits_any(out3, want.to_dtype(dt))) << tag << " in 3 blocks";
           if (count == 2) {  // the bits of add
             Tensor sum = Tensor::empty({n}, dt, Device::CUDA);
             add(dev[0], dev[1], sum);

@@ -68,7 +68,9 @@ __global__ void sum_in_order_kernel(T* out, const SumInputs<T> in, std::int64_t 
   for (std::int64_t i = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n; i += stride) {
     float acc[V], x[V];
     load<T, V>(in.p[0] + i, acc);
-    for (int k = 1; k < in.count; ++k) {
+#pragma unroll
+    for (int k = 1; k < kMaxSumInputs; ++k) {  // unrolled: the pointers read from the parameters
+      if (k >= in.count) break;
       load<T, V>(in.p[k] + i, x);
 #pragma unroll
       for (int j = 0; j < V; ++j) acc[j] += x[j];
