@@ -28,59 +28,58 @@ Run::Run(const RunConfig& cfg, std::ostream& out, World& world, const TrainOptio
 
 namespace {
 
-// The GPU pipeline's transfers (parallel.pp_transport): the pp group's neighbours' messages
-// on the copy engines where asked and every rank reaches its neighbours' memory (else NCCL,
-// or a UserError for "copy_engine"). Collective over the pp group. Returns the run log's words.
-std::string choose_pipeline_transport(Run& run) {
-  const RunConfig& cfg = run.cfg;
-  if (cfg.parallel.pp_transport == "nccl") return "NCCL send/recv on the compute stream (pp_transport = \"nccl\")";
+// A group's transfers on the copy engines (parallel.<key> = "copy_engine" or "auto"; `sums`:
+// the tensor-parallel sums, else the pipeline's messages): a CopyEngineCommunicator with `slots`
+// receive slots of one activation per linked peer over `host`, in place of `device` where every
+// rank reaches its peers' memory; else `device` (NCCL) stays, or a UserError for "copy_engine".
+// Collective over the group. Returns the run log's words (`nccl`: NCCL's).
+std::string take_copy_engines(Run& run, parallel::Communicator& host, std::shared_ptr<parallel::Communicator>& device,
+                              const char* key, const std::string& value, int slots, bool sums,
+                              const std::string& nccl) {
 #if NSATRON_WITH_NCCL
-  const int P = int(cfg.parallel.pp), V = int(cfg.parallel.virtual_stages);
+  const RunConfig& cfg = run.cfg;
   const auto slot = std::size_t(parallel::pipeline_message_bytes(cfg.train.micro_batch, cfg.train.seq_len, run.dims.C,
                                                                  std::int64_t(dtype_size(run.dtype))));
-  const int slots = parallel::copy_engine_slots(P, V);
+  using Role = parallel::CopyEngineCommunicator::Role;
   std::string why;
-  auto ce = parallel::CopyEngineCommunicator::create(*run.groups.pp, run.tensor_groups.pp, slot, slots, &why);
+  auto ce = parallel::CopyEngineCommunicator::create(host, device, slot, slots, &why,
+                                                     sums ? Role::TensorSums : Role::PipelineMessages);
   if (ce) {
-    run.tensor_groups.pp = ce;
+    device = ce;
     return "copy engines into " + std::to_string(slots) + " receive slots of " + human_bytes(double(slot)) +
-           " per neighbour (CUDA IPC; pp_transport = \"" + cfg.parallel.pp_transport + "\")";
+           (sums ? " per peer, added in rank order" : " per neighbour") + " (CUDA IPC; " + key + " = \"" + value +
+           "\")";
   }
 #else
+  (void)host, (void)device, (void)slots, (void)sums;
   const std::string why = "this build has no NCCL";
 #endif
-  if (cfg.parallel.pp_transport == "copy_engine")
-    throw UserError(cfg.source + ": parallel.pp_transport = \"copy_engine\", but " + why);
-  return "NCCL send/recv on the compute stream (pp_transport = \"auto\": no copy engines, " + why + ")";
+  if (value == "copy_engine")
+    throw UserError(run.cfg.source + ": parallel." + key + " = \"copy_engine\", but " + why);
+  return nccl + " (" + key + " = \"auto\": no copy engines, " + why + ")";
 }
 
-// The GPU tensor-parallel sums (parallel.tp_transport): on the copy engines where asked and
-// every rank of the tp group reaches the others' memory (else NCCL, or a UserError for
-// "copy_engine"). Collective over the tp group. Returns the run log's words.
+// The GPU pipeline's transfers (parallel.pp_transport): the pp group's neighbours' messages
+// on the copy engines where asked and possible. Collective over the pp group.
+std::string choose_pipeline_transport(Run& run) {
+  const ParallelConfig& p = run.cfg.parallel;
+  const std::string nccl = "NCCL send/recv on the compute stream";
+  if (p.pp_transport == "nccl") return nccl + " (pp_transport = \"nccl\")";
+  return take_copy_engines(run, *run.groups.pp, run.tensor_groups.pp, "pp_transport", p.pp_transport,
+                           parallel::copy_engine_slots(int(p.pp), int(p.virtual_stages)), false, nccl);
+}
+
+// The GPU tensor-parallel sums (parallel.tp_transport): on the copy engines where asked ("auto":
+// with micro-batch pairs) and possible. Collective over the tp group.
 std::string choose_tensor_transport(Run& run) {
-  const RunConfig& cfg = run.cfg;
-  if (cfg.parallel.tp_transport == "nccl") return "NCCL all-reduce (tp_transport = \"nccl\")";
-  if (!parallel::tp_sums_on_copy_engines(cfg.parallel.tp_transport, cfg.parallel.tp_micro_batch_pairs))
-    return "NCCL all-reduce (tp_transport = \"auto\": without tp_micro_batch_pairs the forward's sums run in line, "
-           "where NCCL's are faster)";
-#if NSATRON_WITH_NCCL
-  const auto slot = std::size_t(parallel::pipeline_message_bytes(cfg.train.micro_batch, cfg.train.seq_len, run.dims.C,
-                                                                 std::int64_t(dtype_size(run.dtype))));
-  const int slots = parallel::kCopyEngineSumSlots;
-  std::string why;
-  auto ce = parallel::CopyEngineCommunicator::create(*run.groups.tp, run.tensor_groups.tp, slot, slots, &why,
-                                                     parallel::CopyEngineCommunicator::Role::TensorSums);
-  if (ce) {
-    run.tensor_groups.tp = ce;
-    return "copy engines into " + std::to_string(slots) + " receive slots of " + human_bytes(double(slot)) +
-           " per peer, added in rank order (CUDA IPC; tp_transport = \"" + cfg.parallel.tp_transport + "\")";
-  }
-#else
-  const std::string why = "this build has no NCCL";
-#endif
-  if (cfg.parallel.tp_transport == "copy_engine")
-    throw UserError(cfg.source + ": parallel.tp_transport = \"copy_engine\", but " + why);
-  return "NCCL all-reduce (tp_transport = \"auto\": no copy engines, " + why + ")";
+  const ParallelConfig& p = run.cfg.parallel;
+  const std::string nccl = "NCCL all-reduce";
+  if (p.tp_transport == "nccl") return nccl + " (tp_transport = \"nccl\")";
+  if (!parallel::tp_sums_on_copy_engines(p.tp_transport, p.tp_micro_batch_pairs))
+    return nccl + " (tp_transport = \"auto\": without tp_micro_batch_pairs the forward's sums run in line, where "
+                  "NCCL's are faster)";
+  return take_copy_engines(run, *run.groups.tp, run.tensor_groups.tp, "tp_transport", p.tp_transport,
+                           parallel::kCopyEngineSumSlots, true, nccl);
 }
 
 }  // namespace
