@@ -320,6 +320,12 @@ const std::vector<Key>& keys() {
           "device was done with them (a lead near zero: the device waited for the host's launches; "
           "CUDA's launch queue caps it near a micro-batch's last thousand operations).")
           .at_least(0),
+      key("log", "trace", &R::log, &LogConfig::trace,
+          "With log.profile_step: the path of a Chrome trace-event JSON file (open it in Perfetto or "
+          "chrome://tracing) receiving that step's timeline on every rank: a process per rank, its "
+          "op scopes on the compute lane and, on GPUs, each communication group's collectives and "
+          "transfers on a lane of their own; times from each rank's first scope (the ranks share no "
+          "clock: a GPU's events count on their own device), written by rank 0. Empty: none."),
   };
   return table;
 }
@@ -651,6 +657,10 @@ void check_rules(Validator& v, RunConfig& c) {
             "buckets (docs/parallel.md); set one of them to false");
   if (t.dtype == "bf16" && t.device != "cuda")
     v.error(at({"train.dtype", "train.device"}), "bf16 needs train.device = \"cuda\" (the CPU path is fp32)");
+  if (!c.log.trace.empty() && c.log.profile_step == 0)
+    v.error(at({"log.trace", "log.profile_step"}),
+            "trace writes the timeline of the profiled step, but profile_step = 0; set profile_step to "
+            "the step to trace, or trace = \"\"");
   if (c.optim.min_lr > c.optim.lr)
     v.error(at({"optim.min_lr", "optim.lr"}), "min_lr = " + format_float(c.optim.min_lr) +
                                                   " exceeds lr = " + format_float(c.optim.lr));
@@ -864,7 +874,8 @@ std::string config_reference_markdown() {
       "- `parallel.tp_overlap = true` with `parallel.tp > 1` needs `train.micro_batch >= 2`.\n"
       "- `parallel.tp_micro_batch_pairs = true` with `parallel.tp > 1` needs `parallel.pp = 1`\n"
       "  and `parallel.tp_overlap = false`.\n"
-      "- `recompute.layers <= model.n_layers`.\n";
+      "- `recompute.layers <= model.n_layers`.\n"
+      "- `log.trace` non-empty needs `log.profile_step >= 1`.\n";
   for (const auto& sec : section_order()) {
     md += "\n## [" + sec + "]\n\n| key | type | default | allowed | meaning |\n|---|---|---|---|---|\n";
     for (const auto& k : keys()) {

@@ -125,6 +125,7 @@ struct LogConfig {
   std::int64_t every = 10;
   std::string metrics;  // empty: no metrics file
   std::int64_t profile_step = 0;  // 0: off; else the step whose op families are timed
+  std::string trace;              // with profile_step: that step's timeline (Chrome trace JSON); empty: none
 };
 
 struct RunConfig {

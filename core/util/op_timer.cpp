@@ -204,6 +204,38 @@ std::vector<std::pair<std::string, double>> totals_ms() {
   return out;
 }
 
+std::vector<Span> spans() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  void* first_event = nullptr;  // the origin of the GPU's records
+  std::chrono::steady_clock::time_point first_cpu{};
+  bool any_cpu = false;
+  for (const auto& r : s.records) {
+    if (r.device == Device::CUDA && first_event == nullptr) first_event = r.start;
+    if (r.device != Device::CUDA && !any_cpu) {
+      first_cpu = r.cpu_start;
+      any_cpu = true;
+    }
+  }
+  if (first_event == nullptr && !s.busy.empty()) first_event = s.busy.front().start;
+  std::vector<Span> out;
+  for (const auto& r : s.records) {
+    Span span{r.family, "compute"};
+    if (r.device == Device::CUDA) {
+      span.start_ms = event_elapsed_ms(first_event, r.start);
+      span.ms = event_elapsed_ms(r.start, r.stop);
+    } else {
+      span.start_ms = std::chrono::duration<double, std::milli>(r.cpu_start - first_cpu).count();
+      span.ms = std::chrono::duration<double, std::milli>(r.cpu_stop - r.cpu_start).count();
+    }
+    out.push_back(std::move(span));
+  }
+  for (const auto& r : s.busy)
+    out.push_back({r.group + " communication", r.group, event_elapsed_ms(first_event, r.start),
+                   event_elapsed_ms(r.start, r.stop)});
+  return out;
+}
+
 std::vector<std::string> split_lines(const std::vector<std::pair<std::string, double>>& totals, double step_ms) {
   std::vector<std::string> lines;
   char line[160];

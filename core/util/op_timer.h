@@ -54,6 +54,16 @@ std::vector<double> by_step_family(const std::vector<std::pair<std::string, doub
 // three) families where the slowest spent the most time over the fastest. No prefix, no newline.
 std::string ranks_line(const std::vector<std::vector<double>>& per_rank);
 
+// The records since the last reset as a timeline (log.trace): each scope on the "compute" lane,
+// each BusyScope on its group's lane ("tp", "dp", "pp", ...), in the order recorded, with its
+// start in ms from the first scope's (GPUs: the first CUDA event's; CPUs: the first steady-clock
+// reading's) and its length (waits for the GPU).
+struct Span {
+  std::string family, lane;
+  double start_ms = 0, ms = 0;
+};
+std::vector<Span> spans();
+
 class BusyScope {
  public:
   BusyScope(const std::string& group, void* stream);

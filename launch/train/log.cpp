@@ -2,14 +2,19 @@
 // progress bar.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <string>
+#include <vector>
 
+#include "core/comm/communicator.h"
 #include "core/device/device.h"
 #include "core/util/error.h"
+#include "core/util/op_timer.h"
 #include "core/util/format.h"
 #include "launch/train/phases.h"
 
@@ -120,6 +125,70 @@ void log_done(Run& run) {
           << std::setprecision(4) << s.last_loss;
   if (s.last_val_loss >= 0) run.out << ", val loss " << s.first_val_loss << " -> " << s.last_val_loss;
   run.out << ", " << s.skipped_steps << " skipped steps\n" << std::defaultfloat;
+}
+
+namespace {
+
+// A span travels as four values: its family (an index into op_timer::step_families(), whose
+// last entry is "other"; -1: its lane's communication), its lane (an index into kTraceLanes),
+// its start and its length in ms. Padding rows (ranks with fewer spans) have lane -1.
+const std::vector<std::string> kTraceLanes = {"compute", "tp", "dp", "pp", "embedding", "other"};
+constexpr std::size_t kSpanValues = 4;
+
+std::string json_escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string write_trace(Run& run, std::int64_t step_done) {
+  const std::vector<std::string>& families = op_timer::step_families();
+  std::vector<double> mine;
+  for (const op_timer::Span& span : op_timer::spans()) {
+    const auto lane = std::find(kTraceLanes.begin(), kTraceLanes.end() - 1, span.lane) - kTraceLanes.begin();
+    double family = double(std::find(families.begin(), families.end() - 1, span.family) - families.begin());
+    if (span.lane != "compute") family = -1;
+    mine.insert(mine.end(), {family, double(lane), span.start_ms, span.ms});
+  }
+  // Every rank's spans: the longest count first, then as many rows from each rank.
+  parallel::Communicator& world = *run.groups.world;
+  const double most = all_reduce_value(world, double(mine.size() / kSpanValues), parallel::ReduceOp::Max);
+  mine.resize(std::size_t(most) * kSpanValues, -1.0);
+  const std::vector<double> all = all_gather_values(world, mine);
+  if (!run.root) return "";
+  const std::filesystem::path path(run.cfg.log.trace);
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  std::ofstream out(path);
+  if (!out) throw UserError(run.cfg.source + ": log.trace: cannot write '" + run.cfg.log.trace + "'");
+  const std::size_t per_rank = mine.size(), ranks = per_rank > 0 ? all.size() / per_rank : 0;
+  out << std::setprecision(12) << "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"step\": " << step_done
+      << ", \"source\": \"" << json_escaped(run.cfg.source) << "\"},\n\"traceEvents\": [";
+  const char* sep = "\n";
+  for (std::size_t r = 0; r < ranks; ++r) {
+    out << sep << "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << r
+        << ", \"args\": {\"name\": \"rank " << r << "\"}}";
+    sep = ",\n";
+    for (std::size_t l = 0; l < kTraceLanes.size(); ++l)
+      out << sep << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << r << ", \"tid\": " << l
+          << ", \"args\": {\"name\": \"" << kTraceLanes[l] << "\"}}";
+    for (std::size_t k = 0; k < per_rank; k += kSpanValues) {
+      const double* v = &all[r * per_rank + k];
+      if (v[1] < 0) continue;  // padding
+      const auto lane = std::size_t(v[1]);
+      const std::string name = v[0] < 0 ? kTraceLanes[lane] + " communication" : families[std::size_t(v[0])];
+      // Chrome's trace events count in microseconds.
+      out << sep << "{\"name\": \"" << json_escaped(name) << "\", \"ph\": \"X\", \"pid\": " << r
+          << ", \"tid\": " << lane << ", \"ts\": " << 1000 * v[2] << ", \"dur\": " << 1000 * v[3] << "}";
+    }
+  }
+  out << "\n]}\n";
+  if (!out) throw UserError(run.cfg.source + ": log.trace: cannot write '" + run.cfg.log.trace + "'");
+  return "timeline of " + std::to_string(ranks) + " rank(s) written to " + run.cfg.log.trace + " (log.trace)";
 }
 
 }  // namespace nsatron::train

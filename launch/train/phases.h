@@ -7,6 +7,7 @@
 // save_checkpoint; a new log field: in log_step), or becomes a phase of its own here.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "launch/train/run.h"
 
@@ -56,6 +57,10 @@ void log_eval(Run& run, std::int64_t step_done, double val_loss);
 void show_progress(Run& run, std::int64_t step_done);
 // The closing line: steps, time, losses, skipped steps.
 void log_done(Run& run);
+// log.trace: every rank's timeline of the profiled step (op_timer::spans(), taken before the
+// records are reset), gathered over the world and written by rank 0 as a Chrome trace-event
+// JSON file. Collective over the world. Returns the run log's line on rank 0 (else empty).
+std::string write_trace(Run& run, std::int64_t step_done);
 
 // ---- checkpointing.cpp: saving ----------------------------------------------------------
 // Whether checkpoint.every asks for a checkpoint after this step.

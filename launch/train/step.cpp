@@ -201,8 +201,9 @@ void print_profile(Run& run, const StepResult& r, Clock::time_point t0) {
   const std::vector<std::pair<std::string, double>> totals = op_timer::totals_ms();
   const std::vector<std::pair<std::string, double>> busy = op_timer::busy_totals_ms();
   op_timer::enable(false);
-  op_timer::reset();
   const double step_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const std::string trace = run.cfg.log.trace.empty() ? "" : write_trace(run, step_done);
+  op_timer::reset();
   // Every rank's families (a collective over the world, on every rank alike).
   const std::vector<double> mine = op_timer::by_step_family(totals);
   const std::vector<double> all = all_gather_values(*run.groups.world, mine);
@@ -234,6 +235,7 @@ void print_profile(Run& run, const StepResult& r, Clock::time_point t0) {
                   r.queued_ms, r.losses_read_ms, r.losses_read_ms - r.queued_ms);
     run.out << "#   " << line;
   }
+  if (!trace.empty()) run.out << "#   " << trace << "\n";
 }
 
 }  // namespace

@@ -294,6 +294,29 @@ TEST(Config, TensorParallelOverlap) {
   EXPECT_TRUE(parse_config("[parallel]\ntp_overlap = true\n", "run.toml").parallel.tp_overlap);
 }
 
+// parallel.tp_transport: "auto" by default, the three values, anything else named with its line.
+TEST(Config, TensorParallelTransport) {
+  EXPECT_EQ(parse_config("", "run.toml").parallel.tp_transport, "auto");
+  for (const char* v : {"auto", "nccl", "copy_engine"})
+    EXPECT_EQ(parse_config(std::string("[parallel]\ntp_transport = \"") + v + "\"\n", "run.toml").parallel.tp_transport, v);
+  const std::string e = errors_of("[parallel]\ntp_transport = \"nvlink\"\n");
+  EXPECT_NE(e.find("run.toml:2:1: parallel.tp_transport: \"nvlink\" is not one of \"auto\", \"nccl\", \"copy_engine\""),
+            std::string::npos)
+      << e;
+}
+
+// log.trace: a path, written at the profiled step; without one (profile_step = 0) an error naming
+// both keys.
+TEST(Config, LogTraceNeedsAProfiledStep) {
+  const RunConfig c = parse_config("[log]\nprofile_step = 3\ntrace = \"out/step3.json\"\n", "run.toml");
+  EXPECT_EQ(c.log.trace, "out/step3.json");
+  EXPECT_EQ(parse_config("", "run.toml").log.trace, "");
+  const std::string e = errors_of("[log]\ntrace = \"t.json\"\n");
+  EXPECT_NE(e.find("run.toml:2:1: log.trace: trace writes the timeline of the profiled step, but profile_step = 0"),
+            std::string::npos)
+      << e;
+}
+
 TEST(Config, TensorParallelMicroBatchPairs) {
   // Off by default; a boolean, round-tripping; not with pp > 1 or tp_overlap (under tp > 1).
   expect_parallel_switch(&ParallelConfig::tp_micro_batch_pairs, "tp_micro_batch_pairs",

@@ -11,6 +11,9 @@
 // pipeline does (untied head, no clipping: no sum spans the stages).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <map>
+#include <regex>
 #include <string>
 
 #include "tests/parallel/parallel_train_fixture.h"
@@ -71,6 +74,44 @@ TEST_F(MpTrain, ProfileNamesTheFastestAndSlowestRank) {
   EXPECT_NE(r.out.find("ranks' compute (the families less communication): fastest rank "), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("step      5/5"), std::string::npos) << r.out;
+}
+
+// log.trace: the profiled step's timeline of every rank in one Chrome trace-event file (pp2: a
+// process per rank, each with its compute lane's scopes, among them the pipeline's transfers).
+TEST_F(MpTrain, TraceHoldsEveryRanksTimeline) {
+  const std::filesystem::path trace = dir_ / "trace" / "step3.json";
+  CommandResult r = train(2, "pp2_trace", kModel + " --set parallel.pp=2 --set log.profile_step=3 --set log.trace=" +
+                                              trace.string());
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("timeline of 2 rank(s) written to " + trace.string() + " (log.trace)"), std::string::npos)
+      << r.out;
+  const std::string text = read_file_text(trace.string());
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.rfind("{\"displayTimeUnit\": \"ms\", \"otherData\": {\"step\": 3,", 0), 0u) << text.substr(0, 200);
+  const std::regex span("\\{\"name\": \"([^\"]+)\", \"ph\": \"X\", \"pid\": ([0-9]+), \"tid\": 0, \"ts\": "
+                        "(-?[0-9.e+-]+), \"dur\": ([0-9.e+-]+)\\}");
+  std::map<int, int> spans;  // per rank
+  std::map<int, double> last_start;
+  bool transfers = false;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), span); it != std::sregex_iterator(); ++it) {
+    const int rank = std::stoi((*it)[2]);
+    const double ts = std::stod((*it)[3]), dur = std::stod((*it)[4]);
+    EXPECT_GE(dur, 0.0);
+    EXPECT_GE(ts, 0.0);  // from the rank's first scope
+    // The compute lane's scopes in the order they ran (CPU ranks: one thread).
+    if (last_start.count(rank)) {
+      EXPECT_GE(ts, last_start[rank]);
+    }
+    last_start[rank] = ts;
+    ++spans[rank];
+    transfers = transfers || (*it)[1] == "pp transfer";
+  }
+  EXPECT_GT(spans[0], 0) << text.substr(0, 500);
+  EXPECT_GT(spans[1], 0) << text.substr(0, 500);
+  EXPECT_TRUE(transfers);
+  EXPECT_NE(text.find("{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"args\": {\"name\": \"rank 1\"}}"),
+            std::string::npos);
+  EXPECT_EQ(text.substr(text.size() - 4), "\n]}\n");
 }
 
 TEST_F(MpTrain, VirtualStagesMatchOneRank) {
