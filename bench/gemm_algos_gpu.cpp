@@ -232,18 +232,18 @@ int run(int argc, char** argv) {
     // NsaTransformer::kDefaultHeadChunk (each chunk's dW adds into the fp32 gradient).
     const std::int64_t chunk = std::min(rows, NsaTransformer::kDefaultHeadChunk), Vl = (d.V + tp - 1) / tp;
     const double chunks = double((rows + chunk - 1) / chunk);
-    measure({"lm head fwd", false, true, chunk, Vl, C, Vl, false}, reps, max_algos, ws, first_total, best_total, chunks);
-    measure({"lm head dX", false, false, chunk, C, Vl, C, false}, reps, max_algos, ws, first_total, best_total, chunks);
-    measure({"lm head dW", true, false, Vl, C, chunk, C, true}, reps, max_algos, ws, first_total, best_total, chunks);
-    for (const Product& p : products) {
-      const std::string n(p.name);
-      measure({n + " fwd", false, true, rows, p.out, p.in, p.ldy, false}, reps, max_algos, ws, first_total,
-              best_total, double(d.L));
-      measure({n + " dX", false, false, rows, p.in, p.out, p.in, false}, reps, max_algos, ws, first_total,
-              best_total, double(d.L));
-      measure({n + " dW", true, false, p.out, p.in, rows, p.in, true}, reps, max_algos, ws, first_total, best_total,
-              double(d.L));
-    }
+    // A product's forward, dX and dW over `n` rows, `count` times per micro-batch.
+    auto passes = [&](const Product& p, std::int64_t n, double count) {
+      const std::string name(p.name);
+      measure({name + " fwd", false, true, n, p.out, p.in, p.ldy, false}, reps, max_algos, ws, first_total,
+              best_total, count);
+      measure({name + " dX", false, false, n, p.in, p.out, p.in, false}, reps, max_algos, ws, first_total,
+              best_total, count);
+      measure({name + " dW", true, false, p.out, p.in, n, p.in, true}, reps, max_algos, ws, first_total, best_total,
+              count);
+    };
+    passes({"lm head", C, Vl, Vl}, chunk, chunks);
+    for (const Product& p : products) passes(p, rows, double(d.L));
     std::printf(" tp %d, per micro-batch (%lld layers and the head): the first algorithms %.2f ms, the fastest %.2f ms (%+.1f%%)\n\n",
                 tp, (long long)d.L, first_total, best_total, 100.0 * (best_total - first_total) / first_total);
   }
