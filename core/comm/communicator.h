@@ -18,8 +18,8 @@
 //   - Results are the same bits on every rank of the group: a reduced element is computed once
 //     and distributed (MPI's and NCCL's algorithms do this), or computed by every rank from the
 //     same values in the same order (the copy-engine sums, parallel/copy_engine_communicator.h);
-//     a backend that did neither would let data-parallel replicas drift apart. For a fixed group size, message size and backend,
-//     results are the same bits from run to run.
+//     a backend that did neither would let data-parallel replicas drift apart. For a fixed
+//     group size, message size and backend, results are the same bits from run to run.
 //   - A failure (a lost peer, a transport error) throws std::runtime_error naming the group, the
 //     rank and the operation. The run cannot continue after one: the caller aborts the job.
 //

@@ -123,13 +123,15 @@ const std::vector<std::string>& step_families() {
   return families;
 }
 
+std::size_t step_family_index(const std::string& family) {
+  const std::vector<std::string>& families = step_families();
+  return std::size_t(std::find(families.begin(), families.end() - 1, family) - families.begin());
+}
+
 std::vector<double> by_step_family(const std::vector<std::pair<std::string, double>>& totals) {
   const std::vector<std::string>& families = step_families();
   std::vector<double> laid(families.size(), 0.0);
-  for (const auto& [family, ms] : totals) {
-    const auto it = std::find(families.begin(), families.end() - 1, family);
-    laid[std::size_t(it - families.begin())] += ms;  // not listed: the last slot, "other"
-  }
+  for (const auto& [family, ms] : totals) laid[step_family_index(family)] += ms;
   return laid;
 }
 

@@ -45,6 +45,8 @@ std::vector<std::string> hidden_lines(const std::vector<std::pair<std::string, d
 // optimizer's, the trainer's and the benchmarks' scopes) in a fixed order, then "other" for
 // any family not listed: every rank lays its totals out on it, so that ranks can be compared.
 const std::vector<std::string>& step_families();
+// The index of `family` in step_families() (not listed: the last, "other").
+std::size_t step_family_index(const std::string& family);
 // totals laid out on step_families() (0 where a family is absent).
 std::vector<double> by_step_family(const std::vector<std::pair<std::string, double>>& totals);
 // Every rank's totals laid out by by_step_family (rank r's at [r]; two or more ranks): the

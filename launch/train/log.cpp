@@ -151,8 +151,7 @@ std::string write_trace(Run& run, std::int64_t step_done) {
   std::vector<double> mine;
   for (const op_timer::Span& span : op_timer::spans()) {
     const auto lane = std::find(kTraceLanes.begin(), kTraceLanes.end() - 1, span.lane) - kTraceLanes.begin();
-    double family = double(std::find(families.begin(), families.end() - 1, span.family) - families.begin());
-    if (span.lane != "compute") family = -1;
+    const double family = span.lane == "compute" ? double(op_timer::step_family_index(span.family)) : -1.0;
     mine.insert(mine.end(), {family, double(lane), span.start_ms, span.ms});
   }
   // Every rank's spans: the longest count first, then as many rows from each rank.
