@@ -1,4 +1,5 @@
-// Human-readable numbers for logs and tool output: "38.1 GiB", "62.9k", "1m30s".
+// Human-readable numbers for logs and tool output: "38.1 GiB", "62.9k", "1m30s"; text for a
+// JSON string.
 #pragma once
 #include <cmath>
 #include <iomanip>
@@ -38,6 +39,22 @@ inline std::string human_duration(double s) {
   else if (t >= 60) os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
   else os << t << "s";
   return os.str();
+}
+
+// `text` as the inside of a JSON string literal: quotes and backslashes escaped, newlines as
+// \n, other control characters dropped.
+inline std::string json_escaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out;
 }
 
 }  // namespace nsatron

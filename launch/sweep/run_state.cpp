@@ -8,6 +8,8 @@
 #include <map>
 #include <sstream>
 
+#include "core/util/format.h"
+
 namespace nsatron::sweep {
 
 namespace fs = std::filesystem;
@@ -98,15 +100,8 @@ double median(std::vector<double> v) {
 }
 
 void write_failed_marker(const std::string& run_dir, int exit_code, const std::string& why) {
-  std::string escaped;
-  for (char c : why) {
-    if (c == '"' || c == '\\') escaped += '\\';
-    if (c == '\n') { escaped += "\\n"; continue; }
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    escaped += c;
-  }
   std::ofstream f(fs::path(run_dir) / "failed.json", std::ios::trunc);
-  f << "{\"exit_code\": " << exit_code << ", \"why\": \"" << escaped << "\"}\n";
+  f << "{\"exit_code\": " << exit_code << ", \"why\": \"" << json_escaped(why) << "\"}\n";
 }
 
 std::string failed_reason(const std::string& run_dir) {

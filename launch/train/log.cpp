@@ -14,8 +14,8 @@
 #include "core/comm/communicator.h"
 #include "core/device/device.h"
 #include "core/util/error.h"
-#include "core/util/op_timer.h"
 #include "core/util/format.h"
+#include "core/util/op_timer.h"
 #include "launch/train/phases.h"
 
 namespace nsatron::train {
@@ -134,15 +134,6 @@ namespace {
 // its start and its length in ms. Padding rows (ranks with fewer spans) have lane -1.
 const std::vector<std::string> kTraceLanes = {"compute", "tp", "dp", "pp", "embedding", "other"};
 constexpr std::size_t kSpanValues = 4;
-
-std::string json_escaped(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
 
 }  // namespace
 
