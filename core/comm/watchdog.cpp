@@ -10,6 +10,9 @@ namespace nsatron::parallel {
 
 namespace {
 
+// How far the guard lets the polling loop fall behind before it acts on an overdue watch.
+constexpr double kGuardLagS = 2.0;
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -18,6 +21,10 @@ std::string seconds_text(double s) {
   std::ostringstream o;
   o << s;
   return o.str();
+}
+
+std::string overdue_message(const std::string& what, double timeout_s) {
+  return what + " did not finish within " + seconds_text(timeout_s) + " s (parallel.comm_timeout_s; a dead or hung peer?)";
 }
 
 }  // namespace
@@ -157,8 +164,7 @@ void Watchdog::loop() {
     const double t = now_s();
     for (auto it = watches_.begin(); why.empty() && it != watches_.end(); ++it)
       if (t - it->second.opened > timeout_s_)
-        why = it->second.what + " did not finish within " + seconds_text(timeout_s_) +
-              " s (parallel.comm_timeout_s; a dead or hung peer?)";
+        why = overdue_message(it->second.what, timeout_s_);
     lock.unlock();
     for (auto& release : releases) release();
     if (!why.empty()) fail(why);
@@ -173,7 +179,21 @@ void Watchdog::guard() {
   while (!stopping_) {
     wake_.wait_for(lock, std::chrono::duration<double>(poll_s_));
     if (stopping_ || !armed()) continue;
-    const double stalled = now_s() - beat_.load();
+    const double t = now_s(), stalled = t - beat_.load();
+    // A poll that blocks (a CUDA query behind a driver lock held by a launch that waits for
+    // a stream a hung peer stopped) with a watch overdue: the watch's own message, as the
+    // loop would have said it, as soon as the loop has missed a few polls.
+    std::string overdue;
+    if (stalled > kGuardLagS + poll_s_)
+      for (const auto& [id, w] : watches_)
+        if (t - w.opened > timeout_s_ + kGuardLagS) {
+          overdue = overdue_message(w.what, timeout_s_) + " (the watchdog's poll did not return)";
+          break;
+        }
+    if (!overdue.empty()) {
+      lock.unlock();
+      fail(overdue);
+    }
     if (stalled > timeout_s_ + grace_s_) {
       lock.unlock();
       fail("the communication watchdog's own checks did not return for " + seconds_text(double(long(stalled))) +

@@ -71,16 +71,40 @@ TEST_F(WatchdogTest, AHangingAbortStillEndsTheRankWithinTenSeconds) {
       ::testing::ExitedWithCode(kExitCommunicationFailure), "the pp group's recv \\(rank 0 of 2\\) did not finish");
 }
 
-TEST_F(WatchdogTest, APollThatNeverReturnsEndsTheRankThroughTheGuard) {
+// A poll that never returns (a CUDA query stuck behind a driver lock) of a watch that is
+// overdue: the guard names the watch 2 s after the timeout, long before timeout + grace.
+TEST_F(WatchdogTest, AStuckPollOfAnOverdueWatchEndsTheRankNamingIt) {
+  EXPECT_EXIT(
+      {
+        Watchdog& dog = Watchdog::instance();
+        dog.start("rank 2", 0.3, 0.02, 100);
+        const Watchdog::Armed armed;
+        dog.open("the tp group's copy-engine sum (rank 0 of 2)", [] {
+          sleep_s(60);
+          return true;
+        });
+        sleep_s(30);  // the guard ends the process at about 2.3 s
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(kExitCommunicationFailure),
+      "nsatron: rank 2: the tp group's copy-engine sum \\(rank 0 of 2\\) did not finish within 0.3 s "
+      "\\(parallel.comm_timeout_s; a dead or hung peer\\?\\) \\(the watchdog's poll did not return\\)");
+}
+
+// A check that never returns with no watch open (a monitor's NCCL query that hangs): the
+// guard ends the rank after the timeout and the grace.
+TEST_F(WatchdogTest, AStuckMonitorEndsTheRankThroughTheGuard) {
   EXPECT_EXIT(
       {
         Watchdog& dog = Watchdog::instance();
         dog.start("rank 2", 0.3, 0.02, 0.3);
         const Watchdog::Armed armed;
-        dog.open("the dp group's all_reduce (rank 0 of 2)", [] {
-          sleep_s(60);  // a CUDA query stuck behind a driver lock
-          return true;
-        });
+        dog.add_monitor(
+            [] {
+              sleep_s(60);
+              return std::string();
+            },
+            {});
         sleep_s(30);
         std::_Exit(0);
       },
