@@ -8,8 +8,15 @@
 //   out[n, :] = W[t_n, :]
 // Backward (W is a parameter, so its gradient ACCUMULATES):
 //   dW[v, :] += sum over n with t_n = v of dout[n, :]
-// The sum for each row v runs over n in ascending order (the CPU splits the work by column
-// blocks, never by tokens), so the bits do not depend on the thread count and nothing races.
+// The order of each row's sum is fixed, the same on both devices, so the bits depend on neither
+// the thread count nor the device: the positions of the shard's tokens sorted by (row,
+// position) (a stable sort by row) are cut into pieces at every multiple of
+// kEmbeddingGradPiece of their sorted index and at every change of row; each piece is summed in
+// fp64 from zero in ascending position order, and row v's pieces are added in order to
+// double(dW[v]), rounded once into dW[v]:
+//   dW[v] = round(((double(dW[v]) + P_v0) + P_v1) + ...)
+// (The pieces let the GPU sum a frequent token's thousands of positions in parallel: a byte
+// text's ' ' is ~6000 of 32768, which one block summed serially.)
 // Saves nothing beyond the token ids.
 //
 // Vocab-parallel shards (tensor parallelism): the local table holds rows
@@ -28,6 +35,9 @@
 #include "core/tensor/tensor.h"
 
 namespace nsatron {
+
+// The length of the backward's pieces (above), in sorted positions.
+inline constexpr std::int64_t kEmbeddingGradPiece = 256;
 
 struct EmbeddingOptions {
   std::int64_t vocab_start = 0;  // first global id held by this table

@@ -1,9 +1,9 @@
 // CUDA embedding against the CPU: the forward copies rows exactly; the backward (sorted by
 // row, each row's positions summed in ascending order in fp64, as on the CPU) gives the CPU's
 // bits for an fp32 table gradient, from fp32 or bf16 rows; vocab-parallel shards; repeated
-// ids, runs longer than a block stages at once (1024 positions) and more positions than the
-// grid has blocks (4096), widths that leave threads of a block idle; identical bits on a second
-// run at a training-sized batch; bad ids are reported.
+// ids, rows whose positions span many of the backward's pieces (kEmbeddingGradPiece sorted
+// positions) and rows ending at a piece's edge, widths that leave threads of a block idle;
+// identical bits on a second run at a training-sized batch; bad ids are reported.
 #include <algorithm>
 
 #include "core/ops/embedding.h"
@@ -29,7 +29,8 @@ struct Case {
 };
 const Case kCases[] = {{1, 1, 1, 0, 0},         {50, 768, 1000, 0, 0}, {37, 13, 257, 0, 0},
                        {50304, 64, 4096, 0, 0}, {20, 9, 300, 10, 45},  {16, 8, 64, 0, 40},
-                       {7, 200, 9000, 0, 0},    {1, 130, 3000, 0, 0}};
+                       {7, 200, 9000, 0, 0},    {1, 130, 3000, 0, 0},  {1, 33, 512, 0, 0},
+                       {2, 40, 1024, 0, 0},     {300, 24, 4096, 100, 900}};
 
 TEST(EmbeddingCuda, MatchesCpu) {
   NSATRON_SKIP_WITHOUT_GPU();

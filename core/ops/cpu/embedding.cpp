@@ -1,7 +1,8 @@
 // CPU token embedding. The backward groups the token positions by id (a counting sort,
-// stable, so positions stay ascending within each id) and then gives each table row to one
-// thread, which sums its positions in fp64 in ascending order: no races, same bits for any
-// thread count.
+// stable, so positions stay ascending within each id: the sorted order of embedding.h) and
+// then gives each table row to one thread, which sums its pieces as embedding.h defines: no
+// races, same bits for any thread count.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -61,16 +62,21 @@ void embedding_backward(T* dtable, const std::int32_t* tokens, const T* dout, st
   }
 #pragma omp parallel
   {
-    std::vector<double> acc(static_cast<std::size_t>(C));
+    std::vector<double> acc(static_cast<std::size_t>(C)), piece(static_cast<std::size_t>(C));
 #pragma omp for schedule(dynamic, 16)
     for (std::int64_t v = 0; v < V; ++v) {
       const std::int64_t b = start[std::size_t(v)], e = start[std::size_t(v) + 1];
       if (b == e) continue;
       T* row = dtable + v * C;
       for (std::int64_t c = 0; c < C; ++c) acc[std::size_t(c)] = double(row[c]);
-      for (std::int64_t i = b; i < e; ++i) {
-        const T* g = dout + pos[std::size_t(i)] * C;
-        for (std::int64_t c = 0; c < C; ++c) acc[std::size_t(c)] += double(g[c]);
+      for (std::int64_t i = b; i < e;) {  // a piece: to the row's end or the next multiple
+        const std::int64_t end = std::min(e, (i / kEmbeddingGradPiece + 1) * kEmbeddingGradPiece);
+        std::fill(piece.begin(), piece.end(), 0.0);
+        for (; i < end; ++i) {
+          const T* g = dout + pos[std::size_t(i)] * C;
+          for (std::int64_t c = 0; c < C; ++c) piece[std::size_t(c)] += double(g[c]);
+        }
+        for (std::int64_t c = 0; c < C; ++c) acc[std::size_t(c)] += piece[std::size_t(c)];
       }
       for (std::int64_t c = 0; c < C; ++c) row[c] = T(acc[std::size_t(c)]);
     }

@@ -2,10 +2,10 @@
 // Forward: a row copy per token (zeros outside the shard, NaN and a recorded error for an id
 // outside the vocabulary).
 // Backward, deterministic and free of float atomics: the positions are sorted by local row
-// with a stable radix sort (CUB), so within each row they stay ascending; then the block that
-// meets a run's first sorted position owns that table row (a block per column chunk) and adds
-// its positions' gradients in ascending order (fp64 sums, one rounding into dW). No two blocks
-// touch the same element.
+// with a stable radix sort (CUB), so within each row they stay ascending; then the pieces of
+// embedding.h are summed in parallel (a block per chunk of kEmbeddingGradPiece sorted positions
+// and column block) and a row cut by the chunks' edges has its pieces joined in order by a
+// second kernel (fp64 sums, one rounding into dW): the CPU's bits.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
@@ -59,63 +59,77 @@ __global__ void embedding_keys_kernel(unsigned* __restrict__ keys, unsigned* __r
   vals[n] = unsigned(n);
 }
 
-// Blocks (x, y) take the sorted positions i = x, x + gridDim.x, ...; where i starts a run of
-// equal keys (a table row), the block sums the run into the row's columns [y * blockDim.x, ...),
-// one thread per column, the positions in ascending order. A frequent token's run can hold
-// thousands of positions (the KJV text's byte ' ': ~6000 of 32768) and its time is the run's
-// length in load latencies, so the run's positions are staged in shared memory by the whole
-// block (coalesced) kStagedPositions at a time, and each thread issues the loads of
-// kAccumulateAhead positions before their adds (the adds keep their order). The run's end: an
-// exponential then a binary search (the keys ascend), a few loads for a short run. Every thread
-// of a block sees the same positions and runs, so the barriers are uniform. A block per
-// position (the former grid) spent most of its time launching blocks that return at once.
+// The pieces of embedding.h: block (x, y) takes the sorted positions of chunk x,
+// [x kPiece, (x + 1) kPiece), and the columns [y * blockDim.x, ...), one thread per column.
+// Its keys and positions are staged in shared memory; each run of equal keys in it (a row's
+// piece) is summed in fp64 from zero, each thread issuing kAccumulateAhead loads before their
+// adds (the adds keep their order). A piece that is its row's whole run is added to the row at
+// once; a row cut by the chunk's edges leaves its piece in `pieces` [chunks, 2, C]: slot 1 the
+// row's first piece (it starts in this chunk), slot 0 a later one (the chunk's first piece),
+// for embedding_join_kernel. No two blocks write the same element.
 constexpr int kAccumulateAhead = 32;
-constexpr int kAccumulateColumns = 128;   // threads (columns) per block
-constexpr int kStagedPositions = 1024;    // 4 KB of shared memory
-constexpr std::int64_t kRunBlocks = 4096; // grid.x: positions are taken round robin
+constexpr int kAccumulateColumns = 128;  // threads (columns) per block
+constexpr int kPiece = int(kEmbeddingGradPiece);
 template <class T, class G>
-__global__ void embedding_accumulate_kernel(G* dtable, const T* __restrict__ dout,
-                                            const unsigned* __restrict__ keys,
-                                            const unsigned* __restrict__ pos, std::int64_t N,
-                                            std::int64_t V_rows, std::int64_t C) {
-  __shared__ unsigned staged[kStagedPositions];
+__global__ void embedding_pieces_kernel(G* dtable, double* __restrict__ pieces, const T* __restrict__ dout,
+                                        const unsigned* __restrict__ keys, const unsigned* __restrict__ pos,
+                                        std::int64_t N, std::int64_t V_rows, std::int64_t C) {
+  __shared__ unsigned staged_keys[kPiece], staged_pos[kPiece];
   const std::int64_t c = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-  const bool active = c < C;
-  for (std::int64_t i = blockIdx.x; i < N; i += gridDim.x) {
-    const unsigned key = keys[i];
-    if (key >= V_rows || (i > 0 && keys[i - 1] == key)) continue;  // not a run's start
-    std::int64_t step = 1, lo = i + 1, hi = i + 1;  // keys[lo - 1] == key; find the first past the run
-    while (hi < N && keys[hi] == key) {
-      lo = hi + 1;
-      hi = i + (step <<= 1);
-    }
-    if (hi > N) hi = N;
-    while (lo < hi) {
-      const std::int64_t mid = (lo + hi) >> 1;
-      if (keys[mid] == key) lo = mid + 1;
-      else hi = mid;
-    }
-    const std::int64_t end = lo;
-    G* row = dtable + std::int64_t(key) * C;
-    double acc = active ? double(to_f(row[c])) : 0.0;
-    for (std::int64_t s = i; s < end; s += kStagedPositions) {
-      const int count = int(end - s < kStagedPositions ? end - s : kStagedPositions);
-      __syncthreads();  // the previous stage's positions are read
-      for (int t = threadIdx.x; t < count; t += blockDim.x) staged[t] = pos[s + t];
-      __syncthreads();
-      if (!active) continue;
-      int j = 0;
-      for (; j + kAccumulateAhead <= count; j += kAccumulateAhead) {
-        float v[kAccumulateAhead];
-#pragma unroll
-        for (int u = 0; u < kAccumulateAhead; ++u) v[u] = to_f(dout[std::int64_t(staged[j + u]) * C + c]);
-#pragma unroll
-        for (int u = 0; u < kAccumulateAhead; ++u) acc += double(v[u]);
-      }
-      for (; j < count; ++j) acc += double(to_f(dout[std::int64_t(staged[j]) * C + c]));
-    }
-    if (active) row[c] = from_f<G>(float(acc));
+  const std::int64_t i0 = std::int64_t(blockIdx.x) * kPiece;
+  const int count = int(N - i0 < kPiece ? N - i0 : kPiece);
+  for (int t = threadIdx.x; t < count; t += blockDim.x) {
+    staged_keys[t] = keys[i0 + t];
+    staged_pos[t] = pos[i0 + t];
   }
+  __syncthreads();
+  if (c >= C) return;
+  for (int a = 0; a < count;) {
+    const unsigned key = staged_keys[a];
+    if (key >= V_rows) break;  // the positions outside the shard sort last
+    int b = a + 1;
+    while (b < count && staged_keys[b] == key) ++b;
+    double piece = 0.0;
+    int j = a;
+    for (; j + kAccumulateAhead <= b; j += kAccumulateAhead) {
+      float v[kAccumulateAhead];
+#pragma unroll
+      for (int u = 0; u < kAccumulateAhead; ++u) v[u] = to_f(dout[std::int64_t(staged_pos[j + u]) * C + c]);
+#pragma unroll
+      for (int u = 0; u < kAccumulateAhead; ++u) piece += double(v[u]);
+    }
+    for (; j < b; ++j) piece += double(to_f(dout[std::int64_t(staged_pos[j]) * C + c]));
+    const bool starts = a > 0 || i0 == 0 || keys[i0 - 1] != key;
+    const bool ends = b < count || i0 + b >= N || keys[i0 + b] != key;
+    if (starts && ends) {
+      G* row = dtable + std::int64_t(key) * C;
+      row[c] = from_f<G>(float(double(to_f(row[c])) + piece));
+    } else {
+      pieces[(std::int64_t(blockIdx.x) * 2 + (starts ? 1 : 0)) * C + c] = piece;
+    }
+    a = b;
+  }
+}
+
+// Block (x, y): if chunk x holds the first piece of a row that runs on into chunk x + 1, the
+// row's pieces added in order (slot 1 of chunk x, then slot 0 of each next chunk the row
+// reaches) to the row, one rounding.
+template <class G>
+__global__ void embedding_join_kernel(G* dtable, const double* __restrict__ pieces,
+                                      const unsigned* __restrict__ keys, std::int64_t N, std::int64_t V_rows,
+                                      std::int64_t C) {
+  const std::int64_t c = std::int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  const std::int64_t x = blockIdx.x, next = (x + 1) * kPiece;
+  if (c >= C || next >= N) return;
+  const unsigned key = keys[next - 1];
+  if (key >= V_rows || keys[next] != key || (x > 0 && keys[x * kPiece - 1] == key)) return;
+  G* row = dtable + std::int64_t(key) * C;
+  double acc = double(to_f(row[c])) + pieces[(x * 2 + 1) * C + c];
+  for (std::int64_t m = x + 1;; ++m) {
+    acc += pieces[(m * 2) * C + c];
+    if ((m + 1) * kPiece >= N || keys[(m + 1) * kPiece] != key) break;
+  }
+  row[c] = from_f<G>(float(acc));
 }
 
 int bits_for(std::int64_t v) {  // bits to hold 0..v
@@ -169,12 +183,15 @@ void embedding_backward(DType dt, DType dtable_dt, void* dtable, const std::int3
                                              (unsigned*)nullptr, (const unsigned*)nullptr,
                                              (unsigned*)nullptr, int(N), 0, end_bit));
   const std::size_t arr = round256(std::size_t(N) * sizeof(unsigned));
-  char* ws = static_cast<char*>(workspace(4 * arr + round256(cub_bytes)));
+  const std::int64_t chunks = (N + kPiece - 1) / kPiece;
+  const std::size_t pieces_bytes = round256(std::size_t(chunks) * 2 * std::size_t(C) * sizeof(double));
+  char* ws = static_cast<char*>(workspace(4 * arr + pieces_bytes + round256(cub_bytes)));
   unsigned* keys_in = reinterpret_cast<unsigned*>(ws);
   unsigned* vals_in = reinterpret_cast<unsigned*>(ws + arr);
   unsigned* keys = reinterpret_cast<unsigned*>(ws + 2 * arr);
   unsigned* pos = reinterpret_cast<unsigned*>(ws + 3 * arr);
-  void* cub_tmp = ws + 4 * arr;
+  double* pieces = reinterpret_cast<double*>(ws + 4 * arr);
+  void* cub_tmp = ws + 4 * arr + pieces_bytes;
   embedding_keys_kernel<<<grid_for(N, 256, 1 << 30), 256>>>(keys_in, vals_in, tokens, N, V,
                                                             vocab_start, vocab_size, err);
   check_launch("embedding_backward (keys)");
@@ -187,10 +204,13 @@ void embedding_backward(DType dt, DType dtable_dt, void* dtable, const std::int3
       const int threads = int(std::min<std::int64_t>(kAccumulateColumns, (C + 31) / 32 * 32));
       const std::int64_t col_blocks = (C + threads - 1) / threads;
       if (col_blocks > 65535) throw std::invalid_argument("embedding_backward (cuda): too many columns");
-      const unsigned run_blocks = unsigned(std::min<std::int64_t>(N, kRunBlocks));
-      embedding_accumulate_kernel<T, G><<<dim3(run_blocks, unsigned(col_blocks)), threads>>>(
-          static_cast<G*>(dtable), static_cast<const T*>(dout), keys, pos, N, V, C);
-      check_launch("embedding_backward");
+      if (chunks > 0x7fffffff) throw std::invalid_argument("embedding_backward (cuda): too many tokens");
+      const dim3 grid{unsigned(chunks), unsigned(col_blocks)};
+      embedding_pieces_kernel<T, G><<<grid, threads>>>(static_cast<G*>(dtable), pieces,
+                                                       static_cast<const T*>(dout), keys, pos, N, V, C);
+      check_launch("embedding_backward (pieces)");
+      embedding_join_kernel<G><<<grid, threads>>>(static_cast<G*>(dtable), pieces, keys, N, V, C);
+      check_launch("embedding_backward (join)");
     });
   });
 }
