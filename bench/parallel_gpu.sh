@@ -76,8 +76,10 @@ run tp2_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2
 run tp2_overlap_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_overlap=true
 # Two micro-batches in flight, their forwards and backwards layer by layer in turn: one's TP
 # all-reduces beside the other's compute, at the full micro-batch (parallel.tp_micro_batch_pairs;
-# the same bits as tp2).
+# the same bits as tp2), then with each layer's two NSA cores in one call (parallel.tp_pair_core).
 run tp2_pairs_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true
+run tp2_pairs_joint_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true \
+  --set parallel.tp_pair_core=joint
 # The tp rows above sum over parallel.tp_transport's default ("auto": the copy engines on one
 # host, the adds on a stream of their own); without pairs and with them again over NCCL's
 # all-reduce kernels:
@@ -92,5 +94,7 @@ run tp2_overlap_m32_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.t
   --set train.micro_batch=32
 run tp2_pairs_m32_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true \
   --set train.micro_batch=32
+run tp2_pairs_joint_m32_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true \
+  --set train.micro_batch=32 --set parallel.tp_pair_core=joint
 run tp2_pairs_m32_nccl_dp$((GPUS / 2)) "$GPUS" --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true \
   --set train.micro_batch=32 --set parallel.tp_transport=nccl

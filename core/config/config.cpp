@@ -239,6 +239,19 @@ const std::vector<Key>& keys() {
           "without; the activations of two micro-batches are held at once. An odd last "
           "micro-batch runs alone. Needs pp = 1 and tp_overlap = false; no effect with tp = 1 "
           "(docs/parallel.md)."),
+      key("parallel", "tp_pair_core", &R::parallel, &ParallelConfig::tp_pair_core,
+          "With tp_micro_batch_pairs on GPUs (model.attention = \"nsa\"): \"separate\" (the "
+          "default) runs an NSA core call per micro-batch, the same bits as without pairs; "
+          "\"joint\" runs the pair's two cores of a layer as one call over both micro-batches' "
+          "sequences: a rank's core holds 1/tp of the KV groups and fills the GPU better with "
+          "twice the sequences (the 125M model's tp2 share: 0.84-0.88x the time of two calls on an "
+          "H200), but the two micro-batches then meet at every core, and the forward's wo sum "
+          "and w_out sum of one of them hide behind less work. At the 125M model on 2 H200s, "
+          "micro-batch 16: 812 against 821 ms a step. The same losses to rounding (the core's "
+          "sums over sequences and its kernels' splits follow the call's size). Layers whose "
+          "core's saved state is recomputed (recompute.policy) and CPU ranks run a call each; the "
+          "run log says which ran (docs/parallel.md).")
+          .one_of({"joint", "separate"}),
       key("parallel", "grad_bucket_kib", &R::parallel, &ParallelConfig::grad_bucket_kib,
           "Size in KiB of a data-parallel gradient bucket (one all-reduce of the flat gradient "
           "buffer, without zero1); 25600 = 25 MiB. Smaller buckets start sooner with "

@@ -89,6 +89,10 @@ struct ParallelConfig {
   // layer in turn so that one's TP all-reduces run beside the other's compute
   // (NsaTransformer::forward_backward_pair_queued). The same bits as without.
   bool tp_micro_batch_pairs = false;
+  // With tp_micro_batch_pairs on GPUs: "separate" one NSA core call per micro-batch (the same
+  // bits as without pairs), "joint" the pair's two cores of a layer as one call over both
+  // micro-batches' sequences (NsaTransformer::set_pair_core_joint).
+  std::string tp_pair_core = "separate";
   // Data-parallel gradient bucket (one all-reduce call) in KiB: 25 MiB, as
   // parallel::kDefaultBucketBytes.
   std::int64_t grad_bucket_kib = 25600;

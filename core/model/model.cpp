@@ -576,6 +576,13 @@ void NsaTransformer::layer_forward(std::int64_t l, Stream& in, Stream* out, Laye
 
 void NsaTransformer::layer_attention_forward(std::int64_t l, Stream& in, LayerInFlight& f, Keep keep, std::int64_t B,
                                              std::int64_t T) const {
+  attention_project(l, in, f, nullptr, B, T);
+  core_forward(l, f.a, f.a.o, keep == Keep::All, B, T);
+  attention_output(l, in, f, B * T);
+}
+
+void NsaTransformer::attention_project(std::int64_t l, Stream& in, LayerInFlight& f, const Tensor* joint_p,
+                                       std::int64_t B, std::int64_t T) const {
   const ModelDims& m = local_;
   const std::int64_t N = B * T;
   auto W = [&](const char* part) { return weight(layer_name(l, part)); };
@@ -597,7 +604,7 @@ void NsaTransformer::layer_attention_forward(std::int64_t l, Stream& in, LayerIn
     norm_stream(s, W("attn_norm"), xn, rstd);  // the previous layer's residual add too
     if (r.index + 1 == r.count) in.h = Tensor();
     if (r.index == 0) {
-      p = act({N, m.projection_pitch()});  // rows padded (model.h)
+      p = joint_p ? *joint_p : act({N, m.projection_pitch()});  // rows padded (model.h)
       if (projection_in_place()) a.proj = p;  // the core reads its columns
       wqkv = projection_weight(W("attn/wqkv"));
     }
@@ -617,14 +624,15 @@ void NsaTransformer::layer_attention_forward(std::int64_t l, Stream& in, LayerIn
       split_or_gather(m, p, split, r.r0(), r.r1(), true);
     }
   }
-  a.o = act({N, m.H * m.D});
-  p = Tensor();
-  core_forward(l, a, a.o, keep == Keep::All, B, T);
-  f.attn_out = act({N, m.C});
+  if (!joint_p) a.o = act({N, m.H * m.D});  // (before p goes: the memory plan's order)
+}
+
+void NsaTransformer::attention_output(std::int64_t l, Stream& in, LayerInFlight& f, std::int64_t N) const {
+  f.attn_out = act({N, local_.C});
   // (One product: with parts, only the second part's product would run beside the first's sum.)
-  { TIMED("matmul"); linear_forward(a.o, W("attn/wo"), nullptr, f.attn_out); }
-  for (const RowPart& r : parts) f.sum(*this, r.of(f.attn_out));  // row-parallel wo: every rank's heads
-  a.x = in.x;
+  { TIMED("matmul"); linear_forward(f.a.o, weight(layer_name(l, "attn/wo")), nullptr, f.attn_out); }
+  for (const RowPart& r : f.parts) f.sum(*this, r.of(f.attn_out));  // row-parallel wo: every rank's heads
+  f.a.x = in.x;
 }
 
 void NsaTransformer::layer_mlp_forward(std::int64_t l, LayerInFlight& f, Stream* out, LayerActivations* acts,
@@ -757,19 +765,10 @@ void NsaTransformer::layer_attention_backward(std::int64_t l, LayerActivations& 
                                               std::int64_t B, std::int64_t T) {
   const ModelDims& m = local_;
   const std::int64_t N = B * T;
-  auto W = [&](const char* part) { return weight(layer_name(l, part)); };
-  auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
-  const std::vector<RowPart> parts = parts_of(B, T);
-  g.dh = act({N, m.C});
-  Tensor g_mlp_norm = G("mlp_norm");
-  { TIMED("rmsnorm"); rmsnorm_backward(g.dhn, a.h, W("mlp_norm"), a.rstd2, g.dh, g_mlp_norm, &g.dx_out); }
-  g.dhn = Tensor();
-
   // Attention: h = x + wo(nsa(split(wqkv(rmsnorm(x)))))
+  Tensor d_o = attention_backward_output(l, a, g, nullptr);
   // dp's rows padded as p's; the pad columns zero (the join or zero_columns writes them:
   // projection_backward_dx reads them on CUDA).
-  Tensor d_o = act({N, m.H * m.D});
-  { TIMED("matmul"); linear_backward(g.dh, a.o, W("attn/wo"), {.dx = &d_o}); }
   Tensor dp = act({N, m.projection_pitch()});
   if (a.proj.defined()) {  // the core writes its gradients into dp's columns
     core_backward(l, a, d_o, nullptr, &dp, B, T);
@@ -785,13 +784,35 @@ void NsaTransformer::layer_attention_backward(std::int64_t l, LayerActivations& 
     split_or_gather(m, dp, dparts, 0, N, false);
   }
   d_o = Tensor();
+  attention_backward_project(l, a, g, dp, B, T);
+}
+
+Tensor NsaTransformer::attention_backward_output(std::int64_t l, LayerActivations& a, LayerGradInFlight& g,
+                                                 const Tensor* joint_d_o) {
+  g.dh = act(g.dhn.shape());
+  Tensor g_mlp_norm = params_.grad(layer_name(l, "mlp_norm"));
+  {
+    TIMED("rmsnorm");
+    rmsnorm_backward(g.dhn, a.h, weight(layer_name(l, "mlp_norm")), a.rstd2, g.dh, g_mlp_norm, &g.dx_out);
+  }
+  g.dhn = Tensor();
+  Tensor d_o = joint_d_o ? *joint_d_o : act({a.o.dim(0), a.o.dim(1)});
+  { TIMED("matmul"); linear_backward(g.dh, a.o, weight(layer_name(l, "attn/wo")), {.dx = &d_o}); }
+  return d_o;
+}
+
+void NsaTransformer::attention_backward_project(std::int64_t l, LayerActivations& a, LayerGradInFlight& g,
+                                                const Tensor& dp, std::int64_t B, std::int64_t T) {
+  const std::int64_t N = B * T;
+  auto W = [&](const char* part) { return weight(layer_name(l, part)); };
+  auto G = [&](const char* part) { return params_.grad(layer_name(l, part)); };
   a.drop_core_saved();
-  g.dxn = act({N, m.C});
+  g.dxn = act({N, local_.C});
   Tensor wqkv = projection_weight(W("attn/wqkv"));  // for every part's dX and dW
   // wo's weight gradient runs beside the first part's sum (with parts: only the small dX
   // product of the second part would be there), wqkv's beside the last.
   Tensor g_wo = G("attn/wo"), g_wqkv = G("attn/wqkv");
-  for (const RowPart& r : parts) {
+  for (const RowPart& r : parts_of(B, T)) {
     Tensor dxn_rows = r.of(g.dxn);
     projection_backward_dx(r.of(dp), r.of(a.xn), wqkv, dxn_rows);
     tp_pass_on(dxn_rows);
@@ -1010,13 +1031,43 @@ std::array<Tensor, 2> NsaTransformer::forward_backward_pair_queued(const std::ar
   std::array<StageState, 2> st;
   std::array<Stream, 2> s;
   for (int i = 0; i < 2; ++i) s[i] = stage_begin(st[i], 0, micro_batches[i].tokens, nullptr, B, T, grad_scale);
+  // With the cores joint (set_pair_core_joint), each layer's [2N, ...] projection, core output
+  // and saved state, from the layer's forward to its backward (the micro-batches' activations
+  // hold views of their rows).
+  struct JointCore {
+    Tensor proj;
+    std::shared_ptr<void> saved;
+  };
+  std::vector<JointCore> joint(static_cast<std::size_t>(dims_.L));
+  const std::int64_t N = B * T;
+  const auto rows_of = [N](const Tensor& t, int i) { return t.slice0(i * N, (i + 1) * N); };
   // Layer by layer, the two micro-batches' halves in turn: each half's sum (tp_pass_on) waits
   // for the one started before it, the other micro-batch's, which the half between had to hide.
+  // With the cores joint: both projections, the core, both outputs; the second micro-batch's
+  // norm first waits for its last sum (beside the first's norm and projection).
   for (std::int64_t l = 0; l < dims_.L; ++l) {
     std::array<LayerInFlight, 2> f;
-    for (int i = 0; i < 2; ++i) {
-      f[i].pass_on = true;
-      layer_attention_forward(l, s[i], f[i], keep_mode(l), B, T);
+    for (int i = 0; i < 2; ++i) f[i].pass_on = true;
+    if (pair_core_joint(l)) {
+      JointCore& j = joint[std::size_t(l)];
+      j.proj = act({2 * N, local_.projection_pitch()});
+      for (int i = 0; i < 2; ++i) {
+        if (i == 1) tp_finish_sums();
+        const Tensor rows = rows_of(j.proj, i);
+        attention_project(l, s[i], f[i], &rows, B, T);
+      }
+      Tensor o = act({2 * N, local_.H * local_.D});
+      LayerActivations both;
+      both.proj = j.proj;
+      core_forward(l, both, o, true, 2 * B, T);
+      j.saved = both.nsa_saved;
+      for (int i = 0; i < 2; ++i) {
+        f[i].a.o = rows_of(o, i);
+        f[i].a.nsa_saved = j.saved;
+        attention_output(l, s[i], f[i], N);
+      }
+    } else {
+      for (int i = 0; i < 2; ++i) layer_attention_forward(l, s[i], f[i], keep_mode(l), B, T);
     }
     for (int i = 0; i < 2; ++i) {
       Stream out;
@@ -1042,9 +1093,38 @@ std::array<Tensor, 2> NsaTransformer::forward_backward_pair_queued(const std::ar
       if (l + 1 < dims_.L) layer_backward_done(l + 1, st[i], g[i]);
       layer_mlp_backward(l, st[i].acts[std::size_t(l)], g[i], B, T);
     }
+    if (!pair_core_joint(l)) {
+      for (int i = 0; i < 2; ++i) {
+        turn(i);
+        layer_attention_backward(l, st[i].acts[std::size_t(l)], g[i], B, T);
+      }
+      continue;
+    }
+    // The cores joint: both MLP norms' backwards and wo's input gradients (the second's first
+    // waits for its MLP phase's sums, beside its MLP weight gradients and the first's work),
+    // the core's backward once, then each micro-batch's projection gradients and sums.
+    Tensor d_o = act({2 * N, local_.H * local_.D});
     for (int i = 0; i < 2; ++i) {
       turn(i);
-      layer_attention_backward(l, st[i].acts[std::size_t(l)], g[i], B, T);
+      if (i == 1) tp_finish_sums();
+      const Tensor rows = rows_of(d_o, i);
+      attention_backward_output(l, st[i].acts[std::size_t(l)], g[i], &rows);
+    }
+    Tensor dp = act({2 * N, local_.projection_pitch()});
+    {
+      LayerActivations both;
+      both.proj = joint[std::size_t(l)].proj;
+      both.nsa_saved = std::move(joint[std::size_t(l)].saved);
+      joint[std::size_t(l)] = JointCore();
+      for (int i = 0; i < 2; ++i) st[i].acts[std::size_t(l)].drop_core_saved();  // freed after the backward
+      core_backward(l, both, d_o, nullptr, &dp, 2 * B, T);
+      TIMED("split/gather projection");
+      zero_columns(dp, local_.G * local_.group_width(), local_.projection_pitch());
+    }
+    d_o = Tensor();
+    for (int i = 0; i < 2; ++i) {
+      turn(i);
+      attention_backward_project(l, st[i].acts[std::size_t(l)], g[i], rows_of(dp, i), B, T);
     }
   }
   for (int i = 0; i < 2; ++i) {

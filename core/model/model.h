@@ -224,6 +224,17 @@ class NsaTransformer {
   struct MicroBatchIds {
     std::span<const std::int32_t> tokens, targets;
   };
+  // parallel.tp_pair_core = "joint": in forward_backward_pair_queued each layer's two NSA cores
+  // run as one call over the pair's 2B sequences (a rank's core on 1/tp of the KV groups fills
+  // the GPU better with twice the sequences), the projections written into the rows of one
+  // [2N, pitch] buffer and the core's output, saved state and gradients likewise; the ops
+  // around it per micro-batch as before. CUDA, NSA, layers that keep the core's saved state
+  // (pair_core_joint(l)); elsewhere, or off, a call per micro-batch. The same losses to
+  // rounding (the core's sums over sequences and its kernels' splits follow the call's size).
+  void set_pair_core_joint(bool on) { pair_core_joint_ = on; }
+  bool pair_core_joint(std::int64_t l) const {
+    return pair_core_joint_ && device_ == Device::CUDA && projection_in_place() && keep_mode(l) == Keep::All;
+  }
   std::array<Tensor, 2> forward_backward_pair_queued(const std::array<MicroBatchIds, 2>& micro_batches,
                                                      std::int64_t B, std::int64_t T, double grad_scale = 1.0,
                                                      const std::function<void(int)>& before_backward = {});
@@ -421,6 +432,12 @@ class NsaTransformer {
   };
   void layer_attention_forward(std::int64_t l, Stream& in, LayerInFlight& f, Keep keep, std::int64_t B,
                                std::int64_t T) const;
+  // layer_attention_forward in three: the norm and the projection (p: rows of a pair's joint
+  // projection, or nullptr: allocated here), the core (core_forward), and the output product
+  // with its sums (the attention residual's input kept as a.x).
+  void attention_project(std::int64_t l, Stream& in, LayerInFlight& f, const Tensor* p, std::int64_t B,
+                         std::int64_t T) const;
+  void attention_output(std::int64_t l, Stream& in, LayerInFlight& f, std::int64_t N) const;
   void layer_mlp_forward(std::int64_t l, LayerInFlight& f, Stream* out, LayerActivations* acts, Keep keep,
                          std::int64_t B, std::int64_t T) const;
   // stage_forward's parts for the whole model's chunk 0 or a pipeline chunk: the start (ids,
@@ -445,6 +462,13 @@ class NsaTransformer {
   void layer_mlp_backward(std::int64_t l, LayerActivations& a, LayerGradInFlight& g, std::int64_t B, std::int64_t T);
   void layer_attention_backward(std::int64_t l, LayerActivations& a, LayerGradInFlight& g, std::int64_t B,
                                 std::int64_t T);
+  // layer_attention_backward in three: the MLP norm's backward and wo's input gradient into d_o
+  // (rows of a pair's joint gradient, or a tensor of its own), the core's backward, and the
+  // projection's input gradient with its sums and the weight gradients of wo and wqkv (dp: the
+  // core's input gradient, the micro-batch's rows).
+  Tensor attention_backward_output(std::int64_t l, LayerActivations& a, LayerGradInFlight& g, const Tensor* d_o);
+  void attention_backward_project(std::int64_t l, LayerActivations& a, LayerGradInFlight& g, const Tensor& dp,
+                                  std::int64_t B, std::int64_t T);
   // The end of layer l's backward for a micro-batch (st): the attention norm's backward gives
   // the layer input's gradient, the layer's gradients are reported, its activations dropped,
   // and g handed on to layer l - 1 with that gradient as its dx_out.
@@ -478,6 +502,7 @@ class NsaTransformer {
   std::int64_t recompute_layers_ = 0;
   std::int64_t head_chunk_ = kDefaultHeadChunk;
   bool tp_overlap_ = false;
+  bool pair_core_joint_ = false;
   std::size_t last_activation_peak_ = 0;
   GradsReadyHook grads_ready_;
   Tensor lookup_grads_;  // defer_lookup_grads: the lookups' part of a tied embedding's gradient

@@ -56,6 +56,7 @@ struct Sizes {
   std::int64_t f = 0;        // act [N, F]: a.act, dact
   std::int64_t saved = 0;    // the core's saved state: NSA's NsaSaved (CPU) / NsaSavedCuda, noted by
                              //   hold_saved / nsa_core_forward_cuda; dense: attn_lse [N, H] (fp32 on CUDA)
+  std::int64_t saved_pair = 0;  // CUDA NSA: the saved state of a pair's joint core (2B sequences)
   bool dense = false;        // dense attention allocates its lse even when it keeps none
   int parts = 1;             // the layer's row parts around the core (NsaTransformer::row_parts)
   std::int64_t ids = 0;      // CUDA: st.ids, the device copy of the tokens (tp > 1: also the rebased ids
@@ -101,6 +102,9 @@ Sizes sizes(const ModelDims& dims, const ActivationPlan& p, std::int64_t vocab_r
       // NsaSavedCuda's block (nsa::cuda_saved_layout, which the CUDA code allocates by): for bf16
       // with the fp32 branch outputs the backward's do . o_c reads.
       z.saved = std::int64_t(nsa::cuda_saved_layout(c, p.dtype == DType::BF16 && p.nsa_saved_outputs).total);
+      z.saved_pair = std::int64_t(
+          nsa::cuda_saved_layout(m.core_dims(2 * p.micro_batch, p.seq_len), p.dtype == DType::BF16 && p.nsa_saved_outputs)
+              .total);
     } else if (p.dtype == DType::F64) {
       z.saved = std::int64_t(nsa::NsaSaved<double>::bytes_for(c));
     } else {
@@ -144,32 +148,59 @@ class StageReplay {
   // forward_backward_pair_queued (tensor parallelism's micro-batch pairs, pp = 1): two
   // micro-batches' replays on one ledger, their layers' halves in turn, then each one's head,
   // then their backwards' phases in turn.
+  // With the cores joint (ActivationPlan::pair_core_joint), a layer's [2N, ...] projection,
+  // core output and saved state are allocated once for both, and freed with the second's
+  // activations (the first's hold views); its backward's d_o and dp likewise.
   static void forward_backward_pair(StageReplay& first, StageReplay& second) {
+    Ledger& led = first.led_;
+    const Sizes& z = first.z_;
     first.begin();
     second.begin();
+    StageReplay* const pair[2] = {&first, &second};
     for (std::int64_t l = first.begin_; l < first.end_; ++l) {
-      first.layer_attention_forward(first.keep(l));
-      second.layer_attention_forward(second.keep(l));
+      if (first.joint(l)) {
+        led.alloc(2 * z.proj);  // the joint projection
+        for (StageReplay* r : pair) r->attention_project(/*own_p=*/false);
+        led.alloc(2 * z.o);  // the joint output
+        led.alloc(z.saved_pair);
+        for (StageReplay* r : pair) r->led_.alloc(z.x);  // attn_out
+      } else {
+        for (StageReplay* r : pair) r->layer_attention_forward(r->keep(l));
+      }
       first.layer_mlp_forward(first.keep(l), /*x_out=*/true);
       second.layer_mlp_forward(second.keep(l), /*x_out=*/true);
     }
     first.end();
     second.end();
     // The backwards layer by layer in turn, by layer_backward's phases.
-    StageReplay* const pair[2] = {&first, &second};
     for (StageReplay* r : pair) r->dx_owned_ = r->last_;  // st.d_last
     for (std::int64_t l = first.end_ - 1; l >= first.begin_; --l) {
-      for (StageReplay* r : pair) {
-        if (l + 1 < first.end_) r->layer_backward_done();
-        r->complete_for_backward(r->keep(l));
-        r->layer_mlp_backward();
+      const bool joint_after = l + 1 < first.end_ && first.joint(l + 1);
+      for (int i = 0; i < 2; ++i) {
+        if (l + 1 < first.end_) pair[i]->layer_backward_done(joint_after ? i + 1 : 0);
+        pair[i]->complete_for_backward(pair[i]->keep(l));
+        pair[i]->layer_mlp_backward();
       }
-      for (StageReplay* r : pair) r->layer_attention_backward();
+      if (!first.joint(l)) {
+        for (StageReplay* r : pair) r->layer_attention_backward();
+        continue;
+      }
+      led.alloc(2 * z.o);  // the joint d_o
+      for (StageReplay* r : pair) {
+        r->led_.alloc(z.x);  // g.dh
+        r->led_.free(z.x);   // g.dhn = Tensor()
+      }
+      led.alloc(2 * z.packed);  // the joint dp
+      led.free(z.saved_pair);   // after the core's backward
+      led.free(2 * z.o);        // d_o = Tensor()
+      for (StageReplay* r : pair) r->attention_backward_project();
+      led.free(2 * z.packed);  // dp
     }
-    for (StageReplay* r : pair) {
-      r->layer_backward_done();
-      r->led_.free(r->z_.x);    // embedding_backward_step(dx) done: dx
-      r->led_.free(r->z_.ids);  // st.ids
+    const bool joint_first = first.joint(first.begin_);
+    for (int i = 0; i < 2; ++i) {
+      pair[i]->layer_backward_done(joint_first ? i + 1 : 0);
+      pair[i]->led_.free(pair[i]->z_.x);    // embedding_backward_step(dx) done: dx
+      pair[i]->led_.free(pair[i]->z_.ids);  // st.ids
     }
   }
 
@@ -280,13 +311,29 @@ class StageReplay {
     layer_mlp_forward(k, x_out);
   }
 
-  // layer_attention_forward, then layer_mlp_forward (model.cpp's halves).
+  // The pair's cores run as one call on layer l (NsaTransformer::pair_core_joint).
+  bool joint(std::int64_t l) const {
+    return p_.micro_batch_pairs && p_.pair_core_joint && z_.in_place && keep(l) == Keep::All;
+  }
+
+  // layer_attention_forward (attention_project, the core, attention_output), then
+  // layer_mlp_forward (model.cpp's halves).
   void layer_attention_forward(Keep k) {
+    attention_project(/*own_p=*/true);
+    if (!z_.in_place) led_.free(z_.packed);  // p = Tensor()
+    const bool save = k == Keep::All;
+    core_forward(save);
+    led_.alloc(z_.x);     // attn_out
+  }
+
+  // attention_project: with own_p, p allocated here (else rows of a pair's joint projection),
+  // and a.o at its end.
+  void attention_project(bool own_p) {
     const bool two = z_.parts == 2;
     led_.alloc(z_.row);   // a.rstd1
     led_.alloc(z_.x);     // a.xn
     if (!two) release_h();  // the (last) part's norm: the previous layer's residual added
-    led_.alloc(z_.in_place ? z_.proj : z_.packed);  // p (in place: kept as a.proj)
+    if (own_p) led_.alloc(z_.in_place ? z_.proj : z_.packed);  // p (in place: kept as a.proj)
     led_.alloc(z_.wpad);  // projection_weight: the padded weight,
     if (!two) led_.free(z_.wpad);  //   dropped after the (last part's) product
     if (!z_.in_place) led_.alloc(z_.proj);  // the parts a.q ... (split_or_gather's targets)
@@ -294,11 +341,7 @@ class StageReplay {
       release_h();
       led_.free(z_.wpad);
     }
-    led_.alloc(z_.o);     // a.o
-    if (!z_.in_place) led_.free(z_.packed);  // p = Tensor()
-    const bool save = k == Keep::All;
-    core_forward(save);
-    led_.alloc(z_.x);     // attn_out
+    if (own_p) led_.alloc(z_.o);  // a.o
   }
 
   void layer_mlp_forward(Keep k, bool x_out) {
@@ -357,20 +400,28 @@ class StageReplay {
     }
     led_.free(z_.o);       // d_o = Tensor()
     led_.free(z_.saved);   // a.drop_core_saved()
+    attention_backward_project();
+    led_.free(z_.packed);  // dp, at the return
+  }
+
+  void attention_backward_project() {
     led_.alloc(z_.x);      // g.dxn
     led_.alloc(z_.wpad);   // projection_weight: the padded weight (dX to dW)
     led_.alloc(z_.dwpad);  //   and dW's scratch,
     led_.free(z_.wpad + z_.dwpad);  // at its return
-    led_.free(z_.packed);  // dp, at the return
   }
 
   // The attention norm's backward, then the layer's activations and the gradient of its output
-  // dropped (NsaTransformer::layer_backward_done).
-  void layer_backward_done() {
+  // dropped (NsaTransformer::layer_backward_done). A layer whose pair's cores ran joint: the
+  // first (pair_role 1) holds views of the joint projection and output, which go with the
+  // second's (2).
+  void layer_backward_done(int pair_role = 0) {
+    const std::int64_t joint_parts = z_.proj + z_.o;
     led_.alloc(z_.x);      // dx_in (returned)
     led_.free(z_.x);       // g.dh,
     led_.free(z_.x);       //   g.dxn
-    led_.free(kept(Keep::All) - z_.saved + z_.x);  // st.acts[l] = {}: its a.x too (the saved state is gone)
+    // st.acts[l] = {}: its a.x too (the saved state is gone)
+    led_.free(kept(Keep::All) - z_.saved + z_.x + (pair_role == 1 ? -joint_parts : pair_role == 2 ? joint_parts : 0));
     if (dx_owned_) led_.free(z_.x);                // dx_out: the previous gradient
     dx_owned_ = true;
   }
@@ -514,6 +565,7 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std
   plan.projection_in_place = projection_in_place;
   plan.tp_overlap = cfg.parallel.tp_overlap;
   plan.micro_batch_pairs = cfg.parallel.tp_micro_batch_pairs;
+  plan.pair_core_joint = cfg.parallel.tp_pair_core == "joint";
   // MPI between CPU ranks posts ahead, and so do the copy engines between GPUs; NCCL does not.
   const bool copy_engines = plan.device == Device::CUDA && pp > 1 && cfg.parallel.pp_transport != "nccl";
   plan.pipeline_posts_ahead = plan.device == Device::CPU || copy_engines;

@@ -66,6 +66,10 @@ struct ActivationPlan {
   // NsaTransformer::forward_backward_pair_queued): with tp > 1, pp = 1 and micro_batches >= 2
   // the micro-batches two at a time, both forwards' activations held at once.
   bool micro_batch_pairs = false;
+  // With the pairs on CUDA (NSA, in place): each layer's two cores as one call
+  // (parallel.tp_pair_core = "joint", NsaTransformer::pair_core_joint), its projection, output,
+  // saved state and gradients in [2N, ...] buffers, on the layers that keep the core's state.
+  bool pair_core_joint = false;
   // pp > 1: whether the PP communicator posts receives ahead and completes sends late
   // (parallel::pipeline_events; the MPI backend, CPU ranks) or runs each transfer blocking at
   // its step (NCCL, GPU ranks). estimate_memory sets it from the device.

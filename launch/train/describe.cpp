@@ -18,6 +18,17 @@ namespace nsatron::train {
 
 namespace {
 
+// tp_micro_batch_pairs: how the pair's NSA cores run (parallel.tp_pair_core).
+std::string pair_core_text(const NsaTransformer& model) {
+  std::int64_t joint = 0;
+  for (std::int64_t l = model.layer_begin(); l < model.layer_end(); ++l) joint += model.pair_core_joint(l);
+  if (joint == 0) return ", one attention core call per micro-batch";
+  const std::int64_t layers = model.layer_end() - model.layer_begin();
+  return ", the pair's two NSA cores in one call (tp_pair_core = \"joint\"" +
+         (joint < layers ? "; " + std::to_string(joint) + " of " + std::to_string(layers) + " layers" : std::string()) +
+         ")";
+}
+
 std::string trimmed(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   return s;
@@ -123,7 +134,8 @@ void describe_parallelism(Run& run) {
             : run.cfg.parallel.tp_micro_batch_pairs
                 ? std::string("; micro-batches two at a time, their forwards and backwards layer by layer in "
                               "turn, one's all-reduces beside the other's compute (tp_micro_batch_pairs)") +
-                      (run.multi_gpu ? " on a communication stream" : "")
+                      (run.multi_gpu ? " on a communication stream" : "") +
+                      pair_core_text(*run.model)
                 : std::string("; the forward's all-reduces in line, the backward's beside the weight gradients"));
   if (run.model->lookup_grads_deferred())
     out << "; the tied embedding's lookup gradients summed apart and added after the heads'";

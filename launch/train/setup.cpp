@@ -135,6 +135,7 @@ void build_model_and_optimizer(Run& run) {
     run.model = std::make_unique<NsaTransformer>(run.dims, run.dtype, run.device, shard);
     run.model->set_recompute(parse_recompute_policy(cfg.recompute.policy), cfg.recompute.layers);
     run.model->set_tp_overlap(cfg.parallel.tp_overlap);
+    run.model->set_pair_core_joint(cfg.parallel.tp_pair_core == "joint");
     run.model->defer_lookup_grads(
         NsaTransformer::trainer_defers_lookup_grads(run.dims.tie_embeddings, run.tp(), cfg.parallel.pp));
     ParamStore& params = run.model->params();

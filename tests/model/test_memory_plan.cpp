@@ -43,6 +43,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::Batch;
+using test::FakeGroup;
 using test::dense;
 using test::mid_dims;
 using test::random_batch;
@@ -74,39 +75,6 @@ TEST(MemoryPlan, ParameterCounts) {
 }
 
 // ---- the activation estimate against the model ---------------------------------------------
-
-// A group of `size` ranks of which this process plays `rank`: collectives leave their
-// tensors as they are, receives fill zeros. Values are meaningless; shapes, and so memory,
-// are those of the real run.
-class FakeGroup final : public parallel::Communicator {
- public:
-  // ahead: as the MPI backend, posts_ahead() (the transfers still run at start time: nothing
-  // is in flight here, only the buffers' lifetimes follow run_1f1b's events).
-  FakeGroup(int rank, int size, bool ahead = false) : rank_(rank), size_(size), ahead_(ahead) {}
-  bool posts_ahead() const override { return ahead_; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  const std::string& name() const override { return name_; }
-  std::string backend() const override { return "fake"; }
-  bool supports(DType, Device) const override { return true; }
-
- protected:
-  void do_all_reduce(Tensor&, parallel::ReduceOp) override {}
-  void do_all_gather(const Tensor&, Tensor&, bool) override {}
-  void do_reduce_scatter(const Tensor&, Tensor&, parallel::ReduceOp) override {}
-  void do_broadcast(Tensor&, int) override {}
-  void do_send(const Tensor&, int) override {}
-  void do_recv(Tensor& t, int) override { t.zero_(); }
-  void do_send_recv(const Tensor&, int, Tensor& recv, int) override {
-    if (recv.defined() && recv.numel() > 0) recv.zero_();
-  }
-  void do_barrier() override {}
-
- private:
-  int rank_, size_;
-  bool ahead_;
-  std::string name_ = "fake";
-};
 
 // One [N, C] fp32 activation, the unit of the failure messages.
 std::string in_activations(std::int64_t diff, const ModelDims& d, std::int64_t N) {

@@ -5,7 +5,8 @@
 // matrix products and reductions sum in other orders); bf16 compute, the loss within 1e-2
 // relative and each gradient tensor within 5e-2 relative L2 error (bf16 keeps 8 bits of
 // mantissa in every activation).
-// And a micro-batch queued without a host synchronisation.
+// And a micro-batch queued without a host synchronisation; a tensor-parallel rank's micro-batch
+// pairs with the NSA cores joint against a call each, and the memory plan of both.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +18,7 @@
 
 #include "core/device/device.h"
 #include "core/model/model.h"
+#include "core/model/plan.h"
 #include "core/util/op_timer.h"
 #include "tests/model/model_test_util.h"
 
@@ -201,4 +203,82 @@ TEST(ModelCuda, ProfileScopesTakeTheReservedEvents) {
   EXPECT_TRUE(op_timer::totals_ms().empty());
   op_timer::release_events();
   EXPECT_EQ(op_timer::spare_events(), 0u);
+}
+
+// parallel.tp_pair_core = "joint": a tensor-parallel rank's pair of micro-batches
+// (forward_backward_pair_queued) with each layer's two NSA cores in one call over both
+// micro-batches' sequences, against a call per micro-batch, on one GPU, the TP group's sums
+// faked (test::FakeGroup: the same, meaningless, sums in both runs; both ranks' shares). fp32:
+// the losses and every gradient equal to the bound above (the core's sums over sequences and
+// its kernels' splits follow the call's size); with full recompute of the first layer, that
+// layer's cores run a call each. And the memory plan (core/model/plan.h) gives each run's
+// measured peak.
+struct PairRun {
+  std::array<double, 2> losses{};
+  std::vector<double> grads;
+  std::int64_t measured = 0, estimated = 0;
+};
+
+static PairRun run_pair(const ModelDims& d, int tp_rank, RecomputePolicy policy, std::int64_t layers, bool joint,
+                        std::uint64_t seed) {
+  const std::int64_t B = 2, T = 75;
+  const Batch b0 = random_batch(d.V, B, T, seed + 1), b1 = random_batch(d.V, B, T, seed + 2);
+  ModelShard shard;
+  shard.tp = 2;
+  shard.tp_rank = tp_rank;
+  shard.tp_group = std::make_shared<test::FakeGroup>(tp_rank, 2);
+  NsaTransformer gpu(d, DType::F32, Device::CUDA, shard);
+  gpu.params().initialize(seed);
+  gpu.set_recompute(policy, layers);
+  gpu.defer_lookup_grads(true);  // tied embeddings: as the trainer (pairs need it)
+  gpu.set_pair_core_joint(joint);
+  cuda_synchronize();
+  const std::size_t base = memory_stats(Device::CUDA).current;
+  reset_peak_memory(Device::CUDA);
+  const std::array<Tensor, 2> losses =
+      gpu.forward_backward_pair_queued({{{b0.tokens, b0.targets}, {b1.tokens, b1.targets}}}, B, T);
+  PairRun r;
+  r.measured = std::int64_t(memory_stats(Device::CUDA).peak - base);
+  gpu.add_lookup_grads();
+  for (int i = 0; i < 2; ++i) r.losses[std::size_t(i)] = losses[std::size_t(i)].to_vector()[0];
+  r.grads = gpu.params().flat_grads().to_vector();
+  ActivationPlan p;
+  p.micro_batch = B;
+  p.seq_len = T;
+  p.micro_batches = 2;
+  p.policy = policy;
+  p.recompute_layers = layers;
+  p.dtype = DType::F32;
+  p.device = Device::CUDA;
+  p.tp = 2;
+  p.tp_rank = tp_rank;
+  p.micro_batch_pairs = true;
+  p.pair_core_joint = joint;
+  r.estimated = estimate_activation_bytes(d, p);
+  return r;
+}
+
+TEST(ModelCuda, JointPairCoresFollowSeparateCoresAndThePlan) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const ModelDims d = mid_dims();
+  const std::uint64_t seed = fresh_seed();
+  for (int tp_rank = 0; tp_rank < 2; ++tp_rank)
+    for (const auto& [policy, layers] : {std::pair{RecomputePolicy::None, std::int64_t(0)},
+                                         std::pair{RecomputePolicy::Full, std::int64_t(1)}}) {
+      SCOPED_TRACE("tp rank " + std::to_string(tp_rank) + ", policy " + std::to_string(int(policy)));
+      const PairRun separate = run_pair(d, tp_rank, policy, layers, false, seed);
+      const PairRun joint = run_pair(d, tp_rank, policy, layers, true, seed);
+      for (int i = 0; i < 2; ++i)
+        EXPECT_NEAR(joint.losses[std::size_t(i)], separate.losses[std::size_t(i)],
+                    1e-5 * std::abs(separate.losses[std::size_t(i)]));
+      double rms = 0;
+      for (double v : separate.grads) rms += v * v;
+      rms = std::sqrt(rms / double(separate.grads.size()));
+      ASSERT_EQ(joint.grads.size(), separate.grads.size());
+      for (std::size_t i = 0; i < joint.grads.size(); ++i)
+        ASSERT_LE(std::abs(joint.grads[i] - separate.grads[i]), 1e-4 * (std::abs(separate.grads[i]) + rms))
+            << "flat gradient [" << i << "]";
+      EXPECT_EQ(separate.estimated, separate.measured) << "a core call per micro-batch";
+      EXPECT_EQ(joint.estimated, joint.measured) << "the pair's cores joint";
+    }
 }

@@ -45,6 +45,12 @@ TEST_F(GpuTrain, EveryLayoutMatchesOneGpuInFp32) {
   std::vector<Layout> layouts = {{"dp2", 2, ""}, {"pp2", 2, " --set parallel.pp=2"},
                                  {"tp2", 2, " --set parallel.tp=2"},
                                  {"tp2_overlap", 2, " --set parallel.tp=2 --set parallel.tp_overlap=true"},
+                                 {"tp2_pairs_joint", 2,
+                                  " --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true --set "
+                                  "parallel.tp_pair_core=joint"},
+                                 {"tp2_pairs_joint_full_1", 2,
+                                  " --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true --set "
+                                  "parallel.tp_pair_core=joint --set recompute.policy=full --set recompute.layers=1"},
                                  {"tp2_overlap_selective", 2,
                                   " --set parallel.tp=2 --set parallel.tp_overlap=true --set recompute.policy=selective"},
                                  {"dp2_zero1", 2, " --set parallel.zero1=true"},
@@ -73,6 +79,9 @@ TEST_F(GpuTrain, EveryLayoutFollowsOneGpuInBf16) {
   for (const Layout& l : {Layout{"dp2", 2, ""}, Layout{"pp2", 2, " --set parallel.pp=2"},
                           Layout{"tp2", 2, " --set parallel.tp=2"},
                           Layout{"tp2_overlap", 2, " --set parallel.tp=2 --set parallel.tp_overlap=true"},
+                          Layout{"tp2_pairs_joint", 2,
+                                 " --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true --set "
+                                 "parallel.tp_pair_core=joint"},
                           Layout{"dp2_zero1", 2, " --set parallel.zero1=true"},
                           Layout{"pp2_v2", 2, " --set parallel.pp=2 --set parallel.virtual_stages=2"}}) {
     SCOPED_TRACE(l.name);
@@ -96,15 +105,19 @@ TEST_F(GpuTrain, OverlappedReductionGivesTheSameBits) {
 
 // parallel.tp_micro_batch_pairs on GPUs: the two micro-batches' sums on the NCCL communicator's
 // stream, each waited for by the compute stream where the other micro-batch's half ends: the
-// same bits as without, in fp32 and bf16 compute (tp2; two and three micro-batches per step).
+// same bits as without, in fp32 and bf16 compute (tp2; two and three micro-batches per step),
+// with a core call per micro-batch (tp_pair_core = "separate", the default, named; the joint
+// cores are in the layout lists above, against one GPU).
 TEST_F(GpuTrain, TensorParallelMicroBatchPairsGiveTheSameBits) {
   REQUIRE_GPUS(2);
   for (const std::string dtype : {"fp32", "bf16"})
     for (const std::string batch : {"", " --set train.global_batch=6"})
       expect_same_bits(2, "tp2_" + dtype + (batch.empty() ? "_a4" : "_a3"),
                        kModel + kGpu + " --set parallel.tp=2 --set train.dtype=" + dtype + batch, "",
-                       "the forward's all-reduces in line", " --set parallel.tp_micro_batch_pairs=true",
-                       "(tp_micro_batch_pairs) on a communication stream", kTensors);
+                       "the forward's all-reduces in line",
+                       " --set parallel.tp_micro_batch_pairs=true --set parallel.tp_pair_core=separate",
+                       "(tp_micro_batch_pairs) on a communication stream, one attention core call per micro-batch",
+                       kTensors);
 }
 
 // log.profile_step on GPU ranks: besides the op families, each group's communication busy
