@@ -173,8 +173,10 @@ void Watchdog::loop() {
 }
 
 void Watchdog::guard() {
-  // The loop's own hang (a CUDA or NCCL query that never returns): no heartbeat for the
-  // timeout and the grace (30 s) more while armed ends the rank the same way.
+  // The loop's own hang (a CUDA or NCCL query that never returns): with a watch overdue, the
+  // watch's message as soon as the loop has missed 2 s of polls (a watch whose stuck poll would
+  // have said "done" within those 2 s past the timeout ends the rank too: it is past the
+  // timeout); else no heartbeat for the timeout and the grace (30 s) more ends the rank.
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     wake_.wait_for(lock, std::chrono::duration<double>(poll_s_));

@@ -26,7 +26,7 @@
 // The watchdog never calls MPI (the world is MPI_THREAD_FUNNELED). Its polls (CUDA event
 // queries, ncclCommGetAsyncError) run outside its lock; a second thread ends the rank the same
 // way if the polling thread itself stops returning: at once, naming the watch, when a watch
-// is overdue (by 2 s) while the polls have not returned for 2 s (a CUDA event query can block
+// is overdue (by 2 s) while the polls have not returned for 2 s and a period (a CUDA event query can block
 // behind a launch waiting for a stream a hung peer stopped: seen with the tensor-parallel sums
 // on the copy engines), else after the timeout and 30 s more.
 #pragma once
@@ -52,8 +52,9 @@ class Watchdog {
 
   // Starts the threads (once per process; later calls change the settings): `who` prefixes
   // the messages ("rank 3"), `timeout_s` > 0 bounds every watch, `poll_s` is the period, and
-  // the guard ends the rank when the polls themselves have not returned for timeout_s +
-  // guard_grace_s. Starting does not arm.
+  // the guard ends the rank when the polls themselves have not returned for 2 s + poll_s
+  // while a watch is 2 s past timeout_s (naming the watch), or for timeout_s + guard_grace_s
+  // in any case. Starting does not arm.
   void start(const std::string& who, double timeout_s, double poll_s = 0.1, double guard_grace_s = 30);
   // Stops the thread and forgets every watch (a run's end; tests).
   void stop();

@@ -219,7 +219,8 @@ class NsaTransformer {
   // (pp = 1) and without row parts (tp_overlap); with tp = 1 no sums to hide, the same work.
   // before_backward(i), if set, runs before each part of micro-batch i's head and backward (0:
   // the first, 1: the second; the trainer arms the gradient hook there for the step's last
-  // micro-batch, so that a range is reported once its last part is added).
+  // micro-batch, so that a range is reported once its last part is added; a joint core's
+  // backward, both micro-batches' share, runs under the second's turn and reports nothing).
   // Returns the two mean losses, on the device as forward_backward_queued's.
   struct MicroBatchIds {
     std::span<const std::int32_t> tokens, targets;
@@ -433,8 +434,8 @@ class NsaTransformer {
   void layer_attention_forward(std::int64_t l, Stream& in, LayerInFlight& f, Keep keep, std::int64_t B,
                                std::int64_t T) const;
   // layer_attention_forward in three: the norm and the projection (p: rows of a pair's joint
-  // projection, or nullptr: allocated here), the core (core_forward), and the output product
-  // with its sums (the attention residual's input kept as a.x).
+  // projection, or nullptr: p and a.o allocated here), the core (core_forward), and the output
+  // product with its sums (the attention residual's input kept as a.x).
   void attention_project(std::int64_t l, Stream& in, LayerInFlight& f, const Tensor* p, std::int64_t B,
                          std::int64_t T) const;
   void attention_output(std::int64_t l, Stream& in, LayerInFlight& f, std::int64_t N) const;

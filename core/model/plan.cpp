@@ -148,9 +148,10 @@ class StageReplay {
   // forward_backward_pair_queued (tensor parallelism's micro-batch pairs, pp = 1): two
   // micro-batches' replays on one ledger, their layers' halves in turn, then each one's head,
   // then their backwards' phases in turn.
-  // With the cores joint (ActivationPlan::pair_core_joint), a layer's [2N, ...] projection,
-  // core output and saved state are allocated once for both, and freed with the second's
-  // activations (the first's hold views); its backward's d_o and dp likewise.
+  // With the cores joint (ActivationPlan::pair_core_joint), a layer's [2N, ...] projection and
+  // core output are allocated once for both and freed with the second's activations (the
+  // first's hold views); its saved state (for 2B sequences) goes after the joint backward, and
+  // that backward's [2N, ...] d_o and dp within it.
   static void forward_backward_pair(StageReplay& first, StageReplay& second) {
     Ledger& led = first.led_;
     const Sizes& z = first.z_;

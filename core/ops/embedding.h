@@ -15,6 +15,7 @@
 // fp64 from zero in ascending position order, and row v's pieces are added in order to
 // double(dW[v]), rounded once into dW[v]:
 //   dW[v] = round(((double(dW[v]) + P_v0) + P_v1) + ...)
+// (rounded once into an fp32 dW; a bf16 dW on CUDA through fp32).
 // (The pieces let the GPU sum a frequent token's thousands of positions in parallel: a byte
 // text's ' ' is ~6000 of 32768, which one block summed serially.)
 // Saves nothing beyond the token ids.
