@@ -26,9 +26,9 @@
 // The watchdog never calls MPI (the world is MPI_THREAD_FUNNELED). Its polls (CUDA event
 // queries, ncclCommGetAsyncError) run outside its lock; a second thread ends the rank the same
 // way if the polling thread itself stops returning: at once, naming the watch, when a watch
-// is overdue (by 2 s) while the polls have not returned for 2 s and a period (a CUDA event query can block
-// behind a launch waiting for a stream a hung peer stopped: seen with the tensor-parallel sums
-// on the copy engines), else after the timeout and 30 s more.
+// is overdue (by 2 s) while the polls have not returned for 2 s and a period (a CUDA event
+// query can block behind a launch waiting for a stream a hung peer stopped: seen with the
+// tensor-parallel sums on the copy engines), else after the timeout and 30 s more.
 #pragma once
 #include <atomic>
 #include <condition_variable>
