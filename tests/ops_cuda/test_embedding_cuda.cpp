@@ -1,9 +1,10 @@
 // CUDA embedding against the CPU: the forward copies rows exactly; the backward (sorted by
 // row, each row's pieces summed in fp64 in the order core/ops/embedding.h fixes, as on the
-// CPU) gives the CPU's bits for an fp32 table gradient, from fp32 or bf16 rows; vocab-parallel shards; repeated
-// ids, rows whose positions span many of the backward's pieces (kEmbeddingGradPiece sorted
-// positions) and rows ending at a piece's edge, widths that leave threads of a block idle;
-// identical bits on a second run at a training-sized batch; bad ids are reported.
+// CPU) gives the CPU's bits for an fp32 table gradient, from fp32 or bf16 rows; vocab-parallel
+// shards; repeated ids, rows whose positions span many of the backward's pieces
+// (kEmbeddingGradPiece sorted positions) and rows ending at a piece's edge, widths that leave
+// threads of a block idle; identical bits on a second run at a training-sized batch; bad ids
+// are reported.
 #include <algorithm>
 
 #include "core/ops/embedding.h"
