@@ -763,10 +763,17 @@ void NsaTransformer::layer_mlp_backward(std::int64_t l, LayerActivations& a, Lay
 
 void NsaTransformer::layer_attention_backward(std::int64_t l, LayerActivations& a, LayerGradInFlight& g,
                                               std::int64_t B, std::int64_t T) {
-  const ModelDims& m = local_;
-  const std::int64_t N = B * T;
   // Attention: h = x + wo(nsa(split(wqkv(rmsnorm(x)))))
   Tensor d_o = attention_backward_output(l, a, g, nullptr);
+  const Tensor dp = core_backward_to_projection(l, a, d_o, B, T);
+  d_o = Tensor();
+  attention_backward_project(l, a, g, dp, B, T);
+}
+
+Tensor NsaTransformer::core_backward_to_projection(std::int64_t l, const LayerActivations& a, const Tensor& d_o,
+                                                   std::int64_t B, std::int64_t T) {
+  const ModelDims& m = local_;
+  const std::int64_t N = B * T;
   // dp's rows padded as p's; the pad columns zero (the join or zero_columns writes them:
   // projection_backward_dx reads them on CUDA).
   Tensor dp = act({N, m.projection_pitch()});
@@ -774,17 +781,16 @@ void NsaTransformer::layer_attention_backward(std::int64_t l, LayerActivations& 
     core_backward(l, a, d_o, nullptr, &dp, B, T);
     TIMED("split/gather projection");
     zero_columns(dp, m.G * m.group_width(), m.projection_pitch());
-  } else {
-    std::vector<Tensor> dpart_tensors;  // the core's input gradients as tensors of their own
-    for (std::int64_t width : part_widths(m)) dpart_tensors.push_back(act({N, m.G * width}));
-    std::vector<Tensor*> dparts;
-    for (Tensor& t : dpart_tensors) dparts.push_back(&t);
-    core_backward(l, a, d_o, dparts.data(), nullptr, B, T);
-    TIMED("split/gather projection");
-    split_or_gather(m, dp, dparts, 0, N, false);
+    return dp;
   }
-  d_o = Tensor();
-  attention_backward_project(l, a, g, dp, B, T);
+  std::vector<Tensor> dpart_tensors;  // the core's input gradients as tensors of their own
+  for (std::int64_t width : part_widths(m)) dpart_tensors.push_back(act({N, m.G * width}));
+  std::vector<Tensor*> dparts;
+  for (Tensor& t : dpart_tensors) dparts.push_back(&t);
+  core_backward(l, a, d_o, dparts.data(), nullptr, B, T);
+  TIMED("split/gather projection");
+  split_or_gather(m, dp, dparts, 0, N, false);
+  return dp;
 }
 
 Tensor NsaTransformer::attention_backward_output(std::int64_t l, LayerActivations& a, LayerGradInFlight& g,
@@ -1031,14 +1037,10 @@ std::array<Tensor, 2> NsaTransformer::forward_backward_pair_queued(const std::ar
   std::array<StageState, 2> st;
   std::array<Stream, 2> s;
   for (int i = 0; i < 2; ++i) s[i] = stage_begin(st[i], 0, micro_batches[i].tokens, nullptr, B, T, grad_scale);
-  // With the cores joint (set_pair_core_joint), each layer's [2N, ...] projection, core output
-  // and saved state, from the layer's forward to its backward (the micro-batches' activations
-  // hold views of their rows).
-  struct JointCore {
-    Tensor proj;
-    std::shared_ptr<void> saved;
-  };
-  std::vector<JointCore> joint(static_cast<std::size_t>(dims_.L));
+  // With the cores joint (set_pair_core_joint), each layer's [2N, pitch] projection, from the
+  // layer's forward to its backward (the micro-batches' activations hold views of its rows and
+  // of the core's output, and both the core's saved state).
+  std::vector<Tensor> joint_proj(static_cast<std::size_t>(dims_.L));
   const std::int64_t N = B * T;
   const auto rows_of = [N](const Tensor& t, int i) { return t.slice0(i * N, (i + 1) * N); };
   // Layer by layer, the two micro-batches' halves in turn: each half's sum (tp_pass_on) waits
@@ -1049,21 +1051,20 @@ std::array<Tensor, 2> NsaTransformer::forward_backward_pair_queued(const std::ar
     std::array<LayerInFlight, 2> f;
     for (int i = 0; i < 2; ++i) f[i].pass_on = true;
     if (pair_core_joint(l)) {
-      JointCore& j = joint[std::size_t(l)];
-      j.proj = act({2 * N, local_.projection_pitch()});
+      Tensor& p = joint_proj[std::size_t(l)];
+      p = act({2 * N, local_.projection_pitch()});
       for (int i = 0; i < 2; ++i) {
         if (i == 1) tp_finish_sums();
-        const Tensor rows = rows_of(j.proj, i);
+        const Tensor rows = rows_of(p, i);
         attention_project(l, s[i], f[i], &rows, B, T);
       }
       Tensor o = act({2 * N, local_.H * local_.D});
       LayerActivations both;
-      both.proj = j.proj;
+      both.proj = p;
       core_forward(l, both, o, true, 2 * B, T);
-      j.saved = both.nsa_saved;
       for (int i = 0; i < 2; ++i) {
         f[i].a.o = rows_of(o, i);
-        f[i].a.nsa_saved = j.saved;
+        f[i].a.nsa_saved = both.nsa_saved;
         attention_output(l, s[i], f[i], N);
       }
     } else {
@@ -1110,16 +1111,13 @@ std::array<Tensor, 2> NsaTransformer::forward_backward_pair_queued(const std::ar
       const Tensor rows = rows_of(d_o, i);
       attention_backward_output(l, st[i].acts[std::size_t(l)], g[i], &rows);
     }
-    Tensor dp = act({2 * N, local_.projection_pitch()});
+    Tensor dp;
     {
       LayerActivations both;
-      both.proj = joint[std::size_t(l)].proj;
-      both.nsa_saved = std::move(joint[std::size_t(l)].saved);
-      joint[std::size_t(l)] = JointCore();
+      both.proj = std::exchange(joint_proj[std::size_t(l)], Tensor());
+      both.nsa_saved = st[0].acts[std::size_t(l)].nsa_saved;
       for (int i = 0; i < 2; ++i) st[i].acts[std::size_t(l)].drop_core_saved();  // freed after the backward
-      core_backward(l, both, d_o, nullptr, &dp, 2 * B, T);
-      TIMED("split/gather projection");
-      zero_columns(dp, local_.G * local_.group_width(), local_.projection_pitch());
+      dp = core_backward_to_projection(l, both, d_o, 2 * B, T);
     }
     d_o = Tensor();
     for (int i = 0; i < 2; ++i) {

@@ -468,6 +468,10 @@ class NsaTransformer {
   // projection's input gradient with its sums and the weight gradients of wo and wqkv (dp: the
   // core's input gradient, the micro-batch's rows).
   Tensor attention_backward_output(std::int64_t l, LayerActivations& a, LayerGradInFlight& g, const Tensor* d_o);
+  // The core's backward into the gradient of the projection (allocated here): in place in its
+  // columns (a.proj defined), else through the parts' gradients and their join.
+  Tensor core_backward_to_projection(std::int64_t l, const LayerActivations& a, const Tensor& d_o, std::int64_t B,
+                                     std::int64_t T);
   void attention_backward_project(std::int64_t l, LayerActivations& a, LayerGradInFlight& g, const Tensor& dp,
                                   std::int64_t B, std::int64_t T);
   // The end of layer l's backward for a micro-batch (st): the attention norm's backward gives

@@ -187,10 +187,7 @@ class StageReplay {
         continue;
       }
       led.alloc(2 * z.o);  // the joint d_o
-      for (StageReplay* r : pair) {
-        r->led_.alloc(z.x);  // g.dh
-        r->led_.free(z.x);   // g.dhn = Tensor()
-      }
+      for (StageReplay* r : pair) r->attention_backward_output(/*own_d_o=*/false);
       led.alloc(2 * z.packed);  // the joint dp
       led.free(z.saved_pair);   // after the core's backward
       led.free(2 * z.o);        // d_o = Tensor()
@@ -390,10 +387,10 @@ class StageReplay {
     led_.free(z_.u);       // du, at the return
   }
 
+  // layer_attention_backward (attention_backward_output, core_backward_to_projection,
+  // attention_backward_project).
   void layer_attention_backward() {
-    led_.alloc(z_.x);      // g.dh
-    led_.free(z_.x);       // g.dhn = Tensor()
-    led_.alloc(z_.o);      // d_o
+    attention_backward_output(/*own_d_o=*/true);
     led_.alloc(z_.packed);  // dp
     if (!z_.in_place) {
       led_.alloc(z_.proj);   // dpart_tensors (core_backward's outputs)
@@ -403,6 +400,13 @@ class StageReplay {
     led_.free(z_.saved);   // a.drop_core_saved()
     attention_backward_project();
     led_.free(z_.packed);  // dp, at the return
+  }
+
+  // With own_d_o, d_o allocated here (else rows of a pair's joint d_o).
+  void attention_backward_output(bool own_d_o) {
+    led_.alloc(z_.x);               // g.dh
+    led_.free(z_.x);                // g.dhn = Tensor()
+    if (own_d_o) led_.alloc(z_.o);  // d_o
   }
 
   void attention_backward_project() {
@@ -606,19 +610,18 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, bool nsa_saved_outputs, std
       plan.pp_stage = int(s);
       plan.chunk_layers = chunks;
       e.activations = estimate_activation_bytes(dims, plan);
+      // One activation: a pipeline message, a tensor-parallel sum.
+      const std::int64_t message = parallel::pipeline_message_bytes(cfg.train.micro_batch, cfg.train.seq_len, dims.C,
+                                                                    std::int64_t(dtype_size(plan.dtype)));
       if (copy_engines) {  // the receive slots per pipeline neighbour (launch/train/setup.cpp; "auto"
         // counted as if the copy engines are taken, its usual outcome on one host)
         const std::int64_t neighbours = pp == 2 ? 1 : 2;
-        const std::int64_t message = parallel::pipeline_message_bytes(cfg.train.micro_batch, cfg.train.seq_len, dims.C,
-                                                                      std::int64_t(dtype_size(plan.dtype)));
         e.activations += neighbours * parallel::copy_engine_link_bytes(
                                           message, parallel::copy_engine_slots(int(pp), int(cfg.parallel.virtual_stages)));
       }
       if (plan.device == Device::CUDA && tp > 1 &&
           parallel::tp_sums_on_copy_engines(cfg.parallel.tp_transport, cfg.parallel.tp_micro_batch_pairs)) {
         // the sums' receive slots per peer (launch/train/setup.cpp)
-        const std::int64_t message = parallel::pipeline_message_bytes(cfg.train.micro_batch, cfg.train.seq_len, dims.C,
-                                                                      std::int64_t(dtype_size(plan.dtype)));
         e.activations += (tp - 1) * parallel::copy_engine_link_bytes(message, parallel::kCopyEngineSumSlots);
       }
       if (!any || e.total() > best.total()) best = e;
