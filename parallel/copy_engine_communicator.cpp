@@ -332,7 +332,6 @@ bool CopyEngineCommunicator::sums_here(const Tensor& t, ReduceOp op) const {
 // overwrites the tensor they read). (The adds in line on the compute stream at wait_all were
 // slower: 868 against 853 ms a step, docs/performance.md.)
 void CopyEngineCommunicator::start_sum(Tensor& t, int max_blocks) {
-  const StreamValueOps& ops = stream_value_ops();
   const CallCheck check{*this, "sum"};
   check(cudaEventRecord(ready_, kStream), "cudaEventRecord");
   check(cudaStreamWaitEvent(sums_, ready_, 0), "cudaStreamWaitEvent");
@@ -341,21 +340,7 @@ void CopyEngineCommunicator::start_sum(Tensor& t, int max_blocks) {
   sum.inputs.assign(std::size_t(size()), t.raw());
   for (auto& owned : links_) {
     Link* link = owned.get();
-    const std::uint64_t k = link->sent++;
-    const int s = int(k % std::uint64_t(slots_));
-    const auto use = static_cast<cuuint32_t>(k / std::uint64_t(slots_));
-    CUstream copies = reinterpret_cast<CUstream>(link->copies);
-    check(cudaStreamWaitEvent(link->copies, ready_, 0), "cudaStreamWaitEvent");
-    check(ops.wait(copies, link->flag(link->mine, link->layout.empty, s), use, CU_STREAM_WAIT_VALUE_GEQ),
-          "cuStreamWaitValue32 (a free slot)");
-    {
-      const op_timer::BusyScope busy(name(), link->copies);
-      check(cudaMemcpyAsync(link->theirs + std::size_t(s) * link->layout.slot_bytes, t.raw(), t.nbytes(),
-                            cudaMemcpyDefault, link->copies),
-            "cudaMemcpyAsync (to the peer's slot)");
-    }
-    check(ops.write(copies, link->flag(link->theirs, link->layout.full, s), use + 1, CU_STREAM_WRITE_VALUE_DEFAULT),
-          "cuStreamWriteValue32 (full)");
+    copy_to_peer(link, t, "sum");
     check(cudaEventRecord(link->copied, link->copies), "cudaEventRecord");
     check(cudaStreamWaitEvent(sums_, link->copied, 0), "cudaStreamWaitEvent");
 
@@ -364,31 +349,30 @@ void CopyEngineCommunicator::start_sum(Tensor& t, int max_blocks) {
     sum.inputs[std::size_t(link->peer)] = link->mine + std::size_t(rs) * link->layout.slot_bytes;
     sum.received.push_back({link, rs, static_cast<std::uint32_t>(r / std::uint64_t(slots_))});
   }
-  add_sum(sum, sums_, max_blocks);
+  add_sum(sum, max_blocks);
   check(cudaEventRecord(summed_, sums_), "cudaEventRecord");
   summing_.push_back(std::move(sum));
 }
 
-// On `stream`: the wait for every peer's message, the add in rank order (in at most max_blocks
+// On sums_: the wait for every peer's message, the add in rank order (in at most max_blocks
 // blocks, 0: as many as the size asks), the slots handed back to their senders.
-void CopyEngineCommunicator::add_sum(StartedSum& sum, CUstream_st* stream, int max_blocks) {
+void CopyEngineCommunicator::add_sum(StartedSum& sum, int max_blocks) {
   const StreamValueOps& ops = stream_value_ops();
   const CallCheck check{*this, "sum"};
-  CUstream on = reinterpret_cast<CUstream>(stream);
+  CUstream on = reinterpret_cast<CUstream>(sums_);
   for (const StartedSum::Slot& r : sum.received)
     check(ops.wait(on, r.link->flag(r.link->mine, r.link->layout.full, r.slot), r.use + 1, CU_STREAM_WAIT_VALUE_GEQ),
           "cuStreamWaitValue32 (full)");
   {
-    const op_timer::BusyScope busy(name(), stream);
-    cuda::sum_in_order(sum.tensor.dtype(), sum.tensor.raw(), sum.inputs, sum.tensor.numel(), stream,
-                       max_blocks);
+    const op_timer::BusyScope busy(name(), sums_);
+    cuda::sum_in_order(sum.tensor.dtype(), sum.tensor.raw(), sum.inputs, sum.tensor.numel(), sums_, max_blocks);
   }
   for (const StartedSum::Slot& r : sum.received)
     check(ops.write(on, r.link->flag(r.link->theirs, r.link->layout.empty, r.slot), r.use + 1,
                     CU_STREAM_WRITE_VALUE_DEFAULT),
           "cuStreamWriteValue32 (empty)");
   if (Watchdog::instance().armed())
-    watch_stream_work(Watchdog::describe(name(), "copy-engine sum", rank(), size()), stream, device_);
+    watch_stream_work(Watchdog::describe(name(), "copy-engine sum", rank(), size()), sums_, device_);
 }
 
 void CopyEngineCommunicator::do_send(const Tensor& t, int peer) { do_wait(do_start_send(t, peer)); }
@@ -421,23 +405,8 @@ CopyEngineCommunicator::Request CopyEngineCommunicator::do_start_send(const Tens
   if (link == nullptr) return inner_->start_send(t, peer);  // (a request of inner_: see do_wait)
   check_fits(t, "start_send");
   const CallCheck check{*this, "send", " to rank ", peer};
-  const StreamValueOps& ops = stream_value_ops();
-  const std::uint64_t k = link->sent++;
-  const int s = int(k % std::uint64_t(slots_));
-  const auto use = static_cast<cuuint32_t>(k / std::uint64_t(slots_));
-  CUstream copies = reinterpret_cast<CUstream>(link->copies);
-  // After the kernels that wrote t; once p consumed the slot's previous message; the bytes,
-  // then the flag that tells p they are there.
-  check(cudaEventRecord(ready_, kStream), "cudaEventRecord");
-  check(cudaStreamWaitEvent(link->copies, ready_, 0), "cudaStreamWaitEvent");
-  check(ops.wait(copies, link->flag(link->mine, link->layout.empty, s), use, CU_STREAM_WAIT_VALUE_GEQ),
-        "cuStreamWaitValue32 (a free slot)");
-  const op_timer::BusyScope busy(name(), link->copies);  // (the wait for a free slot not counted)
-  check(cudaMemcpyAsync(link->theirs + std::size_t(s) * link->layout.slot_bytes, t.raw(), t.nbytes(),
-                        cudaMemcpyDefault, link->copies),
-        "cudaMemcpyAsync (to the peer's slot)");
-  check(ops.write(copies, link->flag(link->theirs, link->layout.full, s), use + 1, CU_STREAM_WRITE_VALUE_DEFAULT),
-        "cuStreamWriteValue32 (full)");
+  check(cudaEventRecord(ready_, kStream), "cudaEventRecord");  // after the kernels that wrote t
+  copy_to_peer(link, t, "send");
   auto p = std::make_unique<Pending>();
   p->request = next_request_++;
   p->send = true;
@@ -448,6 +417,27 @@ CopyEngineCommunicator::Request CopyEngineCommunicator::do_start_send(const Tens
     watch_stream_work(Watchdog::describe(name(), "copy-engine send", rank(), size()), link->copies, device_);
   pending_.push_back(std::move(p));
   return pending_.back()->request;
+}
+
+// On the link's copy stream, after ready_ (the caller records it on the compute stream): once
+// the peer has consumed the slot's previous message, t's bytes into the peer's slot, then the
+// flag that tells it they are there.
+void CopyEngineCommunicator::copy_to_peer(Link* link, const Tensor& t, const char* what) {
+  const CallCheck check{*this, what, " to rank ", link->peer};
+  const StreamValueOps& ops = stream_value_ops();
+  const std::uint64_t k = link->sent++;
+  const int s = int(k % std::uint64_t(slots_));
+  const auto use = static_cast<cuuint32_t>(k / std::uint64_t(slots_));
+  CUstream copies = reinterpret_cast<CUstream>(link->copies);
+  check(cudaStreamWaitEvent(link->copies, ready_, 0), "cudaStreamWaitEvent");
+  check(ops.wait(copies, link->flag(link->mine, link->layout.empty, s), use, CU_STREAM_WAIT_VALUE_GEQ),
+        "cuStreamWaitValue32 (a free slot)");
+  const op_timer::BusyScope busy(name(), link->copies);  // (the wait for a free slot not counted)
+  check(cudaMemcpyAsync(link->theirs + std::size_t(s) * link->layout.slot_bytes, t.raw(), t.nbytes(),
+                        cudaMemcpyDefault, link->copies),
+        "cudaMemcpyAsync (to the peer's slot)");
+  check(ops.write(copies, link->flag(link->theirs, link->layout.full, s), use + 1, CU_STREAM_WRITE_VALUE_DEFAULT),
+        "cuStreamWriteValue32 (full)");
 }
 
 CopyEngineCommunicator::Request CopyEngineCommunicator::do_start_recv(Tensor& t, int peer) {

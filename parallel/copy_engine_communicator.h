@@ -117,7 +117,9 @@ class CopyEngineCommunicator final : public Communicator {
   // A sum's copies and its add on sums_ (in at most max_blocks blocks, 0: no bound); the add
   // and the slots handed back.
   void start_sum(Tensor& t, int max_blocks);
-  void add_sum(StartedSum& sum, CUstream_st* stream, int max_blocks);
+  void add_sum(StartedSum& sum, int max_blocks);
+  // This rank's next message to link's peer on the link's copy stream (after ready_).
+  void copy_to_peer(Link* link, const Tensor& t, const char* what);
 
   std::shared_ptr<Communicator> inner_;
   std::size_t slot_bytes_;
