@@ -21,12 +21,26 @@ const std::string kModel = " --set model.n_layers=4 --set model.n_kv_heads=4 --s
 const std::string kGpu = " --set train.device=cuda";
 constexpr int kTensors = 4 * 11 + 2;
 
-using GpuTrain = ParallelTrain;
-
 struct Layout {
   std::string name;
   int np;
   std::string settings;
+};
+
+class GpuTrain : public ParallelTrain {
+ protected:
+  // parallel.<key> ("pp_transport", "tp_transport"): each layout in fp32 and bf16 compute gives
+  // the same bits with "nccl" and "copy_engine", and the log names each (nccl_log, copy_log).
+  void expect_transports_give_the_same_bits(const std::string& key, const std::vector<Layout>& layouts,
+                                            const std::string& nccl_log, const std::string& copy_log) {
+    for (const std::string dtype : {"fp32", "bf16"})
+      for (const Layout& l : layouts) {
+        const std::string name = l.name + "_" + key + "_" + dtype;
+        expect_same_bits(l.np, name, kModel + kGpu + " --set train.dtype=" + dtype + l.settings,
+                         " --set parallel." + key + "=nccl", nccl_log, " --set parallel." + key + "=copy_engine",
+                         copy_log, kTensors);
+      }
+  }
 };
 
 // A macro, not a function: GTEST_SKIP returns from the function it is written in.
@@ -169,14 +183,10 @@ TEST_F(GpuTrain, ProfileReportsTheCommunicationHidden) {
 // receive, in 1F1B and the interleaved schedule, fp32 and bf16 compute; the log names each.
 TEST_F(GpuTrain, PipelineTransportsGiveTheSameBits) {
   REQUIRE_GPUS(2);
-  for (const std::string dtype : {"fp32", "bf16"})
-    for (const Layout& l : {Layout{"pp2", 2, " --set parallel.pp=2"},
-                            Layout{"pp2_v2", 2, " --set parallel.pp=2 --set parallel.virtual_stages=2"}}) {
-      const std::string name = l.name + "_" + dtype;
-      expect_same_bits(l.np, name, kModel + kGpu + " --set train.dtype=" + dtype + l.settings,
-                       " --set parallel.pp_transport=nccl", "pipeline messages: NCCL send/recv",
-                       " --set parallel.pp_transport=copy_engine", "pipeline messages: copy engines", kTensors);
-    }
+  expect_transports_give_the_same_bits(
+      "pp_transport",
+      {{"pp2", 2, " --set parallel.pp=2"}, {"pp2_v2", 2, " --set parallel.pp=2 --set parallel.virtual_stages=2"}},
+      "pipeline messages: NCCL send/recv", "pipeline messages: copy engines");
 }
 
 // parallel.tp_transport: the tensor-parallel sums on the copy engines (every rank's part in
@@ -185,14 +195,11 @@ TEST_F(GpuTrain, PipelineTransportsGiveTheSameBits) {
 // pairs, fp32 and bf16 compute; the log names each.
 TEST_F(GpuTrain, TensorParallelTransportsGiveTheSameBits) {
   REQUIRE_GPUS(2);
-  for (const std::string dtype : {"fp32", "bf16"})
-    for (const Layout& l : {Layout{"tp2", 2, " --set parallel.tp=2"},
-                            Layout{"tp2_pairs", 2, " --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true"}}) {
-      const std::string name = l.name + "_sums_" + dtype;
-      expect_same_bits(l.np, name, kModel + kGpu + " --set train.dtype=" + dtype + l.settings,
-                       " --set parallel.tp_transport=nccl", "tensor-parallel sums: NCCL all-reduce",
-                       " --set parallel.tp_transport=copy_engine", "tensor-parallel sums: copy engines", kTensors);
-    }
+  expect_transports_give_the_same_bits(
+      "tp_transport",
+      {{"tp2", 2, " --set parallel.tp=2"},
+       {"tp2_pairs", 2, " --set parallel.tp=2 --set parallel.tp_micro_batch_pairs=true"}},
+      "tensor-parallel sums: NCCL all-reduce", "tensor-parallel sums: copy engines");
 }
 
 TEST_F(GpuTrain, CheckpointsMoveBetweenGpuLayouts) {
